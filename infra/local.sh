@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# Local Apache Kafka (KRaft, from the Apache jars on Maven Central) and Redis for development,
+# tests and the demo. Everything lives under .local/ (git-ignored); processes are tracked by pid
+# files; every subcommand is idempotent and says what it did.
+#
+#   infra/local.sh up | down | status
+#   infra/local.sh kafka-start [ID] | kafka-stop [ID] | kafka-kill [ID]   (no ID: the single broker)
+#   infra/local.sh redis-start | redis-stop | redis-kill
+#   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
+#   infra/local.sh jars                                                   (resolve the jars only)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="${RHUMBATRON_LOCAL_DIR:-$ROOT/.local}"
+KAFKA_POM="$ROOT/infra/kafka/pom.xml"
+JARS="$STATE/kafka/jars"
+KAFKA_HEAP="${RHUMBATRON_KAFKA_HEAP:--Xms256m -Xmx512m}"
+KAFKA_START_TIMEOUT="${RHUMBATRON_KAFKA_START_TIMEOUT:-90}"
+KAFKA_STOP_TIMEOUT="${RHUMBATRON_KAFKA_STOP_TIMEOUT:-30}"
+REDIS_PORT=6379
+CLUSTER_SIZE=3
+
+say() { printf '[local] %s\n' "$*"; }
+fail() { printf '[local] FAILED: %s\n' "$*" >&2; exit 1; }
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+python_bin() {
+  if [ -x "$ROOT/.venv/bin/python" ]; then echo "$ROOT/.venv/bin/python"; else echo python3; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Kafka jars: resolved once by Maven, cached beside a hash of the pom so a second run downloads
+# nothing and a changed pin re-resolves.
+jars() {
+  local want have=""
+  want="$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)"
+  if [ -f "$JARS/.pom-sha256" ]; then have="$(cat "$JARS/.pom-sha256")"; fi
+  if [ "$want" = "$have" ] && ls "$JARS"/kafka_2.13-*.jar >/dev/null 2>&1; then
+    say "kafka jars cached in $JARS ($(ls "$JARS"/*.jar | wc -l) jars)"
+    return
+  fi
+  command -v mvn >/dev/null || fail "mvn not found: install Maven to resolve the Kafka jars"
+  command -v java >/dev/null || fail "java not found: Kafka needs Java 17"
+  say "resolving kafka jars from Maven Central into $JARS"
+  rm -rf "$JARS.tmp" && mkdir -p "$JARS.tmp" "$STATE/logs"
+  if ! mvn -q -B -f "$KAFKA_POM" dependency:copy-dependencies -DincludeScope=runtime \
+      -DoutputDirectory="$JARS.tmp" >"$STATE/logs/maven.log" 2>&1; then
+    fail "maven could not resolve the kafka jars; see $STATE/logs/maven.log"
+  fi
+  echo "$want" >"$JARS.tmp/.pom-sha256"
+  rm -rf "$JARS" && mv "$JARS.tmp" "$JARS"
+  say "kafka jars ready ($(ls "$JARS"/*.jar | wc -l) jars)"
+}
+
+# Node layout: the single broker is "single" (node 1 on 9092); cluster nodes are 1..3 on
+# 9092..9094. They share ports, so the two modes are never up together.
+node_dir() { if [ "$1" = single ]; then echo "$STATE/kafka/single"; else echo "$STATE/kafka/cluster-$1"; fi; }
+node_port() { if [ "$1" = single ]; then echo 9092; else echo $((9091 + $1)); fi; }
+node_id() { if [ "$1" = single ]; then echo 1; else echo "$1"; fi; }
+
+write_properties() {
+  local node="$1" dir port id
+  dir="$(node_dir "$node")"; port="$(node_port "$node")"; id="$(node_id "$node")"
+  mkdir -p "$dir/data" "$dir/logs"
+  {
+    echo "process.roles=broker,controller"
+    echo "node.id=$id"
+    echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 10000))"
+    echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
+    echo "controller.listener.names=CONTROLLER"
+    echo "inter.broker.listener.name=PLAINTEXT"
+    echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    echo "log.dirs=$dir/data"
+    echo "num.network.threads=2"
+    echo "num.io.threads=4"
+    echo "auto.create.topics.enable=false"
+    echo "group.initial.rebalance.delay.ms=0"
+    # Few internal partitions: faster first use of groups and transactions on a laptop.
+    echo "offsets.topic.num.partitions=8"
+    echo "transaction.state.log.num.partitions=8"
+    echo "share.coordinator.state.topic.num.partitions=8"
+    if [ "$node" = single ]; then
+      echo "controller.quorum.bootstrap.servers=127.0.0.1:$((port + 10000))"
+      echo "num.partitions=1"
+      echo "default.replication.factor=1"
+      echo "min.insync.replicas=1"
+      echo "offsets.topic.replication.factor=1"
+      echo "transaction.state.log.replication.factor=1"
+      echo "transaction.state.log.min.isr=1"
+      echo "share.coordinator.state.topic.replication.factor=1"
+      echo "share.coordinator.state.topic.min.isr=1"
+    else
+      local voters="" n
+      for n in $(seq 1 "$CLUSTER_SIZE"); do voters="$voters${voters:+,}$n@127.0.0.1:$((9091 + n + 10000))"; done
+      echo "controller.quorum.voters=$voters"
+      echo "num.partitions=1"
+      echo "default.replication.factor=3"
+      echo "min.insync.replicas=2"
+      echo "offsets.topic.replication.factor=3"
+      echo "transaction.state.log.replication.factor=3"
+      echo "transaction.state.log.min.isr=2"
+      echo "share.coordinator.state.topic.replication.factor=3"
+      echo "share.coordinator.state.topic.min.isr=2"
+    fi
+  } >"$dir/server.properties"
+}
+
+# Sets KAFKA_JAVA to the java command line for a node (an array, so the classpath glob stays
+# literal for java to expand).
+kafka_java_argv() {
+  local dir="$1" heap
+  read -r -a heap <<<"$KAFKA_HEAP"
+  KAFKA_JAVA=(java "${heap[@]}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true
+    -Dkafka.logs.dir="$dir/logs" -Dlog4j2.configurationFile="$ROOT/infra/kafka/log4j2.xml"
+    -cp "$JARS/*")
+}
+
+kafka_java() {
+  local dir="$1"; shift
+  kafka_java_argv "$dir"
+  "${KAFKA_JAVA[@]}" "$@"
+}
+
+await_node() {
+  local node="$1" pid="$2"
+  "$(python_bin)" "$ROOT/infra/kafka/await_metadata.py" "127.0.0.1:$(node_port "$node")" \
+    "$(node_id "$node")" "$KAFKA_START_TIMEOUT" "$pid"
+}
+
+format_storage() {
+  local node="$1" dir cluster_id
+  dir="$(node_dir "$node")"
+  if [ -f "$dir/data/meta.properties" ]; then return; fi
+  if [ "$node" = single ]; then
+    cluster_id="$(cat "$STATE/kafka/single.cluster-id" 2>/dev/null || true)"
+  else
+    cluster_id="$(cat "$STATE/kafka/cluster.cluster-id" 2>/dev/null || true)"
+  fi
+  if [ -z "$cluster_id" ]; then
+    cluster_id="$(kafka_java "$dir" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+    [ -n "$cluster_id" ] || fail "could not generate a cluster id with kafka.tools.StorageTool"
+    if [ "$node" = single ]; then echo "$cluster_id" >"$STATE/kafka/single.cluster-id"
+    else echo "$cluster_id" >"$STATE/kafka/cluster.cluster-id"; fi
+  fi
+  local mode=()
+  if [ "$node" = single ]; then mode=(--standalone); fi
+  say "formatting kafka storage for node $node (cluster $cluster_id)"
+  if ! kafka_java "$dir" kafka.tools.StorageTool format "${mode[@]}" -t "$cluster_id" \
+      -c "$dir/server.properties" --feature share.version=1 >"$dir/logs/format.log" 2>&1; then
+    fail "formatting kafka storage for node $node failed; see $dir/logs/format.log"
+  fi
+}
+
+kafka_start() {
+  local node="$1" dir port pidfile started
+  dir="$(node_dir "$node")"; port="$(node_port "$node")"; pidfile="$dir/kafka.pid"
+  if alive "$pidfile"; then say "kafka node $node already running (pid $(cat "$pidfile"), 127.0.0.1:$port)"; return; fi
+  command -v java >/dev/null || fail "java not found: Kafka needs Java 17"
+  jars
+  local other
+  if [ "$node" = single ]; then
+    for other in $(seq 1 "$CLUSTER_SIZE"); do
+      if alive "$(node_dir "$other")/kafka.pid"; then
+        fail "cluster node $other is running on the single broker's port; run: infra/local.sh cluster-down"
+      fi
+    done
+  elif alive "$(node_dir single)/kafka.pid"; then
+    fail "the single broker is running on the cluster's ports; run: infra/local.sh kafka-stop"
+  fi
+  write_properties "$node"
+  format_storage "$node"
+  started=$(date +%s%3N)
+  kafka_java_argv "$dir"
+  nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$dir/server.properties" >"$dir/logs/stdout.log" 2>&1 &
+  echo $! >"$pidfile"
+  say "kafka node $node starting (pid $(cat "$pidfile"), 127.0.0.1:$port)"
+  if [ "$node" = single ] || [ "${WAIT_QUORUM:-1}" = 1 ]; then
+    if ! await_node "$node" "$(cat "$pidfile")"; then
+      tail -n 20 "$dir/logs/server.log" "$dir/logs/stdout.log" 2>/dev/null | sed 's/^/    /' >&2 || true
+      fail "kafka node $node did not become ready; logs in $dir/logs"
+    fi
+    local ms=$(($(date +%s%3N) - started))
+    say "kafka node $node ready in $((ms / 1000)).$(((ms % 1000) / 100))s"
+  fi
+}
+
+# Stops nodes: SIGTERM (or SIGKILL) to all named nodes at once, then waits, bounded; a node that
+# outlives KAFKA_STOP_TIMEOUT (a broker whose controller quorum is already gone cannot finish a
+# controlled shutdown) gets SIGKILL.
+kafka_signal() {
+  local signal="$1"; shift
+  local node pidfile pids=() names=()
+  for node in "$@"; do
+    pidfile="$(node_dir "$node")/kafka.pid"
+    if ! alive "$pidfile"; then rm -f "$pidfile"; continue; fi
+    pids+=("$(cat "$pidfile")"); names+=("$node")
+    kill "-$signal" "${pids[-1]}" 2>/dev/null || true
+  done
+  if [ ${#pids[@]} -eq 0 ]; then say "kafka node(s) $* not running"; return; fi
+  local i waited=0 escalated=0
+  for i in "${!pids[@]}"; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      sleep 0.2; waited=$((waited + 1))
+      if [ "$escalated" = 0 ] && [ "$waited" -ge $((KAFKA_STOP_TIMEOUT * 5)) ]; then
+        say "kafka node(s) ${names[*]} did not stop in ${KAFKA_STOP_TIMEOUT}s; sending SIGKILL"
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        escalated=1
+      fi
+    done
+    rm -f "$(node_dir "${names[$i]}")/kafka.pid"
+    say "kafka node ${names[$i]} $([ "$signal" = KILL ] && echo killed || echo stopped) (pid ${pids[$i]})"
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+redis_install() {
+  command -v redis-server >/dev/null && return
+  say "installing redis-server with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  mkdir -p "$STATE/logs"
+  if ! { $sudo apt-get install -y -qq redis-server || { $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server; }; } >"$STATE/logs/apt.log" 2>&1; then
+    fail "apt-get could not install redis-server; see $STATE/logs/apt.log"
+  fi
+}
+
+redis_start() {
+  local dir="$STATE/redis" pidfile="$STATE/redis/redis.pid"
+  if alive "$pidfile"; then say "redis already running (pid $(cat "$pidfile"), 127.0.0.1:$REDIS_PORT)"; return; fi
+  redis_install
+  mkdir -p "$dir"
+  cat >"$dir/redis.conf" <<EOF
+bind 127.0.0.1
+port $REDIS_PORT
+protected-mode yes
+daemonize yes
+pidfile $pidfile
+logfile $dir/redis.log
+dir $dir
+appendonly yes
+appendfsync everysec
+save ""
+EOF
+  redis-server "$dir/redis.conf" || fail "redis-server did not start; see $dir/redis.log"
+  local i
+  for i in $(seq 1 100); do
+    if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
+      say "redis ready (pid $(cat "$pidfile"), 127.0.0.1:$REDIS_PORT, append-only in $dir)"
+      return
+    fi
+    sleep 0.1
+  done
+  fail "redis did not answer PING within 10s; see $dir/redis.log"
+}
+
+redis_signal() {
+  local signal="$1" pidfile="$STATE/redis/redis.pid" pid
+  if ! alive "$pidfile"; then rm -f "$pidfile"; say "redis not running"; return; fi
+  pid="$(cat "$pidfile")"
+  kill "-$signal" "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  rm -f "$pidfile"
+  say "redis $([ "$signal" = KILL ] && echo killed || echo stopped) (pid $pid)"
+}
+
+status() {
+  local node pidfile
+  for node in single $(seq 1 "$CLUSTER_SIZE"); do
+    pidfile="$(node_dir "$node")/kafka.pid"
+    if alive "$pidfile"; then say "kafka node $node: running (pid $(cat "$pidfile"), 127.0.0.1:$(node_port "$node"))"
+    elif [ "$node" = single ]; then say "kafka node single: stopped"; fi
+  done
+  if alive "$STATE/redis/redis.pid"; then say "redis: running (pid $(cat "$STATE/redis/redis.pid"), 127.0.0.1:$REDIS_PORT)"
+  else say "redis: stopped"; fi
+}
+
+cluster_up() {
+  if alive "$(node_dir single)/kafka.pid"; then kafka_signal TERM single; fi
+  local node
+  # Controllers need a quorum before any of them answers: start all, then wait for each.
+  for node in $(seq 1 "$CLUSTER_SIZE"); do WAIT_QUORUM=0 kafka_start "$node"; done
+  for node in $(seq 1 "$CLUSTER_SIZE"); do
+    if ! await_node "$node" "$(cat "$(node_dir "$node")/kafka.pid")"; then
+      fail "cluster node $node did not become ready; logs in $(node_dir "$node")/logs"
+    fi
+  done
+  say "cluster ready: 127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+}
+
+cluster_down() {
+  # shellcheck disable=SC2046
+  kafka_signal TERM $(seq 1 "$CLUSTER_SIZE")
+}
+
+cmd="${1:-}"; shift || true
+node="${1:-single}"
+case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac
+mkdir -p "$STATE/kafka"
+case "$cmd" in
+  up) kafka_start single; redis_start ;;
+  down) cluster_down; kafka_signal TERM single; redis_signal TERM ;;
+  status) status ;;
+  jars) jars ;;
+  kafka-start) kafka_start "$node" ;;
+  kafka-stop) kafka_signal TERM "$node" ;;
+  kafka-kill) kafka_signal KILL "$node" ;;
+  redis-start) redis_start ;;
+  redis-stop) redis_signal TERM ;;
+  redis-kill) redis_signal KILL ;;
+  cluster-up) cluster_up ;;
+  cluster-down) cluster_down ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, cluster-up, cluster-down" ;;
+esac
