@@ -1,0 +1,37 @@
+# The two commands: `make demo` and `make test`. Each does all of its own set-up on a fresh
+# machine: the virtual environment, the Kafka jars, redis-server, and the running services.
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+
+.PHONY: demo test up down check bench venv unit
+
+$(VENV_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(VENV_STAMP)
+
+venv: $(VENV_STAMP)
+
+up: venv
+	infra/local.sh up
+
+down:
+	infra/local.sh down
+
+demo: up
+	.venv/bin/rhumbatron demo
+
+test: up
+	$(PY) -m pytest -q
+
+unit: venv
+	$(PY) -m pytest -q tests/unit
+
+check: venv
+	.venv/bin/ruff format --check .
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+
+bench: up
+	$(PY) -m bench

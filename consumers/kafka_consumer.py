@@ -1,0 +1,152 @@
+"""Building Kafka consumers, and the first consume loop (poll → decode → handle → commit).
+
+The consumer config is built per group protocol: under KIP-848 (``group.protocol=consumer``) the
+assignor, session and heartbeat settings live on the broker and the client refuses them, so they
+are only set for the classic protocol (cooperative-sticky).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from streams.admin import bootstrap_of, client_config
+from streams.envelopes import Event, decode_event
+from streams.errors import EnvelopeError, Unreachable
+
+log = logging.getLogger("rhumbatron.consumer")
+
+
+def consumer_config(
+    base: Mapping[str, Any],
+    *,
+    group_id: str,
+    protocol: str,
+    session_timeout_ms: int,
+    isolation: str = "read_committed",
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The only place a consumer's librdkafka config is built."""
+    config = client_config(
+        base,
+        **{
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.partition.eof": False,
+        },
+    )
+    if protocol == "consumer":
+        config["group.protocol"] = "consumer"
+    elif protocol == "classic":
+        config["group.protocol"] = "classic"
+        config["partition.assignment.strategy"] = "cooperative-sticky"
+        config["session.timeout.ms"] = session_timeout_ms
+        config["heartbeat.interval.ms"] = max(session_timeout_ms // 5, 500)
+    else:
+        raise ValueError(f"group protocol must be 'classic' or 'consumer', got {protocol!r}")
+    if extra:
+        config.update(extra)
+    return config
+
+
+@dataclass
+class LoopStats:
+    consumed: int = 0
+    handled: int = 0
+    rejected: int = 0
+    batches: int = 0
+    by_topic: dict[str, int] = field(default_factory=dict)
+
+
+EventHandler = Callable[[Event, Message], None]
+RejectHandler = Callable[[Message, EnvelopeError], None]
+
+
+def drain(
+    base: Mapping[str, Any],
+    *,
+    group_id: str,
+    topics: list[str],
+    handle: EventHandler,
+    reject: RejectHandler,
+    protocol: str,
+    session_timeout_ms: int,
+    max_envelope_bytes: int,
+    batch_size: int,
+    until_idle_s: float,
+    until: Callable[[], bool] = lambda: False,
+    max_wait_s: float | None = None,
+) -> LoopStats:
+    """Consume ``topics`` as ``group_id`` until nothing arrives for ``until_idle_s`` (or ``until()``
+    says stop). Offsets are committed after each batch is handled, so a crash re-delivers (never
+    loses) the batch it was in."""
+    consumer = confluent_kafka.Consumer(
+        consumer_config(
+            base, group_id=group_id, protocol=protocol, session_timeout_ms=session_timeout_ms
+        )
+    )
+    stats = LoopStats()
+    started = time.monotonic()
+    last_activity = started
+    try:
+        consumer.subscribe(topics)
+        while not until():
+            now = time.monotonic()
+            if max_wait_s is not None and now - started > max_wait_s:
+                break
+            messages = consumer.consume(batch_size, timeout=0.5)
+            if not messages:
+                if now - last_activity > until_idle_s and consumer.assignment():
+                    break
+                if not consumer.assignment() and now - started > until_idle_s + 30:
+                    raise Unreachable(
+                        "Kafka", bootstrap_of(base), f"no partitions assigned to {group_id} in time"
+                    )
+                continue
+            last_activity = time.monotonic()
+            stats.batches += 1
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.fatal():
+                        raise KafkaException(error)
+                    log.warning("consumer error on %s: %s", message.topic(), error.str())
+                    continue
+                stats.consumed += 1
+                topic = message.topic() or "?"
+                stats.by_topic[topic] = stats.by_topic.get(topic, 0) + 1
+                try:
+                    event = decode_event(message.value(), max_bytes=max_envelope_bytes)
+                except EnvelopeError as exc:
+                    stats.rejected += 1
+                    reject(message, exc)
+                    continue
+                handle(event, message)
+                stats.handled += 1
+                consumer.store_offsets(message)
+            for message in messages:  # rejected records are handed to `reject`: move past them too
+                if message.error() is None:
+                    consumer.store_offsets(message)
+            _commit(consumer)
+    except KafkaException as exc:
+        raise Unreachable("Kafka", bootstrap_of(base), exc.args[0].str()) from exc
+    finally:
+        consumer.close()
+    return stats
+
+
+def _commit(consumer: confluent_kafka.Consumer) -> None:
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise

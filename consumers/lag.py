@@ -1,0 +1,87 @@
+"""Consumer lag per group and partition: the one place it is computed.
+
+lag = log end offset - committed offset (a partition with no commit counts from the log start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from streams.admin import ensure_reachable
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None
+    end: int
+    lag: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _offsets(
+    admin: AdminClient, specs: dict[TopicPartition, Any], timeout: float
+) -> dict[tuple[str, int], int]:
+    if not specs:
+        return {}
+    out: dict[tuple[str, int], int] = {}
+    for tp, future in admin.list_offsets(specs, request_timeout=timeout).items():
+        out[(tp.topic, tp.partition)] = future.result().offset
+    return out
+
+
+def group_lag(
+    admin: AdminClient,
+    base: Mapping[str, Any],
+    group: str,
+    topics: Iterable[str],
+    timeout: float,
+) -> list[PartitionLag]:
+    metadata = ensure_reachable(admin, base, timeout)
+    partitions = [
+        TopicPartition(t, p)
+        for t in topics
+        if t in metadata.topics
+        for p in metadata.topics[t].partitions
+    ]
+    if not partitions:
+        return []
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    committed: dict[tuple[str, int], int | None] = {}
+    for future in admin.list_consumer_group_offsets(request, request_timeout=timeout).values():
+        for tp in future.result().topic_partitions:
+            committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+    ends = _offsets(admin, {tp: OffsetSpec.latest() for tp in partitions}, timeout)
+    starts = _offsets(admin, {tp: OffsetSpec.earliest() for tp in partitions}, timeout)
+    out = []
+    for tp in partitions:
+        key = (tp.topic, tp.partition)
+        done = committed.get(key)
+        end = ends.get(key, 0)
+        out.append(
+            PartitionLag(
+                tp.topic,
+                tp.partition,
+                done,
+                end,
+                max(end - (done if done is not None else starts.get(key, 0)), 0),
+            )
+        )
+    return out
+
+
+def list_groups(admin: AdminClient, prefix: str, suffix: str, timeout: float) -> list[str]:
+    result = admin.list_consumer_groups(request_timeout=timeout).result()
+    return sorted(
+        g.group_id
+        for g in result.valid
+        if g.group_id.startswith(prefix) and g.group_id.endswith(suffix)
+    )

@@ -1,0 +1,139 @@
+"""The one settings model. Every limit from DESIGN.md lives here with its default, and every field
+can be set from the environment as ``RHUMBATRON_<FIELD>`` (e.g. ``RHUMBATRON_ENV=prod``,
+``RHUMBATRON_KAFKA_BOOTSTRAP=host:9092``).
+
+Nothing else in the code carries these numbers: ``streams`` and ``consumers`` take them as
+arguments, built here (``kafka_config``, ``topology``).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streams.topology import Topology
+
+DAY_MS = 86_400_000
+
+
+class QueuePolicy(BaseModel):
+    """One command queue's delivery policy (DESIGN.md §9)."""
+
+    batch: int
+    retries: int
+    retry_delay_s: float
+    concurrency: int = 1
+    dead_letter: str | None = "dead-letter"  # purpose of the dead-letter queue, or None
+
+
+def _queue_policies() -> dict[str, QueuePolicy]:
+    return {
+        "agent-wakeups": QueuePolicy(batch=10, retries=3, retry_delay_s=30),
+        "integration": QueuePolicy(batch=10, retries=3, retry_delay_s=30),
+        "indexing": QueuePolicy(batch=1, retries=3, retry_delay_s=30, dead_letter=None),
+        "dead-letter": QueuePolicy(batch=5, retries=5, retry_delay_s=60, dead_letter=None),
+        "verification": QueuePolicy(batch=5, retries=3, retry_delay_s=30),
+        "release": QueuePolicy(batch=5, retries=3, retry_delay_s=30),
+    }
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RHUMBATRON_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    # -- where things are --------------------------------------------------------------------
+    env: str = "dev"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    connect_timeout_s: float = Field(10.0, gt=0, description="bound on reaching Kafka or Redis")
+
+    # -- topology (DESIGN.md §4) -------------------------------------------------------------
+    streams: int = Field(
+        8, ge=1, description="event streams per environment (part of the wire contract)"
+    )
+    partitions: int = Field(4, ge=1, description="partitions per event stream")
+    replication_factor: int = Field(1, ge=1)
+    stream_retention_ms: int = 7 * DAY_MS
+    queue_retention_ms: int = 1 * DAY_MS
+    queue_partitions: int = Field(4, ge=1)
+    dead_letter_retention_ms: int = 30 * DAY_MS
+    max_streams_per_env: int = 20
+
+    # -- envelopes (DESIGN.md §3) ------------------------------------------------------------
+    max_envelope_bytes: int = Field(256 * 1024, ge=1024)
+
+    # -- outbox and publisher (DESIGN.md §5) -------------------------------------------------
+    outbox_rows_per_project_per_pass: int = 100
+    outbox_max_row_attempts: int = 10
+    outbox_backoff_initial_s: float = 1.0
+    outbox_backoff_max_s: float = 300.0
+    outbox_poll_interval_s: float = 0.5
+
+    # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
+    batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
+    max_batch_failures: int = Field(5, ge=1, description="failures of a batch before dead-letter")
+    batch_retry_backoff_s: float = 1.0
+    batch_retry_backoff_max_s: float = 60.0
+    claim_retention_margin_ms: int = 1 * DAY_MS
+    group_protocol: str = Field("classic", pattern="^(classic|consumer)$")
+    session_timeout_ms: int = 10_000
+
+    # -- the four subscriptions (DESIGN.md §8) -----------------------------------------------
+    project_feed_length: int = 50
+    classifier_calls_per_day: int = 200
+    classifier_threshold: float = 0.7
+    classifier_url: str | None = None
+    classifier_key: SecretStr | None = None
+    classifier_timeout_s: float = 2.0
+    agents_per_change: int = 8
+    commands_per_change_per_day: int = 1000
+    maintenance_at_utc: str = Field("04:17", pattern=r"^\d{2}:\d{2}$")
+    archive_dir: str = ".local/archive"
+    archive_part_max_events: int = 5000
+    archive_part_max_bytes: int = 8 * 1024 * 1024
+    archive_part_max_age_s: float = 60.0
+    archive_retention_days_dev: int = 30
+    archive_retention_days_prod: int = 365
+
+    # -- command queues (DESIGN.md §9) -------------------------------------------------------
+    queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
+    max_command_deliveries: int = 4
+
+    # -- feed pump (DESIGN.md §6) ------------------------------------------------------------
+    pump_batch_max_events: int = 100
+    pump_batch_max_bytes: int = 1024 * 1024
+
+    # -- operator surface --------------------------------------------------------------------
+    operator_host: str = "127.0.0.1"
+    operator_port: int = 8642
+    operator_token: SecretStr | None = None
+
+    # -- derived -----------------------------------------------------------------------------
+    def kafka_config(self, **overrides: Any) -> dict[str, Any]:
+        """Base librdkafka settings every client shares; role-specific ones are added where the
+        client is built (streams.producer.producer_config, the consumer loop)."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "client.id": f"rhumbatron-{self.env}",
+            "socket.connection.setup.timeout.ms": int(self.connect_timeout_s * 1000),
+        }
+        config.update(overrides)
+        return config
+
+    @cached_property
+    def topology(self) -> Topology:
+        return Topology(
+            env=self.env,
+            streams=self.streams,
+            partitions=self.partitions,
+            replication_factor=self.replication_factor,
+            stream_retention_ms=self.stream_retention_ms,
+            queue_retention_ms=self.queue_retention_ms,
+            queue_partitions=self.queue_partitions,
+            dead_letter_retention_ms=self.dead_letter_retention_ms,
+            max_streams=self.max_streams_per_env,
+        )

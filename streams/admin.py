@@ -1,0 +1,218 @@
+"""Talking to the broker as an administrator: reachability, provisioning, describing topics.
+
+Every call is bounded by a timeout and every librdkafka failure becomes one of our errors naming
+the address tried, so a command never hangs on an unreachable broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from streams.errors import TopologyError, Unreachable
+from streams.topology import TopicSpec, Topology
+
+log = logging.getLogger("rhumbatron.kafka")
+
+# librdkafka logs every refused connection; route it through logging, not stderr.
+_LIBRDKAFKA_LOGGER = logging.getLogger("rhumbatron.librdkafka")
+
+
+def client_config(base: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    config = {"logger": _LIBRDKAFKA_LOGGER, **base}
+    config.update(overrides)
+    return config
+
+
+def admin_client(base: Mapping[str, Any]) -> AdminClient:
+    return AdminClient(client_config(base))
+
+
+def bootstrap_of(base: Mapping[str, Any]) -> str:
+    return str(base.get("bootstrap.servers", "?"))
+
+
+def ensure_reachable(admin: AdminClient, base: Mapping[str, Any], timeout: float) -> Any:
+    """Return cluster metadata, or raise Unreachable naming the address within ``timeout``."""
+    try:
+        return admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise Unreachable(
+            "Kafka", bootstrap_of(base), f"no metadata answer within {timeout:g}s ({exc.args[0]})"
+        ) from exc
+
+
+@dataclass
+class ProvisionReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    reconfigured: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.created)} created, {len(self.existing)} already present, "
+            f"{len(self.reconfigured)} reconfigured"
+        )
+
+
+def _result(future: Any, what: str, base: Mapping[str, Any], timeout: float) -> Any:
+    try:
+        return future.result(timeout=timeout)
+    except KafkaException as exc:
+        error: KafkaError = exc.args[0]
+        if error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
+            raise Unreachable("Kafka", bootstrap_of(base), f"{what}: {error.str()}") from exc
+        raise
+    except TimeoutError as exc:
+        raise Unreachable(
+            "Kafka", bootstrap_of(base), f"{what}: no answer in {timeout:g}s"
+        ) from exc
+
+
+def provision(
+    admin: AdminClient,
+    base: Mapping[str, Any],
+    specs: Iterable[TopicSpec],
+    *,
+    topology: Topology,
+    timeout: float,
+) -> ProvisionReport:
+    """Create what is missing and align retention of what exists. Running it twice is a no-op.
+
+    Refuses, before creating anything, a plan that would leave the environment with more streams
+    than ``topology.max_streams``. Never changes an existing topic's partition count: that would
+    move projects between partitions and break their order.
+    """
+    specs = list(specs)
+    metadata = ensure_reachable(admin, base, timeout)
+    existing = metadata.topics
+    planned_streams = {s.name for s in specs if s.kind == "stream"}
+    total = topology.count_streams(set(existing) | planned_streams)
+    if total > topology.max_streams:
+        raise TopologyError(
+            f"the plan would leave {total} streams in environment '{topology.env}', over the "
+            f"limit of {topology.max_streams} (max_streams_per_env); nothing was created"
+        )
+    report = ProvisionReport()
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(s.name, s.partitions, s.replication_factor, config=s.config)
+                for s in missing
+            ],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        for name, future in futures.items():
+            try:
+                _result(future, f"creating {name}", base, timeout)
+                report.created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise TopologyError(
+                        f"could not create topic {name}: {exc.args[0].str()}"
+                    ) from exc
+                report.existing.append(name)  # another provisioner won the race
+    present = [s for s in specs if s.name in existing]
+    for spec in present:
+        report.existing.append(spec.name)
+        have = len(existing[spec.name].partitions)
+        if have != spec.partitions:
+            report.warnings.append(
+                f"{spec.name} has {have} partitions, the plan says {spec.partitions}; left as is "
+                "(changing it would move projects between partitions)"
+            )
+    report.reconfigured = _align_configs(admin, base, present, timeout)
+    return report
+
+
+def _align_configs(
+    admin: AdminClient, base: Mapping[str, Any], specs: list[TopicSpec], timeout: float
+) -> list[str]:
+    if not specs:
+        return []
+    current = describe_configs(admin, base, [s.name for s in specs], timeout)
+    changed: list[str] = []
+    resources = []
+    for spec in specs:
+        drift = {k: v for k, v in spec.config.items() if current.get(spec.name, {}).get(k) != v}
+        if drift:
+            resource = ConfigResource(
+                ConfigResource.Type.TOPIC,
+                spec.name,
+                incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in drift.items()
+                ],
+            )
+            resources.append(resource)
+            changed.append(spec.name)
+    if resources:
+        for future in admin.incremental_alter_configs(resources, request_timeout=timeout).values():
+            _result(future, "altering topic configs", base, timeout)
+    return changed
+
+
+def describe_configs(
+    admin: AdminClient, base: Mapping[str, Any], topics: list[str], timeout: float
+) -> dict[str, dict[str, str]]:
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    out: dict[str, dict[str, str]] = {}
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+        entries = _result(future, f"describing {resource.name}", base, timeout)
+        out[resource.name] = {k: e.value for k, e in entries.items()}
+    return out
+
+
+def describe_topology(
+    admin: AdminClient, base: Mapping[str, Any], topology: Topology, timeout: float
+) -> dict[str, list[dict[str, Any]]]:
+    """What exists on the broker for this environment, grouped as the plan groups it."""
+    metadata = ensure_reachable(admin, base, timeout)
+    groups = {
+        "streams": topology.stream_specs(),
+        "queues": topology.queue_specs(),
+        "internal": topology.internal_specs(),
+    }
+    names = [s.name for specs in groups.values() for s in specs if s.name in metadata.topics]
+    configs = describe_configs(admin, base, names, timeout)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for group, specs in groups.items():
+        out[group] = [
+            {
+                "name": s.name,
+                "partitions": len(metadata.topics[s.name].partitions),
+                "retention_ms": int(configs[s.name]["retention.ms"]),
+            }
+            for s in specs
+            if s.name in metadata.topics
+        ]
+    return out
+
+
+def delete_topics(
+    admin: AdminClient, base: Mapping[str, Any], topics: list[str], timeout: float
+) -> None:
+    if not topics:
+        return
+    for name, future in admin.delete_topics(topics, operation_timeout=timeout).items():
+        try:
+            _result(future, f"deleting {name}", base, timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise

@@ -1,0 +1,192 @@
+"""The two envelopes on the wire: ``Event`` (an immutable fact) and ``Command`` (a request).
+
+Pydantic v2 models, strict and frozen; Python names are snake_case, the wire form is camelCase
+JSON written and read by orjson. The canonical encoding leaves out absent optional fields and
+writes times as ``YYYY-MM-DDTHH:MM:SS.mmmZ``, so ``encode(decode(b)) == b`` for every canonical
+``b``. Anything invalid raises :class:`~streams.errors.EnvelopeError` naming the wire field and
+the value found there; an oversized envelope raises :class:`~streams.errors.EnvelopeTooLarge`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import orjson
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+)
+from pydantic.alias_generators import to_camel
+
+from streams.errors import EnvelopeError, EnvelopeTooLarge
+
+_TIME_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+
+def _parse_time(value: object) -> object:
+    """Accept an aware datetime (truncated to milliseconds) or the canonical string form."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("must carry a timezone (UTC)")
+        value = value.astimezone(UTC)
+        return value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if isinstance(value, str):
+        if not _TIME_FORMAT.match(value):
+            raise ValueError("must be UTC in the form YYYY-MM-DDTHH:MM:SS.mmmZ")
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    raise ValueError("must be a UTC timestamp string YYYY-MM-DDTHH:MM:SS.mmmZ")
+
+
+def format_time(value: datetime) -> str:
+    return (
+        value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    )
+
+
+def _no_control_chars(value: str) -> str:
+    if any(ord(c) < 0x20 for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_parse_time),
+    PlainSerializer(format_time, return_type=str, when_used="json"),
+]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_control_chars)]
+EventId = Annotated[str, Field(pattern=r"^evt_[0-9a-f]{32}$")]
+EventType = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$", max_length=100)]
+CommandId = Annotated[str, Field(pattern=r"^cmd_[A-Za-z0-9_.:\-]{1,200}$")]
+Payload = dict[str, Any]
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_by_alias=True,
+        validate_by_name=True,
+    )
+
+
+class Event(_Envelope):
+    """An immutable fact. ``slot`` is the event's dense 1-based position in its project's log,
+    assigned by the outbox; events entering by another door (the feed pump) carry none."""
+
+    event_id: EventId
+    event_type: EventType
+    event_version: Annotated[int, Field(ge=1)] = 1
+    tenant_id: Name
+    project_id: Name
+    change_id: Name | None = None
+    task_id: Name | None = None
+    actor: Name
+    resource: Annotated[str, Field(max_length=1000)] | None = None
+    canonical_generation: Annotated[int, Field(ge=0)] | None = None
+    caused_by: Name | None = None
+    correlation_id: Name | None = None
+    timestamp: Timestamp
+    payload: Payload = Field(default_factory=dict)
+    slot: Annotated[int, Field(ge=1)] | None = None
+
+
+class Command(_Envelope):
+    """A request for work, carried on a command queue. Past ``deadline`` it is not executed."""
+
+    command_id: CommandId
+    command_type: EventType
+    project_id: Name
+    change_id: Name | None = None
+    task_id: Name | None = None
+    attempt: Annotated[int, Field(ge=1)] = 1
+    created_at: Timestamp
+    deadline: Timestamp | None = None
+    payload: Payload = Field(default_factory=dict)
+
+
+E = TypeVar("E", bound=_Envelope)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+def _wire_name(model: type[_Envelope], loc: tuple[int | str, ...]) -> str:
+    if not loc:
+        return "<envelope>"
+    head = loc[0]
+    if isinstance(head, str) and head in model.model_fields:
+        alias = model.model_fields[head].alias or head
+        return ".".join([alias, *(str(part) for part in loc[1:])])
+    return ".".join(str(part) for part in loc)
+
+
+def _translate(model: type[E], exc: ValidationError) -> EnvelopeError:
+    error = exc.errors(include_url=False)[0]
+    field = _wire_name(model, tuple(error["loc"]))
+    reason = error["msg"]
+    if error["type"] == "extra_forbidden":
+        reason = "unknown field"
+    elif error["type"] == "missing":
+        reason = "required field is missing"
+    value = MISSING if error["type"] == "missing" else error.get("input")
+    return EnvelopeError(model.__name__, field, value, reason)
+
+
+def build(model: type[E], /, **fields: Any) -> E:
+    """Construct an envelope in Python, raising EnvelopeError (not ValidationError)."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise _translate(model, exc) from exc
+
+
+def encode(envelope: _Envelope, *, max_bytes: int) -> bytes:
+    """Canonical wire bytes. Raises EnvelopeTooLarge past ``max_bytes``."""
+    data = orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
+    if len(data) > max_bytes:
+        raise EnvelopeTooLarge(type(envelope).__name__, len(data), max_bytes)
+    return data
+
+
+def decode(model: type[E], data: bytes | str | None, *, max_bytes: int) -> E:
+    """Parse wire bytes into ``model``; every failure is an EnvelopeError naming what was wrong."""
+    kind = model.__name__
+    if data is None:
+        raise EnvelopeError(kind, "<envelope>", None, "record has no value")
+    raw = data.encode() if isinstance(data, str) else data
+    if len(raw) > max_bytes:
+        raise EnvelopeTooLarge(kind, len(raw), max_bytes)
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(kind, "<envelope>", raw[:60], f"not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise EnvelopeError(kind, "<envelope>", parsed, "must be a JSON object")
+    try:
+        return model.model_validate(parsed, by_alias=True)
+    except ValidationError as exc:
+        raise _translate(model, exc) from exc
+
+
+def decode_event(data: bytes | str | None, *, max_bytes: int) -> Event:
+    return decode(Event, data, max_bytes=max_bytes)
+
+
+def decode_command(data: bytes | str | None, *, max_bytes: int) -> Command:
+    return decode(Command, data, max_bytes=max_bytes)

@@ -1,0 +1,377 @@
+"""The one Kafka producer wrapper: thin, lazy, and loud about failures.
+
+- ``acks=all`` and idempotence always; ``partitioner=murmur2_random`` so a producer in any
+  language (the Java client, aiokafka) puts a project on the same partition as we do.
+- The confluent producer is created on first use; in transactional mode ``init_transactions``
+  runs there too.
+- Nothing is dropped silently. A record sent with an ``on_delivery`` callback reports its fate to
+  that callback (the caller owns it, e.g. the outbox publisher marks its row). A record sent
+  without one is tracked here, and :meth:`Producer.flush` raises :class:`DeliveryFailed` listing
+  every such record that failed.
+- Errors are classified once (:func:`classify`): a *row* error is the record's own fault (too
+  large, rejected by the broker); an *outage* is the broker's (unreachable, timed out, not enough
+  replicas) and never counts against the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from opentelemetry import propagate
+
+from streams.admin import bootstrap_of, client_config
+from streams.envelopes import Command, Event, encode
+from streams.errors import DeliveryFailed, FailedRecord, TransactionFailed, Unreachable
+
+log = logging.getLogger("rhumbatron.producer")
+
+CONTENT_TYPE = b"application/json"
+
+# How long produce() keeps polling for room when librdkafka's local queue is full before it
+# gives up: long enough to ride out a burst, short enough that a dead broker surfaces as an error.
+BUFFER_FULL_WAIT_S = 30.0
+# init/commit/abort of a transaction: librdkafka's own default is the transaction timeout; we
+# bound it so a fenced or partitioned producer reports instead of hanging a consumer loop.
+TRANSACTION_CALL_TIMEOUT_S = 30.0
+
+Headers = list[tuple[str, bytes]]
+
+
+class Fault(StrEnum):
+    ROW = "row"  # the record itself: retrying the same bytes will fail the same way
+    OUTAGE = "outage"  # the broker or the network: not the record's fault
+    FATAL = "fatal"  # the producer instance is unusable (fenced, idempotence broken)
+
+
+_ROW_ERRORS = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError._INVALID_ARG,
+    KafkaError.INVALID_TIMESTAMP,
+}
+
+
+def classify(error: KafkaError) -> Fault:
+    if error.fatal():
+        return Fault.FATAL
+    if error.code() in _ROW_ERRORS:
+        return Fault.ROW
+    return Fault.OUTAGE
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a delivery callback receives: where the record landed, or why it did not."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    error: KafkaError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def fault(self) -> Fault | None:
+        return None if self.error is None else classify(self.error)
+
+    def describe_error(self) -> str:
+        if self.error is None:
+            return ""
+        return f"{self.error.name()}: {self.error.str()}"
+
+
+DeliveryCallback = Callable[[Delivery], None]
+
+
+def event_headers(event: Event) -> Headers:
+    headers: Headers = [
+        ("event_type", event.event_type.encode()),
+        ("event_id", event.event_id.encode()),
+        ("content_type", CONTENT_TYPE),
+    ]
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    headers.extend((k, v.encode()) for k, v in carrier.items())
+    return headers
+
+
+def command_headers(command: Command) -> Headers:
+    headers: Headers = [
+        ("command_type", command.command_type.encode()),
+        ("command_id", command.command_id.encode()),
+        ("content_type", CONTENT_TYPE),
+    ]
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    headers.extend((k, v.encode()) for k, v in carrier.items())
+    return headers
+
+
+def producer_config(
+    base: Mapping[str, Any],
+    *,
+    transactional_id: str | None = None,
+    gapless: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The only place a producer's librdkafka config is built."""
+    config = client_config(
+        base,
+        acks="all",
+        **{
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "compression.type": "lz4",
+            "linger.ms": 5,
+        },
+    )
+    if gapless:
+        # A failed record fails every later in-flight record of its partition too, so a retry
+        # can never land behind its successor.
+        config["enable.gapless.guarantee"] = True
+    if transactional_id is not None:
+        config["transactional.id"] = transactional_id
+    if extra:
+        config.update(extra)
+    return config
+
+
+class Producer:
+    def __init__(
+        self,
+        base: Mapping[str, Any],
+        *,
+        transactional_id: str | None = None,
+        gapless: bool = False,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._config = producer_config(
+            base, transactional_id=transactional_id, gapless=gapless, extra=extra
+        )
+        self._bootstrap = bootstrap_of(base)
+        self.transactional_id = transactional_id
+        self._inner: confluent_kafka.Producer | None = None
+        self._failures: list[FailedRecord] = []
+        self._in_transaction = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def inner(self) -> confluent_kafka.Producer:
+        if self._inner is None:
+            self._inner = confluent_kafka.Producer(self._config)
+            if self.transactional_id is not None:
+                self._call("init_transactions", TRANSACTION_CALL_TIMEOUT_S)
+        return self._inner
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._inner is not None:
+            if self._in_transaction:
+                self.abort()
+            self._inner.flush(timeout)
+            self._inner = None
+
+    # -- sending -------------------------------------------------------------------------------
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: str | None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        def report(err: KafkaError | None, msg: Any) -> None:
+            delivery = Delivery(
+                topic=msg.topic() if msg is not None else topic,
+                partition=msg.partition() if msg is not None else -1,
+                offset=msg.offset() if msg is not None and err is None else -1,
+                key=key,
+                error=err,
+            )
+            if on_delivery is not None:
+                on_delivery(delivery)
+            elif err is not None:
+                self._failures.append(
+                    FailedRecord(
+                        topic, key, delivery.describe_error(), err.retriable(), err.fatal()
+                    )
+                )
+
+        kwargs: dict[str, Any] = {
+            "value": value,
+            "key": key,
+            "headers": headers,
+            "on_delivery": report,
+        }
+        if partition is not None:
+            kwargs["partition"] = partition
+        deadline = time.monotonic() + BUFFER_FULL_WAIT_S
+        while True:
+            try:
+                self.inner.produce(topic, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise Unreachable(
+                        "Kafka",
+                        self._bootstrap,
+                        f"the local send queue stayed full for {BUFFER_FULL_WAIT_S:g}s",
+                    ) from None
+                self.inner.poll(0.1)
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if on_delivery is not None:
+                    on_delivery(Delivery(topic, -1, -1, key, error))
+                    return
+                raise DeliveryFailed(
+                    [FailedRecord(topic, key, error.str(), error.retriable(), error.fatal())]
+                ) from exc
+
+    def produce_event(
+        self,
+        topic: str,
+        event: Event,
+        *,
+        max_bytes: int,
+        on_delivery: DeliveryCallback | None = None,
+        partition: int | None = None,
+    ) -> None:
+        self.produce(
+            topic,
+            encode(event, max_bytes=max_bytes),
+            key=event.project_id,
+            headers=event_headers(event),
+            partition=partition,
+            on_delivery=on_delivery,
+        )
+
+    def produce_command(
+        self,
+        topic: str,
+        command: Command,
+        *,
+        max_bytes: int,
+        headers: Headers | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        self.produce(
+            topic,
+            encode(command, max_bytes=max_bytes),
+            key=command.project_id,
+            headers=command_headers(command) + list(headers or []),
+            on_delivery=on_delivery,
+        )
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return int(self.inner.poll(timeout))
+
+    def flush(self, timeout: float) -> None:
+        """Wait for every outstanding record. Raises DeliveryFailed for any record sent without
+        a callback that failed, or for records still unacknowledged after ``timeout``."""
+        remaining = self.inner.flush(timeout) if self._inner is not None else 0
+        failures, self._failures = self._failures, []
+        if remaining:
+            failures.append(
+                FailedRecord(
+                    "*",
+                    None,
+                    f"{remaining} record(s) still unacknowledged after {timeout:g}s "
+                    f"(is Kafka at {self._bootstrap} up?)",
+                    True,
+                    False,
+                )
+            )
+        if failures:
+            raise DeliveryFailed(failures)
+
+    def pending(self) -> int:
+        return len(self.inner) if self._inner is not None else 0
+
+    # -- transactions --------------------------------------------------------------------------
+    def begin(self) -> None:
+        self._call("begin_transaction")
+        self._in_transaction = True
+
+    def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: Any) -> None:
+        self._call(
+            "send_offsets_to_transaction", offsets, group_metadata, TRANSACTION_CALL_TIMEOUT_S
+        )
+
+    def commit(self) -> None:
+        try:
+            self._call("commit_transaction", TRANSACTION_CALL_TIMEOUT_S)
+        finally:
+            self._in_transaction = False
+        # Records of a committed transaction were all delivered; nothing to collect.
+        self._failures.clear()
+
+    def abort(self) -> None:
+        try:
+            self._call("abort_transaction", TRANSACTION_CALL_TIMEOUT_S)
+        finally:
+            self._in_transaction = False
+            self._failures.clear()
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_transaction
+
+    def _call(self, name: str, *args: Any) -> Any:
+        tid = self.transactional_id or "?"
+        try:
+            return getattr(self.inner, name)(*args)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            fenced = error.fatal() or error.code() in (
+                KafkaError._FENCED,
+                KafkaError.PRODUCER_FENCED,
+                KafkaError.INVALID_PRODUCER_EPOCH,
+            )
+            if fenced:
+                self._inner = None  # unusable: the next use builds a fresh instance
+                self._in_transaction = False
+            raise TransactionFailed(
+                tid,
+                f"{name}: {error.name()}: {error.str()}",
+                fenced=fenced,
+                abortable=error.txn_requires_abort(),
+            ) from exc
+
+
+def send_to_streams(
+    producer: Producer,
+    events: Sequence[Event],
+    *,
+    stream_for: Callable[[str], str],
+    max_bytes: int,
+    flush_timeout: float,
+) -> dict[str, int]:
+    """Send events to their projects' streams and wait for every acknowledgement. Returns the
+    count per stream; raises DeliveryFailed if any record was not delivered."""
+    counts: dict[str, int] = {}
+    for n, event in enumerate(events):
+        topic = stream_for(event.project_id)
+        producer.produce_event(topic, event, max_bytes=max_bytes)
+        counts[topic] = counts.get(topic, 0) + 1
+        if n % 1000 == 999:
+            producer.poll(0)
+    producer.flush(flush_timeout)
+    return counts

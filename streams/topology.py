@@ -1,0 +1,179 @@
+"""Stream and queue names, project hashing, and the topic plan of an environment.
+
+A project always maps to one stream (``fnv1a32(project_id) mod streams``) and, inside it, the
+key partitioner (murmur2, as the Java client) puts it on one partition: one project, one
+partition, total order. Names are checked here, before any network call.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from streams.errors import TopologyError
+
+FNV_OFFSET_BASIS = 0x811C9DC5
+FNV_PRIME = 0x01000193
+
+QUEUE_PURPOSES = (
+    "agent-wakeups",
+    "integration",
+    "indexing",
+    "verification",
+    "release",
+    "dead-letter",
+)
+
+_ENV = re.compile(r"^[A-Za-z0-9_]{1,40}$")
+_STREAM = re.compile(r"^[A-Za-z0-9_]+$")
+_SLUG = re.compile(r"^[a-z][a-z0-9-]{0,60}$")
+
+
+def fnv1a32(text: str) -> int:
+    """32-bit FNV-1a over the UTF-8 bytes."""
+    value = FNV_OFFSET_BASIS
+    for byte in text.encode("utf-8"):
+        value = ((value ^ byte) * FNV_PRIME) & 0xFFFFFFFF
+    return value
+
+
+def stream_index(project_id: str, streams: int) -> int:
+    return fnv1a32(project_id) % streams
+
+
+def check_env(env: str) -> str:
+    if not _ENV.match(env):
+        raise TopologyError(
+            f"environment name {env!r} is not allowed: stream names take letters, digits and "
+            "underscores only (1-40 characters); set RHUMBATRON_ENV to such a name"
+        )
+    return env
+
+
+def stream_name(index: int, env: str) -> str:
+    check_env(env)
+    if not 0 <= index <= 99:
+        raise TopologyError(f"stream index {index} is out of range 0-99")
+    name = f"rhumbatron_events_{index:02d}_{env}"
+    if not _STREAM.match(name):  # unreachable after check_env; kept as the rule's one statement
+        raise TopologyError(f"stream name {name!r} has characters other than letters, digits, _")
+    return name
+
+
+def queue_name(purpose: str, env: str) -> str:
+    check_env(env)
+    if purpose not in QUEUE_PURPOSES:
+        raise TopologyError(
+            f"unknown queue purpose {purpose!r}; known: {', '.join(QUEUE_PURPOSES)}"
+        )
+    return f"rhumbatron-{purpose}-{env}"
+
+
+def check_slug(slug: str) -> str:
+    if not _SLUG.match(slug):
+        raise TopologyError(
+            f"subscription slug {slug!r} is not allowed: lowercase letters, digits and hyphens, "
+            "starting with a letter"
+        )
+    return slug
+
+
+def group_id(subscription: str, env: str) -> str:
+    return f"rhumbatron-{check_slug(subscription)}-{check_env(env)}"
+
+
+def dead_letter_topic(env: str) -> str:
+    return f"rhumbatron_dead_letters_{check_env(env)}"
+
+
+def metrics_topic(env: str) -> str:
+    return f"rhumbatron_event_metrics_{check_env(env)}"
+
+
+def pump_checkpoint_topic(env: str) -> str:
+    return f"rhumbatron_pump_checkpoints_{check_env(env)}"
+
+
+def redelivery_topic(subscription: str, env: str) -> str:
+    return f"rhumbatron_redelivery_{check_slug(subscription).replace('-', '_')}_{check_env(env)}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+    kind: str = "stream"  # stream | queue | internal
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The topics of one environment. Build it from settings (router.settings.topology)."""
+
+    env: str
+    streams: int
+    partitions: int
+    replication_factor: int
+    stream_retention_ms: int
+    queue_retention_ms: int
+    queue_partitions: int
+    dead_letter_retention_ms: int
+    max_streams: int
+
+    def __post_init__(self) -> None:
+        check_env(self.env)
+        if self.streams < 1:
+            raise TopologyError(f"streams must be at least 1, got {self.streams}")
+        if self.streams > self.max_streams:
+            raise TopologyError(
+                f"a plan of {self.streams} streams exceeds the limit of {self.max_streams} "
+                f"streams per environment (max_streams_per_env) for '{self.env}'"
+            )
+        if self.partitions < 1 or self.replication_factor < 1:
+            raise TopologyError(
+                f"partitions ({self.partitions}) and replication factor "
+                f"({self.replication_factor}) must be at least 1"
+            )
+
+    def stream_names(self) -> list[str]:
+        return [stream_name(i, self.env) for i in range(self.streams)]
+
+    def stream_for(self, project_id: str) -> str:
+        return stream_name(stream_index(project_id, self.streams), self.env)
+
+    def queue_names(self) -> list[str]:
+        return [queue_name(p, self.env) for p in QUEUE_PURPOSES]
+
+    def stream_specs(self) -> list[TopicSpec]:
+        config = {"retention.ms": str(self.stream_retention_ms), "cleanup.policy": "delete"}
+        return [
+            TopicSpec(n, self.partitions, self.replication_factor, dict(config))
+            for n in self.stream_names()
+        ]
+
+    def queue_specs(self) -> list[TopicSpec]:
+        config = {"retention.ms": str(self.queue_retention_ms), "cleanup.policy": "delete"}
+        return [
+            TopicSpec(n, self.queue_partitions, self.replication_factor, dict(config), "queue")
+            for n in self.queue_names()
+        ]
+
+    def internal_specs(self) -> list[TopicSpec]:
+        rf = self.replication_factor
+        return [
+            TopicSpec(
+                dead_letter_topic(self.env),
+                self.partitions,
+                rf,
+                {"retention.ms": str(self.dead_letter_retention_ms), "cleanup.policy": "delete"},
+                "internal",
+            ),
+        ]
+
+    def all_specs(self) -> list[TopicSpec]:
+        return self.stream_specs() + self.queue_specs() + self.internal_specs()
+
+    def count_streams(self, topic_names: list[str] | set[str]) -> int:
+        pattern = re.compile(rf"^rhumbatron_events_\d{{2}}_{re.escape(self.env)}$")
+        return sum(1 for t in topic_names if pattern.match(t))

@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.errors import TopologyError
+from streams.ids import derived_command_id, new_event_id, stable_event_id
+from streams.topology import (
+    QUEUE_PURPOSES,
+    Topology,
+    fnv1a32,
+    group_id,
+    queue_name,
+    stream_index,
+    stream_name,
+)
+
+# Published FNV-1a 32-bit test vectors (Fowler/Noll/Vo reference set).
+FNV_VECTORS = {
+    "": 0x811C9DC5,
+    "a": 0xE40C292C,
+    "b": 0xE70C2DE5,
+    "foobar": 0xBF9CF968,
+    "chongo was here!\n": 0xD49930D5,
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), FNV_VECTORS.items())
+def test_fnv1a32_known_vectors(text: str, expected: int) -> None:
+    assert fnv1a32(text) == expected
+
+
+def test_fnv1a32_is_over_utf8_bytes() -> None:
+    # "é" is two UTF-8 bytes: c3 a9
+    expected = 0x811C9DC5
+    for byte in (0xC3, 0xA9):
+        expected = ((expected ^ byte) * 0x01000193) & 0xFFFFFFFF
+    assert fnv1a32("é") == expected
+
+
+def test_stream_index_vectors() -> None:
+    assert stream_index("foobar", 8) == 0xBF9CF968 % 8 == 0
+    assert stream_index("a", 8) == 0xE40C292C % 8 == 4
+    assert stream_index("proj-1", 8) == fnv1a32("proj-1") % 8
+
+
+def _reference_stable_id(*parts: str | None) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        if p is None:
+            h.update(b"\xff")
+        else:
+            raw = p.encode()
+            h.update(len(raw).to_bytes(4, "big") + raw)
+    return "evt_" + h.digest()[:16].hex()
+
+
+def test_stable_event_id_vectors() -> None:
+    assert stable_event_id("chg-1", "task.completed", "task-7") == "evt_" + (
+        hashlib.sha256(
+            b"\x00\x00\x00\x05chg-1"
+            + b"\x00\x00\x00\x0etask.completed"
+            + b"\x00\x00\x00\x06task-7"
+            + b"\xff"
+        )
+        .digest()[:16]
+        .hex()
+    )
+    assert stable_event_id("chg-1", "task.completed", "task-7", "k") == _reference_stable_id(
+        "chg-1", "task.completed", "task-7", "k"
+    )
+    # Pinned value: changing the derivation would re-key every stored event.
+    assert stable_event_id("c", "t.x", None) == _reference_stable_id("c", "t.x", None, None)
+
+
+def test_stable_event_id_fields_cannot_run_together() -> None:
+    assert stable_event_id("ab", "x.y", "c") != stable_event_id("a", "x.y", "bc")
+    assert stable_event_id("c", "x.y", None) != stable_event_id("c", "x.y", "")
+    assert stable_event_id("c", "x.y", "t", None) != stable_event_id("c", "x.y", "t", "")
+
+
+@given(
+    st.text(max_size=20),
+    st.text(max_size=20),
+    st.text(max_size=20) | st.none(),
+    st.text(max_size=5) | st.none(),
+)
+def test_stable_event_id_shape_and_determinism(
+    change: str, etype: str, task: str | None, key: str | None
+) -> None:
+    first = stable_event_id(change, etype, task, key)
+    assert first == stable_event_id(change, etype, task, key)
+    assert first.startswith("evt_") and len(first) == 36
+    int(first[4:], 16)
+
+
+def test_new_event_id_is_random_with_the_same_shape() -> None:
+    ids = {new_event_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(i.startswith("evt_") and len(i) == 36 for i in ids)
+
+
+def test_derived_command_ids_are_stable_and_safe() -> None:
+    a = derived_command_id("evt_" + "1" * 32, "agent.wake", "agent-3")
+    assert a == derived_command_id("evt_" + "1" * 32, "agent.wake", "agent-3")
+    assert a.startswith("cmd_evt_")
+    odd = derived_command_id("evt_1", "agent.wake", "path with spaces/é")
+    assert " " not in odd and "/" not in odd
+
+
+def test_stream_names() -> None:
+    assert stream_name(0, "dev") == "rhumbatron_events_00_dev"
+    assert stream_name(7, "prod") == "rhumbatron_events_07_prod"
+
+
+@pytest.mark.parametrize("env", ["dev-1", "dev.x", "", "dév", "a b", "x" * 41])
+def test_bad_environment_names_are_refused_before_any_call(env: str) -> None:
+    with pytest.raises(TopologyError, match="letters, digits and underscores"):
+        stream_name(0, env)
+
+
+def test_queue_names_cover_the_six_queues() -> None:
+    assert [queue_name(p, "dev") for p in QUEUE_PURPOSES] == [
+        "rhumbatron-agent-wakeups-dev",
+        "rhumbatron-integration-dev",
+        "rhumbatron-indexing-dev",
+        "rhumbatron-verification-dev",
+        "rhumbatron-release-dev",
+        "rhumbatron-dead-letter-dev",
+    ]
+    with pytest.raises(TopologyError, match="unknown queue purpose"):
+        queue_name("emails", "dev")
+    assert group_id("project-view-projector", "dev") == "rhumbatron-project-view-projector-dev"
+    with pytest.raises(TopologyError):
+        group_id("Bad Slug", "dev")
+
+
+def _topology(**kw: int) -> Topology:
+    values = dict(
+        env="dev",
+        streams=8,
+        partitions=4,
+        replication_factor=1,
+        stream_retention_ms=604800000,
+        queue_retention_ms=86400000,
+        queue_partitions=1,
+        dead_letter_retention_ms=30 * 86400000,
+        max_streams=20,
+    )
+    values.update(kw)
+    return Topology(**values)  # type: ignore[arg-type]
+
+
+def test_topology_plan() -> None:
+    t = _topology()
+    assert len(t.stream_specs()) == 8
+    assert {s.config["retention.ms"] for s in t.stream_specs()} == {"604800000"}
+    assert {s.config["retention.ms"] for s in t.queue_specs()} == {"86400000"}
+    assert t.stream_for("foobar") == "rhumbatron_events_00_dev"
+
+
+def test_topology_refuses_more_than_the_stream_limit() -> None:
+    with pytest.raises(TopologyError, match="21 streams exceeds the limit of 20"):
+        _topology(streams=21)
+    assert (
+        _topology(streams=20).count_streams(
+            ["rhumbatron_events_00_dev", "rhumbatron_events_00_prod"]
+        )
+        == 1
+    )
