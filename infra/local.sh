@@ -8,16 +8,21 @@
 #   infra/local.sh redis-start | redis-stop | redis-kill
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
+#
+# A private instance (for a chaos test that stops its broker without disturbing anyone else's)
+# takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
+# RHUMBATRON_REDIS_PORT=6479 infra/local.sh up. The jars are shared.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="${RHUMBATRON_LOCAL_DIR:-$ROOT/.local}"
 KAFKA_POM="$ROOT/infra/kafka/pom.xml"
-JARS="$STATE/kafka/jars"
+JARS="${RHUMBATRON_KAFKA_JARS:-$ROOT/.local/kafka/jars}"
+KAFKA_PORT="${RHUMBATRON_KAFKA_PORT:-9092}"
 KAFKA_HEAP="${RHUMBATRON_KAFKA_HEAP:--Xms256m -Xmx512m}"
 KAFKA_START_TIMEOUT="${RHUMBATRON_KAFKA_START_TIMEOUT:-90}"
 KAFKA_STOP_TIMEOUT="${RHUMBATRON_KAFKA_STOP_TIMEOUT:-30}"
-REDIS_PORT=6379
+REDIS_PORT="${RHUMBATRON_REDIS_PORT:-6379}"
 CLUSTER_SIZE=3
 
 say() { printf '[local] %s\n' "$*"; }
@@ -53,10 +58,11 @@ jars() {
   say "kafka jars ready ($(ls "$JARS"/*.jar | wc -l) jars)"
 }
 
-# Node layout: the single broker is "single" (node 1 on 9092); cluster nodes are 1..3 on
-# 9092..9094. They share ports, so the two modes are never up together.
+# Node layout: the single broker is "single" (node 1 on KAFKA_PORT, 9092 by default); cluster
+# nodes are 1..3 on KAFKA_PORT..KAFKA_PORT+2. They share ports, so the two modes are never up
+# together. Each node's controller listens 10000 above its broker port.
 node_dir() { if [ "$1" = single ]; then echo "$STATE/kafka/single"; else echo "$STATE/kafka/cluster-$1"; fi; }
-node_port() { if [ "$1" = single ]; then echo 9092; else echo $((9091 + $1)); fi; }
+node_port() { if [ "$1" = single ]; then echo "$KAFKA_PORT"; else echo $((KAFKA_PORT - 1 + $1)); fi; }
 node_id() { if [ "$1" = single ]; then echo 1; else echo "$1"; fi; }
 
 write_properties() {
@@ -92,7 +98,7 @@ write_properties() {
       echo "share.coordinator.state.topic.min.isr=1"
     else
       local voters="" n
-      for n in $(seq 1 "$CLUSTER_SIZE"); do voters="$voters${voters:+,}$n@127.0.0.1:$((9091 + n + 10000))"; done
+      for n in $(seq 1 "$CLUSTER_SIZE"); do voters="$voters${voters:+,}$n@127.0.0.1:$((KAFKA_PORT - 1 + n + 10000))"; done
       echo "controller.quorum.voters=$voters"
       echo "num.partitions=1"
       echo "default.replication.factor=3"
@@ -285,7 +291,7 @@ cluster_up() {
       fail "cluster node $node did not become ready; logs in $(node_dir "$node")/logs"
     fi
   done
-  say "cluster ready: 127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+  say "cluster ready: 127.0.0.1:$KAFKA_PORT,127.0.0.1:$((KAFKA_PORT + 1)),127.0.0.1:$((KAFKA_PORT + 2))"
 }
 
 cluster_down() {

@@ -1,0 +1,126 @@
+"""The benchmark harness: registry, subprocess runner, table."""
+
+from __future__ import annotations
+
+import json
+import resource
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.settings import Settings
+
+
+@dataclass
+class BenchEnv:
+    """What a case gets: settings for a private environment shared by the cases of one run, and
+    a scratch dict cases of the same run use to hand data to each other (via setup)."""
+
+    settings: Settings
+    size: int
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    fn: Callable[[BenchEnv], int]
+    baseline: str | None
+    setup: Callable[[BenchEnv], None] | None
+    unit: str
+
+
+CASES: dict[str, Case] = {}
+
+
+def case(
+    name: str,
+    *,
+    baseline: str | None = None,
+    setup: Callable[[BenchEnv], None] | None = None,
+    unit: str = "events",
+) -> Callable[[Callable[[BenchEnv], int]], Callable[[BenchEnv], int]]:
+    def register(fn: Callable[[BenchEnv], int]) -> Callable[[BenchEnv], int]:
+        CASES[name] = Case(name, fn, baseline, setup, unit)
+        return fn
+
+    return register
+
+
+def run_one(name: str, env_name: str, size: int) -> dict[str, Any]:
+    """Run one case in this process (the child side) and return its measurements."""
+    import bench.cases  # noqa: F401  (registers the cases)
+
+    settings = Settings(env=env_name, partitions=4)
+    env = BenchEnv(settings=settings, size=size)
+    spec = CASES[name]
+    if spec.setup is not None:
+        spec.setup(env)
+    started = time.perf_counter()
+    items = spec.fn(env)
+    seconds = time.perf_counter() - started
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"name": name, "items": items, "seconds": seconds, "rss_mb": rss_kb / 1024}
+
+
+def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
+    env_name = "bench" + secrets.token_hex(4)
+    results = []
+    for name in names:
+        print(f"  running {name} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench",
+                "--child",
+                name,
+                "--env",
+                env_name,
+                "--size",
+                str(size),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            results.append(
+                {"name": name, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+            )
+            continue
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    by_name = {r["name"]: r for r in results}
+    lines = [
+        f"{'case':<44}{'items':>9}{'seconds':>9}{'items/s':>11}{'vs raw':>9}{'peak RSS MB':>13}"
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['name']:<44}  FAILED: {r['error']}")
+            continue
+        rate = r["items"] / r["seconds"] if r["seconds"] else 0.0
+        spec = CASES.get(r["name"])
+        ratio = ""
+        if (
+            spec
+            and spec.baseline
+            and spec.baseline in by_name
+            and "error" not in by_name[spec.baseline]
+        ):
+            base = by_name[spec.baseline]
+            base_rate = base["items"] / base["seconds"]
+            ratio = f"{rate / base_rate:.2f}x"
+        elif spec and spec.baseline is None:
+            ratio = "raw"
+        lines.append(
+            f"{r['name']:<44}{r['items']:>9}{r['seconds']:>9.2f}{rate:>11.0f}{ratio:>9}{r['rss_mb']:>13.1f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Private Kafka and Redis instances for chaos tests.
+
+A chaos test that stops, kills or restarts a server must not disturb the shared servers other
+tests use, so it starts its own through infra/local.sh with a private state folder and free
+ports (the Kafka jars are shared). ``PrivateServices`` is a context manager.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_SH = ROOT / "infra" / "local.sh"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(span: int = 1, offsets: tuple[int, ...] = (0,)) -> int:
+    """A port P such that P..P+span-1 (and each +offset) are free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base: int = s.getsockname()[1]
+        if base + span + max(offsets) > 65000:
+            continue
+        if all(_free(base + i + off) for i in range(span) for off in offsets):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+class PrivateServices:
+    """A broker (or a 3-node cluster) and a Redis of this test's own.
+
+    >>> with PrivateServices() as svc:
+    ...     svc.kafka_stop(); svc.kafka_start()
+    """
+
+    def __init__(self, *, kafka: bool = True, redis: bool = True) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
+        # Controllers listen 10000 above each broker port; the cluster uses three ports.
+        self.kafka_port = _pick_port(3, (0, 10000)) if kafka else 0
+        self.redis_port = _pick_port() if redis else 0
+        self._want_kafka = kafka
+        self._want_redis = redis
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def cluster_bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(3))
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def run(self, *args: str) -> str:
+        env = dict(os.environ)
+        env.update(
+            RHUMBATRON_LOCAL_DIR=str(self.dir),
+            RHUMBATRON_KAFKA_PORT=str(self.kafka_port or 9092),
+            RHUMBATRON_REDIS_PORT=str(self.redis_port or 6379),
+        )
+        result = subprocess.run(
+            [str(LOCAL_SH), *args], env=env, capture_output=True, text=True, timeout=180
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"infra/local.sh {' '.join(args)} failed:\n{result.stdout}{result.stderr}"
+            )
+        return result.stdout
+
+    def kafka_start(self, node: str = "") -> None:
+        self.run("kafka-start", *([node] if node else []))
+
+    def kafka_stop(self, node: str = "") -> None:
+        self.run("kafka-stop", *([node] if node else []))
+
+    def kafka_kill(self, node: str = "") -> None:
+        self.run("kafka-kill", *([node] if node else []))
+
+    def redis_start(self) -> None:
+        self.run("redis-start")
+
+    def redis_stop(self) -> None:
+        self.run("redis-stop")
+
+    def redis_kill(self) -> None:
+        self.run("redis-kill")
+
+    def cluster_up(self) -> None:
+        self.run("cluster-up")
+
+    def __enter__(self) -> PrivateServices:
+        if self._want_kafka:
+            self.kafka_start()
+        if self._want_redis:
+            self.redis_start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.run("down")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
