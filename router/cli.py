@@ -8,48 +8,24 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-import orjson
-
 from router import commands
 from router.settings import Settings
 from streams.errors import RhumbatronError
 
 Handler = Callable[[Settings, argparse.Namespace], int]
 
-
-def _print_json(value: object) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    commands.register,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rhumbatron", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser(
-        "provision", help="create the environment's streams, queues and internal topics"
-    )
-    p.set_defaults(handler=commands.provision)
-
-    p = sub.add_parser("topology", help="the environment's topics as they exist on the broker")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=commands.topology)
-
-    p = sub.add_parser("produce", help="write a synthetic workload of M events over N projects")
-    p.add_argument("--projects", type=int, required=True)
-    p.add_argument("--events", type=int, required=True)
-    p.add_argument("--run", help="run id baked into project ids (default: random)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=commands.produce)
-
-    p = sub.add_parser("status", help="topics, and consumer lag per group and partition")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=commands.status)
-
-    p = sub.add_parser("demo", help="the main job: provision, produce, consume, print the figures")
-    p.add_argument("--projects", type=int, default=200)
-    p.add_argument("--events", type=int, default=10_000)
-    p.set_defaults(handler=commands.demo)
+    # Each area registers its own subcommands (one module per area, each with `register`).
+    for register in REGISTRARS:
+        register(sub)
     return parser
 
 

@@ -132,3 +132,30 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
     from router.demo import run_demo
 
     return run_demo(settings, projects=args.projects, events=args.events)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "provision", help="create the environment's streams, queues and internal topics"
+    )
+    p.set_defaults(handler=provision)
+
+    p = sub.add_parser("topology", help="the environment's topics as they exist on the broker")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=topology)
+
+    p = sub.add_parser("produce", help="write a synthetic workload of M events over N projects")
+    p.add_argument("--projects", type=int, required=True)
+    p.add_argument("--events", type=int, required=True)
+    p.add_argument("--run", help="run id baked into project ids (default: random)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=produce)
+
+    p = sub.add_parser("status", help="topics, and consumer lag per group and partition")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=status)
+
+    p = sub.add_parser("demo", help="the main job: provision, produce, consume, print the figures")
+    p.add_argument("--projects", type=int, default=200)
+    p.add_argument("--events", type=int, default=10_000)
+    p.set_defaults(handler=demo)
