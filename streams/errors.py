@@ -7,7 +7,10 @@
     ├── Unreachable                 Kafka or Redis did not answer at the address tried
     ├── DeliveryFailed              Kafka refused or timed out records; lists each one
     ├── TransactionFailed           a Kafka transaction could not commit (aborted or fenced)
-    └── ConfigurationError          settings that cannot work together
+    ├── ConfigurationError          settings that cannot work together
+    └── OutboxError                 the outbox refused an operation (names the row or project)
+        ├── SlotConflict            a strict append was refused: the project moved past the slot
+        └── PublisherLocked         another publisher holds the outbox (names its pid)
 
 Library errors (librdkafka, redis-py) are translated at the boundary into these, with the
 context a reader needs, and chained with ``raise ... from exc``.
@@ -97,3 +100,49 @@ class TransactionFailed(RhumbatronError):
         self.abortable = abortable
         state = "fenced by a newer instance" if fenced else "aborted"
         super().__init__(f"transaction of '{transactional_id}' {state}: {detail}")
+
+
+class OutboxError(RhumbatronError):
+    """The outbox refused an operation; the message names the row, project or file concerned and
+    what to do about it. Nothing was written."""
+
+
+class SlotConflict(OutboxError):
+    """A strict append named ``seen_slot`` but the project has moved on to ``head``. Nothing was
+    written (the writer's own state change in that transaction rolled back too). ``missed`` holds
+    the events on the slots after ``seen_slot`` (``missed_complete`` is False when that list was
+    cut short), so the writer can merge them and decide again."""
+
+    def __init__(
+        self,
+        project_id: str,
+        seen_slot: int,
+        head: int,
+        missed: Sequence[object] = (),
+        *,
+        missed_complete: bool = True,
+    ) -> None:
+        self.project_id = project_id
+        self.seen_slot = seen_slot
+        self.head = head
+        self.missed = list(missed)
+        self.missed_complete = missed_complete
+        super().__init__(
+            f"strict append to project '{project_id}' refused: the writer saw up to slot "
+            f"{seen_slot} but the project is at slot {head} ({head - seen_slot} event(s) unseen); "
+            "nothing was written. Merge the missed events, decide again, and append with "
+            f"seen_slot={head}"
+        )
+
+
+class PublisherLocked(OutboxError):
+    """A second publisher tried to start on an outbox that already has one."""
+
+    def __init__(self, outbox: str, holder_pid: int | None, lock_path: str) -> None:
+        self.outbox = outbox
+        self.holder_pid = holder_pid
+        holder = f"process {holder_pid}" if holder_pid else "another process"
+        super().__init__(
+            f"outbox {outbox} already has a publisher ({holder} holds {lock_path}); only one "
+            "publisher may run per outbox: stop that one first, or publish a different outbox"
+        )
