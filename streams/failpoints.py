@@ -1,13 +1,11 @@
-"""Fail-points: named places where a test can make the process die on purpose.
+"""Fail-points: named places where a test can make the process die, to prove that a crash there
+loses nothing and doubles nothing.
 
-A crash test arms a point through the environment of the process it starts::
-
-    RHUMBATRON_FAILPOINTS=publisher.after_ack          # die the first time the point is hit
-    RHUMBATRON_FAILPOINTS=publisher.after_ack@3,x.y    # die on the third hit; several points
-
-:func:`hit` kills the process with SIGKILL, the same as ``kill -9`` or the OOM killer: no
-``finally`` blocks, no atexit handlers, no flushing — exactly the crash the code must survive.
-Unarmed points cost one dictionary lookup.
+Armed by the environment variable ``RHUMBATRON_FAILPOINTS`` (comma-separated names, each
+optionally ``name@N`` to fire on the N-th hit, default the first). A hit on an armed point kills
+the process with SIGKILL: no cleanup, no flush, exactly like a power cut. In-process tests can
+arm a point with :func:`arm` and a custom action (e.g. raising, to simulate the crash of one
+component while the test goes on).
 """
 
 from __future__ import annotations
@@ -15,38 +13,49 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 
-ENV_VAR = "RHUMBATRON_FAILPOINTS"
+ENV = "RHUMBATRON_FAILPOINTS"
 
-_hits: dict[str, int] = {}
 _lock = threading.Lock()
+_hits: dict[str, int] = {}
+_armed: dict[str, tuple[int, Callable[[str], None]]] = {}
 
 
-def armed() -> dict[str, int]:
-    """The armed points and the hit on which each fires (1 = the first)."""
-    spec = os.environ.get(ENV_VAR, "")
-    points: dict[str, int] = {}
-    for item in spec.split(","):
-        name, _, nth = item.strip().partition("@")
-        if not name:
-            continue
-        if nth and not nth.isdigit():
-            raise ValueError(
-                f"{ENV_VAR} entry {item.strip()!r} is malformed: use NAME or NAME@N (N >= 1)"
-            )
-        points[name] = max(int(nth or 1), 1)
-    return points
+def _kill(name: str) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _from_env() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
+        name, _, nth = item.partition("@")
+        out[name] = int(nth) if nth else 1
+    return out
+
+
+def arm(name: str, action: Callable[[str], None], nth: int = 1) -> None:
+    with _lock:
+        _armed[name] = (nth, action)
+        _hits[name] = 0
+
+
+def disarm_all() -> None:
+    with _lock:
+        _armed.clear()
+        _hits.clear()
 
 
 def hit(name: str) -> None:
-    """Pass the point called ``name``; if it is armed for this hit, die at once (SIGKILL)."""
-    if ENV_VAR not in os.environ:
-        return
-    fire_at = armed().get(name)
-    if fire_at is None:
-        return
+    """Mark that execution reached ``name``; fire if armed for this hit."""
     with _lock:
+        armed = _armed.get(name)
+        if armed is None:
+            nth = _from_env().get(name)
+            if nth is None:
+                return
+            armed = (nth, _kill)
         _hits[name] = _hits.get(name, 0) + 1
-        count = _hits[name]
-    if count >= fire_at:
-        os.kill(os.getpid(), signal.SIGKILL)
+        fire = _hits[name] == armed[0]
+    if fire:
+        armed[1](name)
