@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     claim_retention_margin_ms: int = 1 * DAY_MS
     group_protocol: str = Field("classic", pattern="^(classic|consumer)$")
     session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    control_check_interval_s: float = 1.0
+    worker_slot_ttl_s: int = 30
+    # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
+    failure_policies: dict[str, str] = Field(default_factory=dict)
 
     # -- the four subscriptions (DESIGN.md §8) -----------------------------------------------
     project_feed_length: int = 50

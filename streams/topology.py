@@ -166,10 +166,25 @@ class Topology:
                 dead_letter_topic(self.env),
                 self.partitions,
                 rf,
-                {"retention.ms": str(self.dead_letter_retention_ms), "cleanup.policy": "delete"},
+                # Compacted on "<dead letter id>:<offset>" so a repeated write collapses.
+                {
+                    "retention.ms": str(self.dead_letter_retention_ms),
+                    "cleanup.policy": "compact,delete",
+                },
                 "internal",
             ),
         ]
+
+    def redelivery_spec(self, subscription: str) -> TopicSpec:
+        """One partition per stream partition, so partition k belongs to origin
+        (stream k // partitions, partition k % partitions) and is read by its owner."""
+        return TopicSpec(
+            redelivery_topic(subscription, self.env),
+            self.streams * self.partitions,
+            self.replication_factor,
+            {"retention.ms": str(self.stream_retention_ms), "cleanup.policy": "delete"},
+            "internal",
+        )
 
     def all_specs(self) -> list[TopicSpec]:
         return self.stream_specs() + self.queue_specs() + self.internal_specs()

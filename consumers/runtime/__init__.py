@@ -1,0 +1,1 @@
+"""The subscription runtime: every subscription runs on it (see runner.py for the loop)."""

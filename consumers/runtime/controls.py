@@ -1,0 +1,237 @@
+"""Operator controls per topic-partition (from 002's runner), each appended to an audit log with
+who, when and why:
+
+- ``re_reduce``: rebuild the fold from the log, no effects (also automatic when a processor's
+  ``reducer_version`` changes);
+- ``reprocess_from(offset, expected_revision)``: compare-and-set; bumps the cursor revision, so
+  the events from ``offset`` on run their effects again under new claims and new idempotency keys;
+- ``skip_through(offset, reason)``: the escape past a poison event; advances the cursor without
+  running anything.
+
+The stream keeps 7 days. A control that needs events the stream no longer holds refuses and says
+which offsets are missing (the archive, when present, fills them in first: ``ArchiveReader``).
+A running owner notices a moved cursor within a second and continues from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from consumers.runtime.dead_letters import DeadLetterStore, Status
+from consumers.runtime.store import Store
+from consumers.runtime.types import JSON, TP, Processor, Progress, Record
+from streams.clock import Clock
+from streams.envelopes import decode_event, format_time
+from streams.errors import EnvelopeError, RhumbatronError
+
+
+class ControlRefused(RhumbatronError):
+    pass
+
+
+class LogReader(Protocol):
+    """Reads a partition's retained records (for refolds), oldest first."""
+
+    def log_start(self, tp: TP) -> int: ...
+
+    def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
+        """Records with start <= offset <= end."""
+
+
+class ArchiveReader(Protocol):
+    """Events older than the stream's retention, from the long-term archive."""
+
+    def read(self, tp: TP, start: int, end: int) -> Iterator[Record]: ...
+
+
+class AuditLog(Protocol):
+    def append(self, entry: dict[str, Any]) -> None: ...
+
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+
+class MemoryAuditLog:
+    def __init__(self) -> None:
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def append(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._entries.append(entry)
+
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(reversed(self._entries[-limit:]))
+
+
+class RedisAuditLog:
+    def __init__(self, client: Any, *, env: str, slug: str) -> None:
+        self.client = client
+        self.key = f"rh:{env}:{{audit}}:{slug}"
+
+    def append(self, entry: dict[str, Any]) -> None:
+        self.client.lpush(self.key, orjson.dumps(entry))
+
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [orjson.loads(raw) for raw in self.client.lrange(self.key, 0, limit - 1)]
+
+
+@dataclass
+class Controls:
+    processor: Processor
+    store: Store
+    reader: LogReader
+    audit: AuditLog
+    dead_letters: DeadLetterStore
+    clock: Clock
+    max_envelope_bytes: int
+    archive: ArchiveReader | None = None
+
+    def _audit(self, action: str, tp: TP, who: str, why: str, **details: Any) -> None:
+        self.audit.append(
+            {
+                "action": action,
+                "subscription": self.processor.slug,
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "who": who,
+                "why": why,
+                "at": format_time(self.clock.now()),
+                **details,
+            }
+        )
+
+    # -- folds -----------------------------------------------------------------------------------
+    def _excluded(self, tp: TP, progress: Progress) -> set[int]:
+        """Offsets the fold must not contain: dead letters not retried, and skipped ranges."""
+        out = set(progress.dead)
+        for letter in self.dead_letters.list():
+            if (
+                letter.subscription == self.processor.slug
+                and letter.source_topic == tp.topic
+                and letter.source_partition == tp.partition
+                and letter.status != Status.RETRIED
+            ):
+                out.update(letter.offsets)
+        for first, last in progress.skipped:
+            out.update(range(first, last + 1))
+        return out
+
+    def _records(self, tp: TP, through: int) -> Iterator[Record]:
+        start = self.reader.log_start(tp)
+        if start > 0:
+            if self.archive is None:
+                raise ControlRefused(
+                    f"{tp} no longer holds offsets 0..{start - 1} (past the stream's retention) and "
+                    "no archive reader is configured; the fold cannot be rebuilt without them"
+                )
+            yield from self.archive.read(tp, 0, min(start - 1, through))
+        if through >= start:
+            yield from self.reader.read(tp, start, through)
+
+    def fold(self, tp: TP, progress: Progress, through: int) -> dict[str, JSON]:
+        """The processor's fold of every event of ``tp`` up to ``through`` that counts."""
+        proc = self.processor
+        states: dict[str, JSON] = {}
+        if not proc.reducer_version:
+            return states
+        excluded = self._excluded(tp, progress)
+        wanted = set(progress.applied_beyond)
+        last = max([through, *wanted]) if wanted else through
+        seen: set[str] = set()
+        for record in self._records(tp, last):
+            if record.offset in excluded or (
+                record.offset > through and record.offset not in wanted
+            ):
+                continue
+            try:
+                event = decode_event(record.value, max_bytes=self.max_envelope_bytes)
+            except EnvelopeError:
+                continue  # poison: dead-lettered, never folded
+            if (
+                proc.consumes is not None and event.event_type not in proc.consumes
+            ) or event.event_id in seen:
+                continue
+            seen.add(event.event_id)
+            new = proc.reduce(states.get(event.project_id), event)
+            if new is None:
+                states.pop(event.project_id, None)
+            else:
+                states[event.project_id] = new
+        return states
+
+    def re_reduce(self, tp: TP, *, who: str, why: str, epoch: int | None = None) -> int:
+        """Rebuild the fold through the acknowledged cursor. No effects run. Returns the number of
+        projects in the rebuilt fold."""
+        progress = self.store.load(tp)
+        states = self.fold(tp, progress, progress.acked_through)
+        new = Progress.from_fields(progress.as_fields())
+        new.reducer_version = self.processor.reducer_version
+        new.reduced_through = progress.acked_through
+        self.store.replace_fold(
+            tp, epoch, (progress.acked_through, progress.cursor_revision), new, states
+        )
+        self._audit(
+            "re_reduce", tp, who, why, reduced_through=progress.acked_through, projects=len(states)
+        )
+        return len(states)
+
+    def reprocess_from(
+        self, tp: TP, offset: int, expected_revision: int, *, who: str, why: str
+    ) -> Progress:
+        progress = self.store.load(tp)
+        if progress.cursor_revision != expected_revision:
+            raise ControlRefused(
+                f"{tp} is at cursor revision {progress.cursor_revision}, not {expected_revision}: "
+                "someone else moved it; read the current revision and decide again"
+            )
+        start = self.reader.log_start(tp)
+        if offset < start and self.archive is None:
+            raise ControlRefused(
+                f"cannot reprocess {tp} from {offset}: the stream holds offsets from {start} only "
+                "and no archive reader is configured"
+            )
+        new = Progress.from_fields(progress.as_fields())
+        new.acked_through = offset - 1
+        new.cursor_revision = progress.cursor_revision + 1
+        new.applied_beyond = []
+        new.dead = [o for o in progress.dead if o < offset]
+        new.pending_effects = progress.pending_effects
+        states = self.fold(tp, new, offset - 1)
+        new.reduced_through = offset - 1
+        new.reducer_version = self.processor.reducer_version
+        self.store.replace_fold(
+            tp, None, (progress.acked_through, progress.cursor_revision), new, states
+        )
+        self._audit("reprocess_from", tp, who, why, offset=offset, revision=new.cursor_revision)
+        return new
+
+    def skip_through(self, tp: TP, offset: int, *, who: str, why: str) -> Progress:
+        if not why.strip():
+            raise ControlRefused(
+                "skip_through needs a reason: it is the audited escape past an event"
+            )
+        progress = self.store.load(tp)
+        if offset <= progress.acked_through:
+            raise ControlRefused(
+                f"{tp} is already acknowledged through {progress.acked_through}; nothing to skip"
+            )
+        new = Progress.from_fields(progress.as_fields())
+        new.skipped = [*progress.skipped, [progress.acked_through + 1, offset]]
+        new.acked_through = offset
+        new.applied_beyond = [o for o in progress.applied_beyond if o > offset]
+        new.dead = [o for o in progress.dead if o > offset]
+        if self.processor.reducer_version:
+            new.reduced_through = offset
+        self.store.replace_fold(
+            tp, None, (progress.acked_through, progress.cursor_revision), new, None
+        )
+        self._audit(
+            "skip_through", tp, who, why, offset=offset, skipped_from=progress.acked_through + 1
+        )
+        return new

@@ -1,0 +1,272 @@
+"""The one dead-letter store, for event batches, poison records and (later) commands.
+
+A dead letter is durable on the Kafka topic ``rhumbatron_dead_letters_<env>`` — a tee, not a
+swallow: each entry's original bytes and headers, plus ``dlq.*`` headers naming the reason, the
+error type, the source and the attempts — and indexed in Redis for listing and operator state
+(open → retried | dismissed, each transition audited with who, when, why).
+
+Writing is idempotent on the dead letter's id: the index keeps the first, and the topic is
+compacted on ``<id>:<offset>`` so a repeated write collapses. If the write fails, it raises and the
+caller commits nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, cast
+
+import orjson
+import redis
+
+from streams.envelopes import format_time
+from streams.producer import Producer
+
+
+class Status:
+    OPEN = "open"
+    RETRIED = "retried"
+    DISMISSED = "dismissed"
+
+
+@dataclass
+class Entry:
+    """One record inside a dead letter, with its original bytes."""
+
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    event_id: str | None = None
+    event_type: str | None = None
+    project_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offset": self.offset,
+            "value_b64": base64.b64encode(self.value).decode() if self.value is not None else None,
+            "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
+            "headers": [[k, base64.b64encode(v).decode()] for k, v in self.headers],
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "project_id": self.project_id,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Entry:
+        return cls(
+            offset=d["offset"],
+            value=base64.b64decode(d["value_b64"]) if d.get("value_b64") is not None else None,
+            key=base64.b64decode(d["key_b64"]) if d.get("key_b64") is not None else None,
+            headers=[(k, base64.b64decode(v)) for k, v in d.get("headers", [])],
+            event_id=d.get("event_id"),
+            event_type=d.get("event_type"),
+            project_id=d.get("project_id"),
+        )
+
+
+@dataclass
+class DeadLetter:
+    id: str
+    kind: str  # event-batch | poison | command
+    source_topic: str
+    source_partition: int
+    error: str
+    error_type: str
+    attempts: int
+    created_at: str
+    entries: list[Entry]
+    subscription: str | None = None
+    origin_queue: str | None = None
+    command_id: str | None = None
+    status: str = Status.OPEN
+    audit: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def offsets(self) -> list[int]:
+        return [e.offset for e in self.entries]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["entries"] = [e.to_json() for e in self.entries]
+        d["offsets"] = self.offsets
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        """What a listing shows (no payload bytes)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "status": self.status,
+            "subscription": self.subscription,
+            "origin_queue": self.origin_queue,
+            "command_id": self.command_id,
+            "source": f"{self.source_topic}[{self.source_partition}]",
+            "offsets": self.offsets,
+            "events": [e.event_id for e in self.entries],
+            "error_type": self.error_type,
+            "error": self.error,
+            "attempts": self.attempts,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DeadLetter:
+        d = dict(d)
+        d.pop("offsets", None)
+        d["entries"] = [Entry.from_json(e) for e in d["entries"]]
+        return cls(**d)
+
+
+def batch_letter_id(subscription: str, topic: str, partition: int, offset: int, kind: str) -> str:
+    raw = f"{kind}\x00{subscription}\x00{topic}\x00{partition}\x00{offset}"
+    return "dl_" + hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def command_letter_id(command_id: str) -> str:
+    return "dl_" + hashlib.sha256(f"command\x00{command_id}".encode()).hexdigest()[:24]
+
+
+class DeadLetterStore(Protocol):
+    def write(self, letters: Sequence[DeadLetter]) -> None: ...
+
+    def get(self, letter_id: str) -> DeadLetter | None: ...
+
+    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]: ...
+
+    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
+        """open → ``to``, audited; False (and nothing changes) unless the letter is open."""
+
+
+class MemoryDeadLetters:
+    def __init__(self) -> None:
+        self.letters: dict[str, DeadLetter] = {}
+        self.writes = 0
+        self.fail_next_write = False
+        self._lock = threading.Lock()
+
+    def write(self, letters: Sequence[DeadLetter]) -> None:
+        with self._lock:
+            if self.fail_next_write:
+                self.fail_next_write = False
+                raise ConnectionError("injected dead-letter write failure")
+            for letter in letters:
+                self.letters.setdefault(letter.id, letter)
+            self.writes += 1
+
+    def get(self, letter_id: str) -> DeadLetter | None:
+        return self.letters.get(letter_id)
+
+    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+        out = [d for d in self.letters.values() if status is None or d.status == status]
+        return sorted(out, key=lambda d: d.created_at)[:limit]
+
+    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
+        with self._lock:
+            letter = self.letters.get(letter_id)
+            if letter is None or letter.status != Status.OPEN:
+                return False
+            letter.status = to
+            letter.audit.append({"action": to, "who": who, "why": why, "at": format_time(now)})
+            return True
+
+
+class KafkaRedisDeadLetters:
+    """The durable record on the dead-letter topic, the index in Redis."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        client: redis.Redis[bytes],
+        *,
+        env: str,
+        topic: str,
+        flush_timeout: float,
+    ) -> None:
+        self.producer = producer
+        self.client = client
+        self.topic = topic
+        self.flush_timeout = flush_timeout
+        self.prefix = f"rh:{env}:{{dead-letters}}:"
+
+    def _record_key(self, letter_id: str) -> str:
+        return self.prefix + "record:" + letter_id
+
+    def write(self, letters: Sequence[DeadLetter]) -> None:
+        for letter in letters:
+            for entry in letter.entries:
+                headers = list(entry.headers) + [
+                    ("dlq.id", letter.id.encode()),
+                    ("dlq.kind", letter.kind.encode()),
+                    ("dlq.reason", letter.error.encode()[:1000]),
+                    ("dlq.error_type", letter.error_type.encode()),
+                    ("dlq.attempts", str(letter.attempts).encode()),
+                    ("dlq.source_topic", letter.source_topic.encode()),
+                    ("dlq.source_partition", str(letter.source_partition).encode()),
+                    ("dlq.source_offset", str(entry.offset).encode()),
+                ]
+                if letter.subscription:
+                    headers.append(("dlq.subscription", letter.subscription.encode()))
+                if letter.origin_queue:
+                    headers.append(("dlq.origin_queue", letter.origin_queue.encode()))
+                self.producer.produce(
+                    self.topic,
+                    entry.value if entry.value is not None else b"",
+                    key=f"{letter.id}:{entry.offset}",
+                    headers=headers,
+                )
+        self.producer.flush(self.flush_timeout)  # raises DeliveryFailed: the caller commits nothing
+        pipe = self.client.pipeline(transaction=True)
+        for letter in letters:
+            pipe.set(self._record_key(letter.id), orjson.dumps(letter.to_json()), nx=True)
+            pipe.zadd(self.prefix + "index", {letter.id: _score(letter.created_at)}, nx=True)
+        pipe.execute()
+
+    def get(self, letter_id: str) -> DeadLetter | None:
+        raw = self.client.get(self._record_key(letter_id))
+        return DeadLetter.from_json(orjson.loads(raw)) if raw else None
+
+    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+        ids = [i.decode() for i in self.client.zrange(self.prefix + "index", 0, -1)]
+        out: list[DeadLetter] = []
+        for chunk in range(0, len(ids), 200):
+            part = ids[chunk : chunk + 200]
+            for raw in self.client.mget([self._record_key(i) for i in part]):
+                if raw:
+                    letter = DeadLetter.from_json(orjson.loads(raw))
+                    if status is None or letter.status == status:
+                        out.append(letter)
+                        if len(out) >= limit:
+                            return out
+        return out
+
+    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
+        key = self._record_key(letter_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # check-and-set: of two clicks, one wins
+                    raw = cast(bytes | None, pipe.get(key))
+                    if not raw:
+                        return False
+                    letter = DeadLetter.from_json(orjson.loads(raw))
+                    if letter.status != Status.OPEN:
+                        return False
+                    letter.status = to
+                    letter.audit.append(
+                        {"action": to, "who": who, "why": why, "at": format_time(now)}
+                    )
+                    pipe.multi()
+                    pipe.set(key, orjson.dumps(letter.to_json()))
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+
+
+def _score(created_at: str) -> float:
+    return datetime.strptime(created_at, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()

@@ -1,0 +1,309 @@
+"""The runtime's Transport, Output, Redelivery and LogReader on confluent-kafka.
+
+Assignment resumes from the cursor stored with the state: the offsets go to ``incremental_assign``
+inside the assign callback (a ``seek`` there fails: the partition is not fetching yet). The same
+callback style serves the classic protocol with cooperative-sticky and KIP-848's consumer protocol:
+both are incremental.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
+
+import confluent_kafka
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
+
+from consumers.kafka_consumer import consumer_config
+from consumers.runtime.transport import AssignCallback, RevokeCallback
+from consumers.runtime.types import TP, OutRecord, Record
+from streams.admin import bootstrap_of, client_config
+from streams.errors import Unreachable
+from streams.producer import Producer
+
+log = logging.getLogger("rhumbatron.transport")
+
+# Bound on broker round trips the loop makes itself (watermarks, committed offsets): long enough
+# for a loaded broker, short enough that a dead one surfaces instead of hanging the loop.
+BROKER_CALL_TIMEOUT_S = 10.0
+
+
+def _record(message: Message) -> Record:
+    timestamp = message.timestamp()
+    return Record(
+        topic=message.topic() or "",
+        partition=message.partition() or 0,
+        offset=message.offset() or 0,
+        key=message.key(),
+        value=message.value(),
+        headers=tuple(cast(list[tuple[str, bytes]], message.headers() or [])),
+        timestamp_ms=timestamp[1] if timestamp else 0,
+    )
+
+
+class KafkaTransport:
+    def __init__(
+        self,
+        base: Mapping[str, Any],
+        *,
+        group_id: str,
+        protocol: str,
+        session_timeout_ms: int,
+        max_poll_interval_ms: int = 300_000,
+    ) -> None:
+        self.group_id = group_id
+        self._bootstrap = bootstrap_of(base)
+        extra: dict[str, Any] = {"max.poll.interval.ms": max_poll_interval_ms}
+        self.consumer = confluent_kafka.Consumer(
+            consumer_config(
+                base,
+                group_id=group_id,
+                protocol=protocol,
+                session_timeout_ms=session_timeout_ms,
+                extra=extra,
+            )
+        )
+        self._assigned: set[TP] = set()
+        self._seeks: dict[TP, int] = {}
+
+    def subscribe(
+        self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
+    ) -> None:
+        def assigned(consumer: Any, partitions: list[TopicPartition]) -> None:
+            tps = [TP(p.topic, p.partition) for p in partitions]
+            starts = on_assign(tps)
+            out = []
+            for p in partitions:
+                start = starts.get(TP(p.topic, p.partition))
+                out.append(
+                    TopicPartition(
+                        p.topic, p.partition, start if start is not None else OFFSET_INVALID
+                    )
+                )
+            consumer.incremental_assign(out)
+            self._assigned.update(tps)
+
+        def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
+            tps = [TP(p.topic, p.partition) for p in partitions]
+            on_revoke(tps)
+            consumer.incremental_unassign(partitions)
+            self._assigned.difference_update(tps)
+            for tp in tps:
+                self._seeks.pop(tp, None)
+
+        self.consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+
+    def poll(self, max_records: int, timeout: float) -> list[Record]:
+        self._apply_seeks()
+        try:
+            messages = self.consumer.consume(max_records, timeout=timeout)
+        except KafkaException as exc:
+            raise Unreachable("Kafka", self._bootstrap, exc.args[0].str()) from exc
+        out = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error on %s: %s", message.topic(), error.str())
+                continue
+            tp = TP(message.topic() or "", message.partition() or 0)
+            if tp in self._seeks:
+                continue  # fetched before a pending seek took effect; it will come again
+            out.append(_record(message))
+        return out
+
+    def _apply_seeks(self) -> None:
+        for tp, offset in list(self._seeks.items()):
+            try:
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+                del self._seeks[tp]
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._STATE:
+                    raise
+                # The partition is not fetching yet (just assigned): try again next poll.
+
+    def assignment(self) -> set[TP]:
+        return set(self._assigned)
+
+    def pause(self, tps: Iterable[TP]) -> None:
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in tps if tp in self._assigned]
+        if parts:
+            self.consumer.pause(parts)
+
+    def resume(self, tps: Iterable[TP]) -> None:
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in tps if tp in self._assigned]
+        if parts:
+            self.consumer.resume(parts)
+
+    def seek(self, tp: TP, offset: int) -> None:
+        if tp in self._assigned:
+            self._seeks[tp] = offset
+            self._apply_seeks()
+
+    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
+        parts = [
+            TopicPartition(tp.topic, tp.partition, o)
+            for tp, o in offsets.items()
+            if tp in self._assigned
+        ]
+        if not parts:
+            return
+        try:
+            self.consumer.commit(offsets=parts, asynchronous=True)
+        except KafkaException as exc:
+            # Group offsets only feed lag tooling here; the cursor in the store is authoritative.
+            log.warning("offset commit failed (lag figures may trail): %s", exc.args[0].str())
+
+    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
+        if not parts:
+            return {}
+        result = self.consumer.committed(parts, timeout=BROKER_CALL_TIMEOUT_S)
+        return {TP(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in result}
+
+    def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
+        """The partition's end offset; ``cached`` answers from the last fetch response (no round
+        trip; -1 when there was none yet)."""
+        try:
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S, cached=cached
+            )
+        except KafkaException:
+            return -1
+        return int(high) if high is not None and high >= 0 else -1
+
+    def group_metadata(self) -> Any:
+        return self.consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaOutput:
+    """A transactional producer: one stable transactional id per worker slot, so a restarted
+    worker fences its own zombie."""
+
+    def __init__(self, base: Mapping[str, Any], *, transactional_id: str) -> None:
+        self.producer = Producer(base, transactional_id=transactional_id, extra={"linger.ms": 2})
+
+    def begin(self) -> None:
+        self.producer.begin()
+
+    def produce(self, record: OutRecord) -> None:
+        self.producer.produce(
+            record.topic,
+            record.value,
+            key=record.key,
+            headers=[*record.headers, ("record_id", record.record_id.encode())],
+        )
+
+    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None:
+        self.producer.send_offsets(
+            [TopicPartition(tp.topic, tp.partition, o) for tp, o in offsets.items()], group_metadata
+        )
+
+    def commit(self) -> None:
+        self.producer.commit()
+
+    def abort(self) -> None:
+        if self.producer.in_transaction:
+            self.producer.abort()
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+def _assign_only_consumer(base: Mapping[str, Any], purpose: str) -> confluent_kafka.Consumer:
+    # librdkafka wants a group id even for manual assignment; nothing is ever committed with it.
+    return confluent_kafka.Consumer(
+        client_config(
+            base,
+            **{
+                "group.id": f"rhumbatron-{purpose}-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            },
+        )
+    )
+
+
+class KafkaRedelivery:
+    def __init__(self, base: Mapping[str, Any], topic: str) -> None:
+        self.topic = topic
+        self.consumer = _assign_only_consumer(base, "redelivery")
+        self._assigned: set[int] = set()
+
+    def assign(self, partition: int, offset: int | None) -> None:
+        tp = TopicPartition(self.topic, partition, offset if offset is not None else 0)
+        if partition in self._assigned:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+        self.consumer.incremental_assign([tp])
+        self._assigned.add(partition)
+
+    def unassign(self, partition: int) -> None:
+        if partition in self._assigned:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+            self._assigned.discard(partition)
+
+    def poll(self, max_records: int) -> list[Record]:
+        if not self._assigned:
+            return []
+        return [
+            _record(m) for m in self.consumer.consume(max_records, timeout=0) if m.error() is None
+        ]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaReader:
+    """Reads a retained range of one partition (for refolds)."""
+
+    def __init__(self, base: Mapping[str, Any]) -> None:
+        self.base = base
+
+    def log_start(self, tp: TP) -> int:
+        consumer = _assign_only_consumer(self.base, "reader")
+        try:
+            low, _ = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
+            )
+            return int(low)
+        finally:
+            consumer.close()
+
+    def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
+        if end < start:
+            return
+        consumer = _assign_only_consumer(self.base, "reader")
+        try:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
+            )
+            last = min(end, high - 1)
+            if last < start:
+                return
+            part = TopicPartition(tp.topic, tp.partition, start)
+            consumer.assign([part])
+            idle = 0
+            while idle < 20:
+                batch = consumer.consume(1000, timeout=0.5)
+                idle = 0 if batch else idle + 1
+                for message in batch:
+                    if message.error() is not None:
+                        continue
+                    offset = message.offset() or 0
+                    if offset > last:
+                        return
+                    yield _record(message)
+                # Transaction markers take offsets but are never delivered: go by position.
+                if consumer.position([part])[0].offset > last:
+                    return
+        finally:
+            consumer.close()

@@ -1,0 +1,274 @@
+"""An in-memory Kafka for the property tests: a partitioned log with transactions and group
+offsets, and transports over it. Batches can be cut at will (``cuts``), members can be assigned
+and revoked explicitly, and a transaction that is not committed is simply never visible."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.runtime.transport import AssignCallback, RevokeCallback
+from consumers.runtime.types import TP, OutRecord, Record
+
+
+@dataclass
+class MemoryLog:
+    """Topics of partitions of records, plus committed group offsets."""
+
+    partitions: dict[str, int] = field(default_factory=dict)
+    records: dict[TP, list[Record]] = field(default_factory=dict)
+    offsets: dict[str, dict[TP, int]] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def create(self, topic: str, partitions: int) -> None:
+        with self.lock:
+            self.partitions[topic] = partitions
+            for p in range(partitions):
+                self.records.setdefault(TP(topic, p), [])
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> int:
+        with self.lock:
+            log = self.records[TP(topic, partition)]
+            offset = len(log)
+            log.append(Record(topic, partition, offset, key, value, headers, offset))
+            return offset
+
+    def read(self, tp: TP, start: int, limit: int) -> list[Record]:
+        with self.lock:
+            return self.records.get(tp, [])[start : start + limit]
+
+    def end(self, tp: TP) -> int:
+        with self.lock:
+            return len(self.records.get(tp, []))
+
+    def all(self, topic: str) -> list[Record]:
+        with self.lock:
+            return [
+                r for p in range(self.partitions.get(topic, 0)) for r in self.records[TP(topic, p)]
+            ]
+
+
+class MemoryTransport:
+    """One group member. By default it owns every partition of its topics on ``subscribe``; tests
+    move partitions with ``assign`` / ``revoke`` (the callbacks run on the next ``poll``, as
+    librdkafka runs them inside poll)."""
+
+    def __init__(
+        self,
+        log: MemoryLog,
+        group: str,
+        *,
+        cuts: Iterator[int] | None = None,
+        auto_assign: bool = True,
+    ) -> None:
+        self.log = log
+        self.group = group
+        self.cuts = cuts
+        self.auto_assign = auto_assign
+        self._assigned: dict[TP, int] = {}
+        self._paused: set[TP] = set()
+        self._on_assign: AssignCallback | None = None
+        self._on_revoke: RevokeCallback | None = None
+        self._topics: list[str] = []
+        self._pending_assign: list[TP] = []
+        self._pending_revoke: list[TP] = []
+        self.closed = False
+
+    def subscribe(
+        self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
+    ) -> None:
+        self._topics = topics
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        if self.auto_assign:
+            self._pending_assign = [
+                TP(t, p) for t in topics for p in range(self.log.partitions.get(t, 0))
+            ]
+
+    def assign(self, tps: Iterable[TP]) -> None:
+        self._pending_assign.extend(tps)
+
+    def revoke(self, tps: Iterable[TP]) -> None:
+        self._pending_revoke.extend(tps)
+
+    def _rebalance(self) -> None:
+        if self._pending_revoke and self._on_revoke:
+            gone = [tp for tp in self._pending_revoke if tp in self._assigned]
+            self._pending_revoke = []
+            if gone:
+                self._on_revoke(gone)
+                for tp in gone:
+                    self._assigned.pop(tp, None)
+                    self._paused.discard(tp)
+        if self._pending_assign and self._on_assign:
+            new = [tp for tp in self._pending_assign if tp not in self._assigned]
+            self._pending_assign = []
+            if new:
+                starts = self._on_assign(new)
+                committed = self.log.offsets.get(self.group, {})
+                for tp in new:
+                    start = starts.get(tp)
+                    self._assigned[tp] = start if start is not None else committed.get(tp, 0)
+
+    def poll(self, max_records: int, timeout: float) -> list[Record]:
+        self._rebalance()
+        limit = max_records
+        if self.cuts is not None:
+            limit = max(1, min(limit, next(self.cuts)))
+        out: list[Record] = []
+        for tp in sorted(self._assigned):
+            if tp in self._paused or len(out) >= limit:
+                continue
+            got = self.log.read(tp, self._assigned[tp], limit - len(out))
+            if got:
+                self._assigned[tp] = got[-1].offset + 1
+                out.extend(got)
+        return out
+
+    def assignment(self) -> set[TP]:
+        return set(self._assigned)
+
+    def pause(self, tps: Iterable[TP]) -> None:
+        self._paused.update(tp for tp in tps if tp in self._assigned)
+
+    def resume(self, tps: Iterable[TP]) -> None:
+        self._paused.difference_update(tps)
+
+    def seek(self, tp: TP, offset: int) -> None:
+        if tp in self._assigned:
+            self._assigned[tp] = offset
+
+    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
+        with self.log.lock:
+            self.log.offsets.setdefault(self.group, {}).update(offsets)
+
+    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+        with self.log.lock:
+            group = self.log.offsets.get(self.group, {})
+            return {tp: group.get(tp) for tp in tps}
+
+    def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
+        return self.log.end(tp)
+
+    def group_metadata(self) -> Any:
+        return self.group
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemoryOutput:
+    """A transactional producer on the memory log: nothing is visible until ``commit``, which
+    appends the records and stores the offsets atomically. ``fail_commit`` lets a test make the
+    next commit fail (as a fenced or aborted transaction would)."""
+
+    def __init__(
+        self, log: MemoryLog, partitioner: Callable[[str, int], int] | None = None
+    ) -> None:
+        self.log = log
+        self.partitioner = partitioner or (lambda key, n: sum(key.encode()) % n)
+        self._records: list[OutRecord] = []
+        self._offsets: dict[TP, int] = {}
+        self._group: Any = None
+        self._open = False
+        self.fail_commit: Callable[[], bool] = lambda: False
+        self.commits = 0
+
+    def begin(self) -> None:
+        if self._open:
+            raise RuntimeError("transaction already open")
+        self._open = True
+        self._records, self._offsets = [], {}
+
+    def produce(self, record: OutRecord) -> None:
+        assert self._open, "produce outside a transaction"
+        self._records.append(record)
+
+    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None:
+        assert self._open, "send_offsets outside a transaction"
+        self._offsets.update(offsets)
+        self._group = group_metadata
+
+    def commit(self) -> None:
+        assert self._open, "commit outside a transaction"
+        self._open = False
+        if self.fail_commit():
+            self._records, self._offsets = [], {}
+            from streams.errors import TransactionFailed
+
+            raise TransactionFailed("memory", "injected commit failure", abortable=True)
+        with self.log.lock:
+            for r in self._records:
+                n = self.log.partitions[r.topic]
+                self.log.append(
+                    r.topic,
+                    self.partitioner(r.key, n),
+                    r.value,
+                    r.key.encode(),
+                    r.headers + (("record_id", r.record_id.encode()),),
+                )
+            if self._offsets:
+                self.log.offsets.setdefault(str(self._group), {}).update(self._offsets)
+        self.commits += 1
+
+    def abort(self) -> None:
+        self._open = False
+        self._records, self._offsets = [], {}
+
+    def close(self) -> None:
+        self.abort()
+
+
+class MemoryRedelivery:
+    def __init__(self, log: MemoryLog, topic: str) -> None:
+        self.log = log
+        self.topic = topic
+        self._positions: dict[int, int] = {}
+
+    def assign(self, partition: int, offset: int | None) -> None:
+        self._positions[partition] = offset or 0
+
+    def unassign(self, partition: int) -> None:
+        self._positions.pop(partition, None)
+
+    def poll(self, max_records: int) -> list[Record]:
+        out: list[Record] = []
+        for p, start in sorted(self._positions.items()):
+            got = self.log.read(TP(self.topic, p), start, max_records - len(out))
+            if got:
+                self._positions[p] = got[-1].offset + 1
+                out.extend(got)
+        return out
+
+    def close(self) -> None:
+        self._positions.clear()
+
+
+def cuts_from(sizes: Iterable[int]) -> Iterator[int]:
+    """Batch sizes for a transport: the given ones, then 1,000 forever."""
+    return itertools.chain(sizes, itertools.repeat(1000))
+
+
+class MemoryReader:
+    """LogReader over the memory log; ``start`` simulates retention having deleted a prefix."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+        self.start: dict[TP, int] = {}
+
+    def log_start(self, tp: TP) -> int:
+        return self.start.get(tp, 0)
+
+    def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
+        first = max(start, self.log_start(tp))
+        yield from self.log.read(tp, first, max(end - first + 1, 0))

@@ -1,0 +1,382 @@
+"""Where a subscription keeps its progress, claims, fold and effects: the ``Store`` protocol, and
+the in-memory implementation the property tests run on. ``redis_store.RedisStore`` is the real one;
+one shared test class (``tests/unit/store_contract.py``) runs against both.
+
+The heart is :meth:`Store.commit`: claims, Redis effects, fold state, pending Kafka effects and the
+new cursor, applied all-or-nothing, and only if the caller still owns the partition (its owner
+epoch is current) and the cursor is where the caller read it (compare-and-set).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
+from streams.errors import RhumbatronError
+
+
+class Fenced(RhumbatronError):
+    """The caller no longer owns the partition: a newer owner bumped the epoch."""
+
+    def __init__(self, tp: TP, epoch: int, current: int) -> None:
+        self.tp = tp
+        super().__init__(
+            f"write to {tp} refused: owner epoch {epoch} is stale (current {current}); "
+            "another process owns the partition now"
+        )
+
+
+class CursorMoved(RhumbatronError):
+    """The cursor is not where the caller read it (compare-and-set failed)."""
+
+    def __init__(self, tp: TP, expected: tuple[int, int], found: tuple[int, int]) -> None:
+        self.tp = tp
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"cursor of {tp} moved: expected acked_through={expected[0]} revision={expected[1]}, "
+            f"found acked_through={found[0]} revision={found[1]}"
+        )
+
+
+class PendingEffects(RhumbatronError):
+    """New Kafka effects may not be stored while earlier ones are not known to be published."""
+
+    def __init__(self, tp: TP) -> None:
+        self.tp = tp
+        super().__init__(
+            f"{tp} still has pending Kafka effects; recover them before committing new ones"
+        )
+
+
+@dataclass
+class Commit:
+    """Everything one batch of one partition writes, atomically."""
+
+    tp: TP
+    epoch: int
+    expected_acked: int
+    expected_revision: int
+    progress: Progress
+    claims: list[str] = field(
+        default_factory=list
+    )  # event ids, claimed at progress.cursor_revision
+    redis: list[RedisOp] = field(default_factory=list)
+    states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
+    pending: list[OutRecord] | None = None  # Kafka effects awaiting their transaction
+
+
+class Store(Protocol):
+    def acquire(self, tp: TP) -> int:
+        """Take ownership of a partition: bump and return its owner epoch."""
+
+    def epoch(self, tp: TP) -> int: ...
+
+    def load(self, tp: TP) -> Progress: ...
+
+    def claimed(self, tp: TP, revision: int, event_ids: Sequence[str]) -> set[str]:
+        """Which of these events are already claimed at this cursor revision."""
+
+    def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]: ...
+
+    def all_states(self, tp: TP) -> dict[str, JSON]: ...
+
+    def commit(self, commit: Commit) -> None:
+        """Apply atomically; raise Fenced or CursorMoved and write nothing if not allowed."""
+
+    def pending(self, tp: TP) -> list[OutRecord]: ...
+
+    def clear_pending(self, tp: TP, epoch: int) -> None: ...
+
+    def replace_fold(
+        self,
+        tp: TP,
+        epoch: int | None,
+        expected: tuple[int, int],
+        progress: Progress,
+        states: dict[str, JSON] | None,
+    ) -> None:
+        """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
+        compare-and-set on ``expected`` = (acked_through, cursor_revision); ``epoch`` None means an
+        operator acting from outside (no ownership needed); ``states`` None keeps the fold."""
+
+    def count_failure(self, tp: TP, batch_key: str) -> int:
+        """Count one more failure of this batch; returns the count so far."""
+
+    def clear_failures(self, tp: TP, batch_key: str) -> None: ...
+
+    def read(self, tp: TP, key: str) -> object:
+        """Read an effect key (for views and tests); shape depends on the key's type."""
+
+
+# -- effect semantics, shared by the in-memory store and mirrored by the Lua script ------------
+
+
+class _Keyspace:
+    """An in-memory Redis-alike: strings, hashes, sets, lists; just what the ops need."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, object] = {}
+
+    def hash(self, key: str) -> dict[str, str]:
+        return self.data.setdefault(key, {})  # type: ignore[return-value]
+
+    def set_(self, key: str) -> set[str]:
+        return self.data.setdefault(key, set())  # type: ignore[return-value]
+
+    def list_(self, key: str) -> list[str]:
+        return self.data.setdefault(key, [])  # type: ignore[return-value]
+
+
+def _num(value: str | int | float) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def apply_op(space: _Keyspace, op: RedisOp, key_of: dict[str, str]) -> None:
+    key = key_of[op.key]
+    a = op.args
+    match op.op:
+        case "HSET":
+            space.hash(key)[str(a[0])] = str(a[1])
+        case "HDEL":
+            space.hash(key).pop(str(a[0]), None)
+        case "HINCRBY":
+            h = space.hash(key)
+            h[str(a[0])] = str(int(h.get(str(a[0]), "0")) + int(a[1]))
+        case "HMAX":
+            h = space.hash(key)
+            current = h.get(str(a[0]))
+            if current is None or float(a[1]) > float(current):
+                h[str(a[0])] = _num(a[1])
+        case "SET":
+            space.data[key] = str(a[0])
+        case "INCRBY":
+            space.data[key] = str(int(str(space.data.get(key, "0"))) + int(a[0]))
+        case "SADD":
+            space.set_(key).add(str(a[0]))
+        case "SREM":
+            space.set_(key).discard(str(a[0]))
+        case "RPUSH":
+            space.list_(key).append(str(a[0]))
+        case "LPUSHTRIM":
+            lst = space.list_(key)
+            lst.insert(0, str(a[0]))
+            del lst[int(a[1]) :]
+        case "DEL":
+            space.data.pop(key, None)
+        case "SLOT":
+            # args: missing-set key (logical), slot, cap. key: hash holding 'high'.
+            h = space.hash(key)
+            missing = space.set_(key_of[str(a[0])])
+            slot, cap = int(a[1]), int(a[2])
+            high = int(h.get("high", "0"))
+            if slot > high:
+                for s in range(high + 1, slot):
+                    if len(missing) >= cap:
+                        h["missing_overflow"] = "1"
+                        break
+                    missing.add(str(s))
+                h["high"] = str(slot)
+            else:
+                missing.discard(str(slot))
+        case _:
+            raise ValueError(f"unknown Redis effect op {op.op!r}")
+
+
+def op_keys(op: RedisOp) -> list[str]:
+    """Every logical key an op touches (SLOT also names its missing-set)."""
+    return [op.key, str(op.args[0])] if op.op == "SLOT" else [op.key]
+
+
+class MemoryStore:
+    """The Store contract in memory, thread-safe. Effects land in a keyspace tests can read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._epochs: dict[TP, int] = {}
+        self._progress: dict[TP, Progress] = {}
+        self._claims: dict[TP, set[tuple[str, int]]] = {}
+        self._states: dict[TP, dict[str, str]] = {}
+        self._pending: dict[TP, bytes] = {}
+        self._failures: dict[tuple[TP, str], int] = {}
+        self.space = _Keyspace()
+        self.commits = 0
+
+    def key(self, tp: TP, logical: str) -> str:
+        return f"{tp.topic}|{tp.partition}|{logical}"
+
+    def acquire(self, tp: TP) -> int:
+        with self._lock:
+            self._epochs[tp] = self._epochs.get(tp, 0) + 1
+            return self._epochs[tp]
+
+    def epoch(self, tp: TP) -> int:
+        with self._lock:
+            return self._epochs.get(tp, 0)
+
+    def load(self, tp: TP) -> Progress:
+        with self._lock:
+            return Progress.from_fields(self._progress.get(tp, Progress()).as_fields())
+
+    def claimed(self, tp: TP, revision: int, event_ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            have = self._claims.get(tp, set())
+            return {e for e in event_ids if (e, revision) in have}
+
+    def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
+        with self._lock:
+            stored = self._states.get(tp, {})
+            return {p: (orjson.loads(stored[p]) if p in stored else None) for p in projects}
+
+    def all_states(self, tp: TP) -> dict[str, JSON]:
+        with self._lock:
+            return {p: orjson.loads(v) for p, v in self._states.get(tp, {}).items()}
+
+    def _check(
+        self, tp: TP, epoch: int | None, expected_acked: int | None, expected_revision: int
+    ) -> None:
+        if epoch is not None and self._epochs.get(tp, 0) != epoch:
+            raise Fenced(tp, epoch, self._epochs.get(tp, 0))
+        current = self._progress.get(tp, Progress())
+        found = (current.acked_through, current.cursor_revision)
+        if (expected_acked is not None and found[0] != expected_acked) or found[
+            1
+        ] != expected_revision:
+            raise CursorMoved(
+                tp,
+                (expected_acked if expected_acked is not None else found[0], expected_revision),
+                found,
+            )
+
+    def commit(self, commit: Commit) -> None:
+        with self._lock:
+            tp = commit.tp
+            self._check(tp, commit.epoch, commit.expected_acked, commit.expected_revision)
+            if commit.pending is not None and tp in self._pending:
+                raise PendingEffects(tp)
+            claims = self._claims.setdefault(tp, set())
+            rev = commit.progress.cursor_revision
+            for event_id in commit.claims:
+                if (event_id, rev) in claims:
+                    raise CursorMoved(
+                        tp,
+                        (commit.expected_acked, commit.expected_revision),
+                        (commit.expected_acked, rev),
+                    )
+            for op in commit.redis:
+                if op.op not in OPS:
+                    raise ValueError(f"unknown Redis effect op {op.op!r}")
+            key_of = {k: self.key(tp, k) for op in commit.redis for k in op_keys(op)}
+            claims.update((e, rev) for e in commit.claims)
+            for op in commit.redis:
+                apply_op(self.space, op, key_of)
+            states = self._states.setdefault(tp, {})
+            for project, state in commit.states.items():
+                if state is None:
+                    states.pop(project, None)
+                else:
+                    states[project] = orjson.dumps(state).decode()
+            if commit.pending is not None:
+                self._pending[tp] = encode_pending(commit.pending)
+            self._progress[tp] = Progress.from_fields(commit.progress.as_fields())
+            self.commits += 1
+
+    def pending(self, tp: TP) -> list[OutRecord]:
+        with self._lock:
+            return decode_pending(self._pending.get(tp, b""))
+
+    def clear_pending(self, tp: TP, epoch: int) -> None:
+        with self._lock:
+            if self._epochs.get(tp, 0) != epoch:
+                raise Fenced(tp, epoch, self._epochs.get(tp, 0))
+            self._pending.pop(tp, None)
+            self._progress.setdefault(tp, Progress()).pending_effects = False
+
+    def replace_fold(
+        self,
+        tp: TP,
+        epoch: int | None,
+        expected: tuple[int, int],
+        progress: Progress,
+        states: dict[str, JSON] | None,
+    ) -> None:
+        with self._lock:
+            self._check(tp, epoch, expected[0], expected[1])
+            if states is not None:
+                self._states[tp] = {p: orjson.dumps(s).decode() for p, s in states.items()}
+            self._progress[tp] = Progress.from_fields(progress.as_fields())
+
+    def count_failure(self, tp: TP, batch_key: str) -> int:
+        with self._lock:
+            self._failures[(tp, batch_key)] = self._failures.get((tp, batch_key), 0) + 1
+            return self._failures[(tp, batch_key)]
+
+    def clear_failures(self, tp: TP, batch_key: str) -> None:
+        with self._lock:
+            self._failures.pop((tp, batch_key), None)
+
+    def read(self, tp: TP, key: str) -> object:
+        with self._lock:
+            value = self.space.data.get(self.key(tp, key))
+            if isinstance(value, dict):
+                return dict(value)
+            if isinstance(value, set):
+                return set(value)
+            if isinstance(value, list):
+                return list(value)
+            return value
+
+
+OPS = frozenset(
+    {
+        "HSET",
+        "HDEL",
+        "HINCRBY",
+        "HMAX",
+        "SET",
+        "INCRBY",
+        "SADD",
+        "SREM",
+        "RPUSH",
+        "LPUSHTRIM",
+        "DEL",
+        "SLOT",
+    }
+)
+
+
+def encode_pending(records: Sequence[OutRecord]) -> bytes:
+    return orjson.dumps(
+        [
+            {
+                "topic": r.topic,
+                "key": r.key,
+                "value": r.value.decode("latin-1"),
+                "id": r.record_id,
+                "headers": [[k, v.decode("latin-1")] for k, v in r.headers],
+            }
+            for r in records
+        ]
+    )
+
+
+def decode_pending(blob: bytes) -> list[OutRecord]:
+    if not blob:
+        return []
+    return [
+        OutRecord(
+            topic=r["topic"],
+            key=r["key"],
+            value=r["value"].encode("latin-1"),
+            record_id=r["id"],
+            headers=tuple((k, v.encode("latin-1")) for k, v in r["headers"]),
+        )
+        for r in orjson.loads(blob)
+    ]

@@ -1,0 +1,83 @@
+"""The cut between the runtime and Kafka (httpx's transport idea): the runner talks only to these
+protocols. ``kafka_transport`` implements them on confluent-kafka; ``memory`` on an in-memory log
+for the property tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from consumers.runtime.types import TP, OutRecord, Record
+
+# Called with newly assigned partitions; returns the offset to start each one at (from the
+# cursor stored with the state, or None for "from the beginning").
+AssignCallback = Callable[[list[TP]], Mapping[TP, int | None]]
+# Called with partitions about to be taken away, before they go.
+RevokeCallback = Callable[[list[TP]], None]
+
+
+class Transport(Protocol):
+    """A consumer-group member reading the streams."""
+
+    def subscribe(
+        self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
+    ) -> None: ...
+
+    def poll(self, max_records: int, timeout: float) -> list[Record]:
+        """Up to ``max_records`` records, in offset order per partition. Rebalance callbacks run
+        inside this call, never between two of the runner's steps."""
+
+    def assignment(self) -> set[TP]: ...
+
+    def pause(self, tps: Iterable[TP]) -> None: ...
+
+    def resume(self, tps: Iterable[TP]) -> None: ...
+
+    def seek(self, tp: TP, offset: int) -> None: ...
+
+    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
+        """Record progress in the group (next offset to read), asynchronously: for lag tooling;
+        the cursor in the store is what resumes work."""
+
+    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+        """The group's committed offsets (read_committed: a transaction's offsets count only once
+        it committed)."""
+
+    def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
+        """End offset of the partition; -1 when unknown. ``cached`` may answer from the last
+        fetch instead of asking the broker."""
+
+    def group_metadata(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Output(Protocol):
+    """A transactional producer for Kafka effects: records and consumed offsets commit together."""
+
+    def begin(self) -> None: ...
+
+    def produce(self, record: OutRecord) -> None: ...
+
+    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Redelivery(Protocol):
+    """Reads a subscription's redelivery topic (operator retries of dead letters). Partition k of
+    it belongs to origin partition k of the streams' flattened partition space, and is read by
+    whoever owns that origin partition, with progress kept in the origin's cursor."""
+
+    def assign(self, partition: int, offset: int | None) -> None: ...
+
+    def unassign(self, partition: int) -> None: ...
+
+    def poll(self, max_records: int) -> list[Record]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,217 @@
+"""The runtime's vocabulary: records, partitions, the processor contract, deliveries, effects.
+
+A *processor* (a subscription) is a class with a ``slug``, the event types it ``consumes``, an
+optional total per-project ``reduce(state, event)`` with a ``reducer_version``, and
+``process(event, state, delivery)`` that returns its effects *as data*. The runtime applies the
+effects together with the claim and the cursor, atomically — that is what makes them exactly
+once — so a processor never writes to Redis or Kafka itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import orjson
+
+from streams.envelopes import Event
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TP:
+    """A topic-partition."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as the transport hands it over: raw bytes, not yet decoded."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+    @property
+    def tp(self) -> TP:
+        return TP(self.topic, self.partition)
+
+    def header(self, name: str) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+class Phase(StrEnum):
+    CATCHING_UP = "catching-up"
+    LIVE = "live"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What ``process`` learns about the delivery of one event (from 002's delivery context)."""
+
+    tp: TP
+    offset: int
+    phase: Phase
+    caught_up: bool
+    cursor_revision: int
+    redelivered: bool = False  # came back through the operator's dead-letter retry
+
+    def idempotency_key(self, key: str) -> str:
+        """f(key, source offset, cursor revision): a crash retry gets the same key, a deliberate
+        ``reprocess_from`` (which bumps the revision) a new one."""
+        raw = f"{key}\x00{self.tp.topic}\x00{self.tp.partition}\x00{self.offset}\x00{self.cursor_revision}"
+        return "idk_" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class EffectKind(StrEnum):
+    REDIS = "redis"  # views, ledger: claim + effect + cursor in one Lua script
+    KAFKA = "kafka"  # commands, metric points: records + offsets in one Kafka transaction
+    NONE = "none"  # fold only
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOp:
+    """One Redis write, as data. ``key`` is relative to the processor's namespace and the
+    partition's hash tag (the runtime builds the full key, so every key of a script shares the
+    tag). Supported ``op`` values are listed in ``consumers.runtime.redis_store.OPS``."""
+
+    op: str
+    key: str
+    args: tuple[str | int | float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """A record a Kafka-effect processor wants produced, with a stable id so a re-send after a
+    crash is recognisably the same record."""
+
+    topic: str
+    key: str
+    value: bytes
+    record_id: str
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass
+class Effects:
+    redis: list[RedisOp] = field(default_factory=list)
+    records: list[OutRecord] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.redis or self.records)
+
+
+NO_EFFECTS = Effects()
+
+
+@runtime_checkable
+class Processor(Protocol):
+    """A subscription. ``reduce`` must be total: if it raises, the event counts as failing and is
+    not folded. State is per project (events are ordered per project, and a project lives on one
+    partition), stored with the partition's cursor."""
+
+    slug: ClassVar[str]
+    consumes: ClassVar[frozenset[str] | None]  # None: every event type
+    reducer_version: ClassVar[str]  # "" when the processor keeps no fold
+    effect_kind: ClassVar[EffectKind]
+
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None: ...
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects: ...
+
+
+class BaseProcessor:
+    """Defaults: no fold, every event type."""
+
+    slug: ClassVar[str] = ""
+    consumes: ClassVar[frozenset[str] | None] = None
+    reducer_version: ClassVar[str] = ""
+    effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
+
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None:
+        return state
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
+        return NO_EFFECTS
+
+
+@dataclass
+class Progress:
+    """The two cursors of one (subscription, partition), stored with the state they describe.
+
+    - reduction: ``reducer_version``, ``reduced_through`` (the fold covers every event up to it,
+      plus ``applied_beyond``), and the per-project fold state (kept in its own hash).
+    - processing: ``acked_through``, ``cursor_revision``.
+
+    ``acked_through`` is contiguous: every offset up to it is applied, dead-lettered or skipped.
+    When a failing event holds back its own project, events of other projects after it are
+    applied anyway; their offsets sit in ``applied_beyond`` until ``acked_through`` passes them.
+    ``dead`` lists offsets dead-lettered (not folded until retried) and ``skipped`` the ranges an
+    operator skipped; both only until ``acked_through`` passes them, after which the dead-letter
+    index and the audit log remember them.
+    """
+
+    acked_through: int = -1
+    cursor_revision: int = 0
+    reducer_version: str = ""
+    reduced_through: int = -1
+    applied_beyond: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    pending_effects: bool = False  # Kafka effects written to Redis, transaction not yet known done
+    redelivered_next: int = 0  # next offset to read in this partition's redelivery partition
+    skipped: list[list[int]] = field(
+        default_factory=list
+    )  # [first, last] ranges skip_through passed
+
+    def as_fields(self) -> dict[str, str]:
+        return {
+            "acked_through": str(self.acked_through),
+            "cursor_revision": str(self.cursor_revision),
+            "reducer_version": self.reducer_version,
+            "reduced_through": str(self.reduced_through),
+            "applied_beyond": orjson.dumps(self.applied_beyond).decode(),
+            "dead": orjson.dumps(self.dead).decode(),
+            "pending_effects": "1" if self.pending_effects else "0",
+            "redelivered_next": str(self.redelivered_next),
+            "skipped": orjson.dumps(self.skipped).decode(),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str] | Mapping[bytes, bytes]) -> Progress:
+        f = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()
+        }
+        if not f:
+            return cls()
+        return cls(
+            acked_through=int(f.get("acked_through", -1)),
+            cursor_revision=int(f.get("cursor_revision", 0)),
+            reducer_version=f.get("reducer_version", ""),
+            reduced_through=int(f.get("reduced_through", -1)),
+            applied_beyond=list(orjson.loads(f.get("applied_beyond", "[]"))),
+            dead=list(orjson.loads(f.get("dead", "[]"))),
+            pending_effects=f.get("pending_effects", "0") == "1",
+            redelivered_next=int(f.get("redelivered_next", 0)),
+            skipped=[list(r) for r in orjson.loads(f.get("skipped", "[]"))],
+        )
+
+    def is_done(self, offset: int) -> bool:
+        """Already applied, dead-lettered or skipped: redelivery must not run it again."""
+        return offset <= self.acked_through or offset in self.applied_beyond or offset in self.dead

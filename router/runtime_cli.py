@@ -1,0 +1,202 @@
+"""Subcommands of the subscription runtime: consume, dead letters, operator controls, ledger."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import signal
+import sys
+import threading
+from typing import Any
+
+import orjson
+
+from consumers.runtime.dead_letters import Status
+from consumers.subscriptions.ledger import read_ledger
+from router.runtime import (
+    controls,
+    event_dead_letter_actions,
+    open_subscription,
+    processor_for,
+    redis_client,
+    tp_of,
+)
+from router.settings import Settings
+from streams.clock import SystemClock
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _who(args: argparse.Namespace) -> str:
+    return str(getattr(args, "who", None) or getpass.getuser())
+
+
+def consume(settings: Settings, args: argparse.Namespace) -> int:
+    subscription = open_subscription(settings, args.subscription)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stats = subscription.runner.run(
+            until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
+        )
+    finally:
+        subscription.close()
+    print(
+        f"{args.subscription}: {stats.records} records, {stats.applied} applied, "
+        f"{stats.duplicates} duplicates, {stats.failures} batch failures, "
+        f"{stats.dead_lettered} dead-lettered ({stats.poison} poison)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def dead_letters_list(settings: Settings, args: argparse.Namespace) -> int:
+    from router.runtime import dead_letters
+
+    letters = dead_letters(settings, redis_client(settings)).list(status=args.status)
+    if args.json:
+        _print_json([d.summary() for d in letters])
+    else:
+        for d in letters:
+            print(
+                f"{d.id}  {d.status:<9} {d.kind:<12} {d.subscription or d.origin_queue or '-':<24} {d.error[:80]}"
+            )
+    return 0
+
+
+def dead_letters_show(settings: Settings, args: argparse.Namespace) -> int:
+    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    _print_json(actions.get(args.id).to_json())
+    return 0
+
+
+def dead_letters_retry(settings: Settings, args: argparse.Namespace) -> int:
+    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    letter = actions.retry(args.id, who=_who(args), why=args.reason or "operator retry")
+    print(f"{letter.id}: {letter.status}; redelivered to {letter.subscription}")
+    return 0
+
+
+def dead_letters_dismiss(settings: Settings, args: argparse.Namespace) -> int:
+    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    letter = actions.dismiss(args.id, who=_who(args), why=args.reason)
+    print(f"{letter.id}: {letter.status}")
+    return 0
+
+
+def _controls(settings: Settings, args: argparse.Namespace) -> Any:
+    return controls(
+        settings, processor_for(args.subscription), redis_client(settings), SystemClock()
+    )
+
+
+def re_reduce(settings: Settings, args: argparse.Namespace) -> int:
+    projects = _controls(settings, args).re_reduce(
+        tp_of(settings, args.topic, args.partition),
+        who=_who(args),
+        why=args.reason or "operator re-reduce",
+    )
+    print(
+        f"re-reduced {args.topic}[{args.partition}] for {args.subscription}: {projects} projects in the fold"
+    )
+    return 0
+
+
+def reprocess_from(settings: Settings, args: argparse.Namespace) -> int:
+    progress = _controls(settings, args).reprocess_from(
+        tp_of(settings, args.topic, args.partition),
+        args.offset,
+        args.expected_revision,
+        who=_who(args),
+        why=args.reason,
+    )
+    print(
+        f"{args.subscription} {args.topic}[{args.partition}] reprocesses from {args.offset} at revision {progress.cursor_revision}"
+    )
+    return 0
+
+
+def skip_through(settings: Settings, args: argparse.Namespace) -> int:
+    progress = _controls(settings, args).skip_through(
+        tp_of(settings, args.topic, args.partition), args.offset, who=_who(args), why=args.reason
+    )
+    print(
+        f"{args.subscription} {args.topic}[{args.partition}] acknowledged through {progress.acked_through}"
+    )
+    return 0
+
+
+def progress(settings: Settings, args: argparse.Namespace) -> int:
+    c = _controls(settings, args)
+    out = {}
+    for topic in settings.topology.stream_names():
+        for partition in range(settings.partitions):
+            tp = tp_of(settings, topic, partition)
+            out[str(tp)] = c.store.load(tp).as_fields()
+    _print_json(out)
+    return 0
+
+
+def ledger(settings: Settings, args: argparse.Namespace) -> int:
+    _print_json(read_ledger(redis_client(settings), settings.env))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("consume", help="run a subscription (one process of its consumer group)")
+    p.add_argument("--subscription", required=True)
+    p.add_argument(
+        "--until-idle",
+        type=float,
+        metavar="SECONDS",
+        help="exit once nothing was consumed, paused for retry or in flight for this long",
+    )
+    p.set_defaults(handler=consume)
+
+    dl = sub.add_parser(
+        "dead-letters", help="list, show, retry or dismiss dead letters"
+    ).add_subparsers(dest="action", required=True)
+    p = dl.add_parser("list")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--status", choices=[Status.OPEN, Status.RETRIED, Status.DISMISSED])
+    p.set_defaults(handler=dead_letters_list)
+    p = dl.add_parser("show")
+    p.add_argument("id")
+    p.set_defaults(handler=dead_letters_show)
+    p = dl.add_parser("retry")
+    p.add_argument("id")
+    p.add_argument("--who")
+    p.add_argument("--reason")
+    p.set_defaults(handler=dead_letters_retry)
+    p = dl.add_parser("dismiss")
+    p.add_argument("id")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--who")
+    p.set_defaults(handler=dead_letters_dismiss)
+
+    ctl = sub.add_parser(
+        "subscription", help="operator controls per topic-partition (audited)"
+    ).add_subparsers(dest="action", required=True)
+    for name, handler, extra in (
+        ("re-reduce", re_reduce, ()),
+        ("reprocess-from", reprocess_from, ("offset", "expected-revision")),
+        ("skip-through", skip_through, ("offset",)),
+        ("progress", progress, ()),
+    ):
+        p = ctl.add_parser(name)
+        p.add_argument("--subscription", required=True)
+        if name != "progress":
+            p.add_argument("--topic", required=True)
+            p.add_argument("--partition", type=int, required=True)
+            p.add_argument("--who")
+            p.add_argument("--reason", required=name in ("skip-through", "reprocess-from"))
+        for arg in extra:
+            p.add_argument(f"--{arg}", type=int, required=True)
+        p.set_defaults(handler=handler)
+
+    p = sub.add_parser("ledger", help="what the ledger subscription applied, per project in order")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=ledger)
