@@ -2,8 +2,10 @@
 loses nothing and doubles nothing.
 
 Armed by the environment variable ``RHUMBATRON_FAILPOINTS`` (comma-separated names, each
-optionally ``name@N`` to fire on the N-th hit, default the first). A hit on an armed point kills
-the process with SIGKILL: no cleanup, no flush, exactly like a power cut. In-process tests can
+optionally ``name@N`` to fire on the N-th hit, default the first, and optionally ``:stop``). A hit
+on an armed point kills the process with SIGKILL: no cleanup, no flush, exactly like a power cut;
+with ``:stop`` it SIGSTOPs itself instead (a stall: a long GC pause, a frozen VM) and goes on where
+it was when someone sends SIGCONT. In-process tests can
 arm a point with :func:`arm` and a custom action (e.g. raising, to simulate the crash of one
 component while the test goes on).
 """
@@ -26,11 +28,16 @@ def _kill(name: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _from_env() -> dict[str, int]:
-    out: dict[str, int] = {}
+def _stop(name: str) -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _from_env() -> dict[str, tuple[int, Callable[[str], None]]]:
+    out: dict[str, tuple[int, Callable[[str], None]]] = {}
     for item in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
+        item, _, mode = item.partition(":")
         name, _, nth = item.partition("@")
-        out[name] = int(nth) if nth else 1
+        out[name] = (int(nth) if nth else 1, _stop if mode == "stop" else _kill)
     return out
 
 
@@ -51,10 +58,9 @@ def hit(name: str) -> None:
     with _lock:
         armed = _armed.get(name)
         if armed is None:
-            nth = _from_env().get(name)
-            if nth is None:
+            armed = _from_env().get(name)
+            if armed is None:
                 return
-            armed = (nth, _kill)
         _hits[name] = _hits.get(name, 0) + 1
         fire = _hits[name] == armed[0]
     if fire:
