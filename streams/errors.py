@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # envelopes imports this module; the annotation needs no runtime import
+    from streams.envelopes import Event
 
 
 class RhumbatronError(Exception):
@@ -118,7 +122,7 @@ class SlotConflict(OutboxError):
         project_id: str,
         seen_slot: int,
         head: int,
-        missed: Sequence[object] = (),
+        missed: Sequence[Event] = (),
         *,
         missed_complete: bool = True,
     ) -> None:

@@ -1,0 +1,11 @@
+"""The transactional outbox and its order-keeping publisher (DESIGN.md §5; docs/outbox.md).
+
+- :mod:`~streams.outbox.store`: the storage contract (rows, states, the writer's unit of work).
+- :mod:`~streams.outbox.sqlite`: the embedded SQLite backend.
+- :mod:`~streams.outbox.slots`: dense per-project slots, bump-and-report and strict appends.
+- :mod:`~streams.outbox.states`: the publisher policy and the row state machine.
+- :mod:`~streams.outbox.sender` and :mod:`~streams.outbox.dispatch`: the producer boundary and
+  the two ordering strategies.
+- :mod:`~streams.outbox.publisher`: the publisher loop.
+- :mod:`~streams.outbox.ops`: operator commands (stats, retry, skip, purge).
+"""

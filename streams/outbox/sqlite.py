@@ -1,0 +1,366 @@
+"""The embedded outbox backend: stdlib sqlite3 in WAL mode.
+
+- The outbox tables live in the writer's own database file, so its state change and its events
+  commit in one SQLite transaction. Write transactions start with ``BEGIN IMMEDIATE``: the
+  database write lock is taken before the slot counter is read, so concurrent writers (threads
+  or processes) queue for it (``busy_timeout``) instead of allocating the same slot.
+- One connection per thread; WAL lets the publisher and operators read while writers write.
+- One publisher per file: an ``fcntl.flock`` on ``<path>.publisher.lock``, which the kernel
+  releases when the holder dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+
+from streams.clock import Clock, SystemClock
+from streams.errors import OutboxError, PublisherLocked
+from streams.outbox.sqlite_schema import (
+    COLUMNS,
+    OPEN_SQL,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SqliteOptions,
+    row_from_sql,
+)
+from streams.outbox.sqlite_writer import SqliteUnitOfWork
+from streams.outbox.store import (
+    AuditEntry,
+    CommitSignal,
+    HeldProject,
+    OutboxRow,
+    RowState,
+    RowUpdate,
+)
+
+tracer = trace.get_tracer(__name__)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite may already have rolled back on its own (e.g. disk full, interrupted).
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+class SqliteOutbox:
+    """An outbox in a SQLite file (the writer's own database)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        options: SqliteOptions,
+        clock: Clock | None = None,
+        create: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self.options = options
+        self.clock: Clock = clock or SystemClock()
+        self.commits = CommitSignal()
+        self._create = create
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        if not create and not self.path.exists():
+            raise OutboxError(
+                f"no outbox at {self.path}: check the path (writers create the outbox on first "
+                "use, e.g. rhumbatron produce --outbox PATH)"
+            )
+        self._init_schema()
+
+    # -- connections -----------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            target = str(self.path) if self._create else f"{self.path.absolute().as_uri()}?mode=rw"
+            try:
+                conn = sqlite3.connect(
+                    target,
+                    timeout=self.options.busy_timeout_s,
+                    isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                    check_same_thread=False,  # close() may run on another thread
+                    uri=not self._create,
+                )
+                conn.execute(f"PRAGMA synchronous = {self._synchronous()}")
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "open") from exc
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def _synchronous(self) -> str:
+        mode = self.options.synchronous.upper()
+        if mode not in ("FULL", "NORMAL"):
+            raise OutboxError(
+                f"outbox_sqlite_synchronous must be FULL or NORMAL, got {self.options.synchronous!r}"
+            )
+        return mode
+
+    def _translate(self, exc: sqlite3.Error, doing: str) -> OutboxError:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return OutboxError(
+                f"outbox {self.path}: {doing} waited {self.options.busy_timeout_s:g}s for the "
+                "database lock held by another writer (outbox_busy_timeout_s); retry, or look for "
+                "a transaction that stays open"
+            )
+        if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
+            return OutboxError(f"{self.path} is not a SQLite database, so not an outbox")
+        return OutboxError(f"outbox {self.path}: {doing} failed: {text}")
+
+    @contextmanager
+    def _write(self, doing: str) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        if conn.in_transaction:
+            raise OutboxError(
+                f"outbox {self.path}: {doing} inside an open outbox transaction on the same "
+                "thread; finish that transaction first"
+            )
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._translate(exc, doing) from exc
+        try:
+            yield conn
+        except BaseException:
+            _rollback(conn)
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise self._translate(exc, doing) from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._conn().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._translate(exc, "read") from exc
+
+    def _init_schema(self) -> None:
+        conn = self._conn()
+        try:
+            if self._create:
+                conn.execute("PRAGMA journal_mode = WAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            has_outbox = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise self._translate(exc, "open") from exc
+        if version > SCHEMA_VERSION:
+            raise OutboxError(
+                f"outbox {self.path} has schema version {version}, newer than this release "
+                f"understands ({SCHEMA_VERSION}); upgrade rhumbatron"
+            )
+        if has_outbox and version == SCHEMA_VERSION:
+            return
+        if not self._create:
+            raise OutboxError(f"{self.path} is a SQLite database but holds no outbox tables")
+        with self._write("create the outbox tables") as conn:
+            # Statement by statement: executescript would commit the open transaction first.
+            for statement in filter(None, (part.strip() for part in SCHEMA.split(";"))):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    # -- writers ---------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteUnitOfWork]:
+        with (
+            tracer.start_as_current_span("outbox.write", kind=trace.SpanKind.INTERNAL) as span,
+            self._write("write") as conn,
+        ):
+            unit = SqliteUnitOfWork(
+                conn, options=self.options, clock=self.clock, now=self.clock.now().timestamp()
+            )
+            yield unit
+            span.set_attribute("rhumbatron.outbox.appended", unit.appended)
+        if unit.appended:
+            self.commits.notify()
+
+    # -- the publisher ---------------------------------------------------------------------------
+    @contextmanager
+    def publisher_lease(self) -> Iterator[None]:
+        lock_path = f"{self.path}.publisher.lock"
+        handle = open(lock_path, "a+")  # noqa: SIM115 (held for the lease's lifetime)
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                text = handle.read().strip()
+                raise PublisherLocked(
+                    str(self.path), int(text) if text.isdigit() else None, lock_path
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            yield
+        finally:
+            handle.close()  # closing the file releases the lock
+
+    def release_due(self, now: float) -> int:
+        with self._write("release due retries") as conn:
+            return conn.execute(
+                "UPDATE outbox SET state = 'pending' "
+                "WHERE state = 'retry_wait' AND next_attempt_at <= ?",
+                (now,),
+            ).rowcount
+
+    def sendable(
+        self, rows_per_project: int, max_rows: int, after_project: str | None
+    ) -> list[OutboxRow]:
+        found = self._read(
+            f"SELECT {COLUMNS} FROM ("
+            f"  SELECT {COLUMNS}, ROW_NUMBER() OVER w AS rn, FIRST_VALUE(state) OVER w AS head"
+            f"  FROM outbox WHERE state IN {OPEN_SQL}"
+            "   WINDOW w AS (PARTITION BY project_id ORDER BY slot)"
+            ") WHERE rn <= ? AND head = 'pending' ORDER BY project_id <= ?, project_id, slot LIMIT ?",
+            (rows_per_project, after_project or "", max_rows),
+        )
+        return [row_from_sql(r) for r in found]
+
+    def next_due_at(self) -> float | None:
+        found = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE state = 'retry_wait'")
+        return None if found[0][0] is None else float(found[0][0])
+
+    def apply(self, updates: Sequence[RowUpdate]) -> int:
+        if not updates:
+            return 0
+        with self._write("record publish results") as conn:
+            return conn.executemany(
+                "UPDATE outbox SET state = ?, attempts = ?, deferrals = ?, next_attempt_at = ?, "
+                "last_error = ?, published_at = ? WHERE event_id = ? AND state = 'pending'",
+                [
+                    (
+                        u.state.value,
+                        u.attempts,
+                        u.deferrals,
+                        u.next_attempt_at,
+                        u.last_error,
+                        u.published_at,
+                        u.event_id,
+                    )
+                    for u in updates
+                ],
+            ).rowcount
+
+    # -- operators -------------------------------------------------------------------------------
+    def counts(self) -> dict[RowState, int]:
+        counts = dict.fromkeys(RowState, 0)
+        for state, n in self._read("SELECT state, COUNT(*) FROM outbox GROUP BY state"):
+            counts[RowState(state)] = int(n)
+        return counts
+
+    def oldest_unpublished_at(self) -> float | None:
+        found = self._read(
+            f"SELECT MIN(created_at) FROM outbox WHERE state IN {OPEN_SQL} AND state != 'failed'"
+        )
+        return None if found[0][0] is None else float(found[0][0])
+
+    def rows_in_state(self, state: RowState, limit: int) -> list[OutboxRow]:
+        found = self._read(
+            f"SELECT {COLUMNS} FROM outbox WHERE state = ? ORDER BY project_id, slot LIMIT ?",
+            (state.value, limit),
+        )
+        return [row_from_sql(r) for r in found]
+
+    def held_projects(self, limit: int) -> list[HeldProject]:
+        found = self._read(
+            "SELECT project_id, event_id, slot, waiting FROM ("
+            "  SELECT project_id, event_id, slot, state, "
+            "   ROW_NUMBER() OVER (PARTITION BY project_id ORDER BY slot) AS rn, "
+            "   COUNT(*) OVER (PARTITION BY project_id) - 1 AS waiting "
+            f"  FROM outbox WHERE state IN {OPEN_SQL}"
+            ") WHERE rn = 1 AND state = 'failed' ORDER BY project_id LIMIT ?",
+            (limit,),
+        )
+        return [HeldProject(r[0], r[1], int(r[2]), int(r[3])) for r in found]
+
+    def get(self, event_id: str) -> OutboxRow | None:
+        found = self._read(f"SELECT {COLUMNS} FROM outbox WHERE event_id = ?", (event_id,))
+        return row_from_sql(found[0]) if found else None
+
+    def operator_transition(
+        self,
+        event_id: str,
+        *,
+        allowed: frozenset[RowState],
+        to: RowState,
+        who: str,
+        action: str,
+        reason: str | None,
+        at: float,
+    ) -> tuple[OutboxRow | None, bool]:
+        with self._write(action) as conn:
+            found = conn.execute(
+                f"SELECT {COLUMNS} FROM outbox WHERE event_id = ?", (event_id,)
+            ).fetchone()
+            if found is None:
+                return None, False
+            row = row_from_sql(found)
+            if row.state not in allowed:
+                return row, False
+            conn.execute(
+                "UPDATE outbox SET state = ?, attempts = 0, deferrals = 0, next_attempt_at = NULL "
+                "WHERE event_id = ?",
+                (to.value, event_id),
+            )
+            conn.execute(
+                "INSERT INTO outbox_audit (at, who, action, event_id, project_id, slot, "
+                "from_state, reason, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    at,
+                    who,
+                    action,
+                    event_id,
+                    row.project_id,
+                    row.slot,
+                    row.state.value,
+                    reason,
+                    row.last_error,
+                ),
+            )
+        self.commits.notify()
+        return row, True
+
+    def audit_log(self, event_id: str | None, limit: int) -> list[AuditEntry]:
+        where, params = ("WHERE event_id = ?", [event_id]) if event_id else ("", [])
+        found = self._read(
+            "SELECT at, who, action, event_id, project_id, slot, from_state, reason, last_error "
+            f"FROM outbox_audit {where} ORDER BY id LIMIT ?",
+            [*params, limit],
+        )
+        return [
+            AuditEntry(r[0], r[1], r[2], r[3], r[4], int(r[5]), RowState(r[6]), r[7], r[8])
+            for r in found
+        ]
+
+    def purge_published(self, before: float) -> int:
+        with self._write("purge") as conn:
+            return conn.execute(
+                "DELETE FROM outbox WHERE state = 'published' AND published_at < ?", (before,)
+            ).rowcount
+
+    def last_slot(self, project_id: str) -> int:
+        found = self._read("SELECT last_slot FROM outbox_slots WHERE project_id = ?", (project_id,))
+        return int(found[0][0]) if found else 0

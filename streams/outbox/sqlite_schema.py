@@ -1,0 +1,94 @@
+"""The SQLite outbox's tables, and the mapping between their rows and :class:`OutboxRow`.
+
+``outbox`` holds one row per event (``event_id`` UNIQUE, ``(project_id, slot)`` UNIQUE, so a
+duplicate slot cannot be stored even by a bug); ``outbox_slots`` the per-project counters, which
+purging never touches; ``outbox_audit`` every operator retry and skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from streams.outbox.store import OPEN_STATES, OutboxRow, RowState
+
+SCHEMA_VERSION = 1
+# SQLite binds at most 32766 variables per statement; stay well inside for IN (...) lists.
+IN_CHUNK = 500
+
+# Literal, not bound: SQLite uses a partial index only when the query repeats its WHERE terms.
+OPEN_SQL = "('" + "','".join(OPEN_STATES) + "')"
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS outbox_slots (
+    project_id TEXT PRIMARY KEY,
+    last_slot INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY,
+    event_id TEXT NOT NULL UNIQUE,
+    project_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    event_type TEXT NOT NULL,
+    envelope BLOB NOT NULL,
+    trace_context TEXT,
+    state TEXT NOT NULL DEFAULT 'pending'
+        CHECK (state IN ('pending', 'published', 'retry_wait', 'failed', 'skipped')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    deferrals INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    last_error TEXT,
+    created_at REAL NOT NULL,
+    published_at REAL,
+    UNIQUE (project_id, slot)
+);
+CREATE INDEX IF NOT EXISTS outbox_open ON outbox (project_id, slot) WHERE state IN {OPEN_SQL};
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at) WHERE state = 'retry_wait';
+CREATE INDEX IF NOT EXISTS outbox_published ON outbox (published_at) WHERE state = 'published';
+CREATE TABLE IF NOT EXISTS outbox_audit (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    who TEXT NOT NULL,
+    action TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    from_state TEXT NOT NULL,
+    reason TEXT,
+    last_error TEXT
+);
+"""
+
+COLUMNS = (
+    "event_id, project_id, slot, event_type, envelope, trace_context, state, attempts, "
+    "deferrals, next_attempt_at, last_error, created_at, published_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteOptions:
+    max_envelope_bytes: int
+    missed_report_limit: int  # most missed events an append reports back
+    busy_timeout_s: float  # how long a writer queues for the write lock
+    synchronous: str = "FULL"  # FULL: a commit survives power loss; NORMAL: process crash only
+
+
+def row_from_sql(values: Sequence[Any]) -> OutboxRow:
+    return OutboxRow(
+        event_id=values[0],
+        project_id=values[1],
+        slot=values[2],
+        event_type=values[3],
+        envelope=bytes(values[4]),
+        trace_context=orjson.loads(values[5]) if values[5] else {},
+        state=RowState(values[6]),
+        attempts=values[7],
+        deferrals=values[8],
+        next_attempt_at=values[9],
+        last_error=values[10],
+        created_at=values[11],
+        published_at=values[12],
+    )
