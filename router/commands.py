@@ -65,6 +65,10 @@ def topology(settings: Settings, args: argparse.Namespace) -> int:
 def produce(settings: Settings, args: argparse.Namespace) -> int:
     if args.projects < 1 or args.events < 0:
         raise SystemExit("rhumbatron produce: --projects must be >= 1 and --events >= 0")
+    if args.outbox:
+        from router.outbox_cli import produce_to_outbox
+
+        return produce_to_outbox(settings, args)
     run = args.run or secrets.token_hex(4)
     base = settings.kafka_config()
     ensure_reachable(admin_client(base), base, settings.connect_timeout_s)
@@ -148,6 +152,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--projects", type=int, required=True)
     p.add_argument("--events", type=int, required=True)
     p.add_argument("--run", help="run id baked into project ids (default: random)")
+    p.add_argument(
+        "--outbox",
+        metavar="PATH",
+        help="write through this outbox (concurrent writers; rhumbatron publish sends it)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=produce)
 

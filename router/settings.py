@@ -9,7 +9,7 @@ arguments, built here (``kafka_config``, ``topology``).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,6 +72,38 @@ class Settings(BaseSettings):
     outbox_backoff_initial_s: float = 1.0
     outbox_backoff_max_s: float = 300.0
     outbox_poll_interval_s: float = 0.5
+    outbox_ordering: Literal["serial", "pipelined"] = Field(
+        "pipelined",
+        description="per-project order on Kafka: one row in flight per project (serial), or a "
+        "project's whole window under the gapless guarantee (pipelined); docs/outbox.md",
+    )
+    outbox_delivery_timeout_s: float = Field(
+        30.0, gt=0, description="a record unacknowledged this long means Kafka is unavailable"
+    )
+    outbox_rows_per_pass: int = Field(
+        20_000, ge=1, description="cap on one publisher pass over all projects (memory bound)"
+    )
+    outbox_missed_report_limit: int = Field(
+        1000, ge=0, description="most missed events an append reports back (bump-and-report)"
+    )
+    outbox_busy_timeout_s: float = Field(
+        30.0, gt=0, description="how long an outbox write queues for the SQLite write lock"
+    )
+    outbox_sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "FULL", description="FULL: a commit survives power loss; NORMAL: a process crash only"
+    )
+    outbox_stats_row_limit: int = Field(
+        100, ge=1, description="failed rows and held projects listed by outbox stats"
+    )
+    outbox_progress_interval_s: float = Field(
+        5.0, gt=0, description="how often a long-running publish prints its progress"
+    )
+    produce_writers: int = Field(
+        4, ge=1, description="concurrent writer threads of produce --outbox and the demo"
+    )
+    produce_events_per_write: int = Field(
+        5, ge=1, description="events one synthetic writer transaction appends"
+    )
 
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")

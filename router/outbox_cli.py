@@ -1,0 +1,390 @@
+"""The outbox's commands: ``publish``, ``outbox stats|retry|skip|purge``, and ``produce --outbox``
+(the synthetic workload written through the outbox by concurrent writers). Also the one place
+settings become the outbox's parameters (:func:`open_outbox`, :func:`publisher_policy`)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import FrameType
+
+import orjson
+
+from router.settings import Settings
+from streams.admin import admin_client
+from streams.clock import Clock
+from streams.errors import OutboxError
+from streams.outbox import ops
+from streams.outbox.publisher import Publisher, PublisherTotals
+from streams.outbox.sender import KafkaSender, SenderFactory
+from streams.outbox.sqlite import SqliteOutbox
+from streams.outbox.sqlite_schema import SqliteOptions
+from streams.outbox.states import Ordering, PublisherPolicy
+from streams.outbox.store import OutboxStore, RowState
+from streams.workload import Draft, workload
+
+TENANT = "tenant-demo"
+
+
+# -- settings -> outbox parameters -----------------------------------------------------------------
+def open_outbox(
+    settings: Settings, path: str | os.PathLike[str], *, create: bool, clock: Clock | None = None
+) -> SqliteOutbox:
+    return SqliteOutbox(
+        path,
+        options=SqliteOptions(
+            max_envelope_bytes=settings.max_envelope_bytes,
+            missed_report_limit=settings.outbox_missed_report_limit,
+            busy_timeout_s=settings.outbox_busy_timeout_s,
+            synchronous=settings.outbox_sqlite_synchronous,
+        ),
+        clock=clock,
+        create=create,
+    )
+
+
+def publisher_policy(settings: Settings) -> PublisherPolicy:
+    return PublisherPolicy(
+        rows_per_project=settings.outbox_rows_per_project_per_pass,
+        rows_per_pass=settings.outbox_rows_per_pass,
+        max_row_attempts=settings.outbox_max_row_attempts,
+        backoff_initial_s=settings.outbox_backoff_initial_s,
+        backoff_max_s=settings.outbox_backoff_max_s,
+        poll_interval_s=settings.outbox_poll_interval_s,
+        delivery_timeout_s=settings.outbox_delivery_timeout_s,
+        ordering=Ordering(settings.outbox_ordering),
+    )
+
+
+def kafka_senders(settings: Settings, policy: PublisherPolicy) -> SenderFactory:
+    base = settings.kafka_config()
+    gapless = policy.ordering is Ordering.PIPELINED
+    return lambda: KafkaSender(base, gapless=gapless)
+
+
+def build_publisher(
+    settings: Settings,
+    store: OutboxStore,
+    *,
+    policy: PublisherPolicy | None = None,
+    senders: SenderFactory | None = None,
+) -> Publisher:
+    policy = policy or publisher_policy(settings)
+    return Publisher(
+        store,
+        senders or kafka_senders(settings, policy),
+        stream_for=settings.topology.stream_for,
+        policy=policy,
+    )
+
+
+def operator_name(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+# -- the synthetic workload through the outbox -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WriteReport:
+    writers: int
+    writes: int  # transactions committed
+    events: int  # events appended
+    duplicates: int
+    seconds: float
+
+
+WRITER_TABLE = (
+    "CREATE TABLE IF NOT EXISTS synthetic_writer_state (writer TEXT NOT NULL, "
+    "project_id TEXT NOT NULL, last_slot INTEGER NOT NULL, writes INTEGER NOT NULL, "
+    "PRIMARY KEY (writer, project_id))"
+)
+
+
+def _chunks(drafts: Sequence[Draft], size: int) -> Iterator[tuple[str, list[Draft]]]:
+    """Up to ``size`` drafts of one project at a time, each project's in their order, projects
+    taken in turn (as a writer serving many projects would)."""
+    queues: dict[str, deque[Draft]] = {}
+    for draft in drafts:
+        queues.setdefault(draft.project_id, deque()).append(draft)
+    while queues:
+        for project_id in list(queues):
+            queue = queues[project_id]
+            yield project_id, [queue.popleft() for _ in range(min(size, len(queue)))]
+            if not queue:
+                del queues[project_id]
+
+
+def write_workload(
+    store: OutboxStore,
+    drafts: Sequence[Draft],
+    *,
+    writers: int,
+    events_per_write: int,
+    tenant_id: str = TENANT,
+) -> WriteReport:
+    """Write ``drafts`` through the outbox with ``writers`` concurrent writer threads. Each write
+    is one transaction: the writer's own state change (a row in its table) plus a few events of
+    one project. Each project belongs to one writer, so its events keep their causal order."""
+    shares: dict[int, list[Draft]] = defaultdict(list)
+    owner: dict[str, int] = {}
+    for draft in drafts:
+        shares[owner.setdefault(draft.project_id, len(owner) % writers)].append(draft)
+    with store.transaction() as unit:
+        unit.execute(WRITER_TABLE)
+
+    def write(writer: int) -> tuple[int, int, int]:
+        name = f"writer-{writer}"
+        seen: dict[str, int] = {}
+        writes = events = duplicates = 0
+        for project_id, batch in _chunks(shares[writer], events_per_write):
+            with store.transaction() as unit:
+                result = unit.append(
+                    project_id, batch, tenant_id=tenant_id, seen_slot=seen.get(project_id)
+                )
+                unit.execute(
+                    "INSERT INTO synthetic_writer_state (writer, project_id, last_slot, writes) "
+                    "VALUES (?, ?, ?, 1) ON CONFLICT (writer, project_id) DO UPDATE SET "
+                    "last_slot = excluded.last_slot, writes = writes + 1",
+                    (name, project_id, result.head),
+                )
+            seen[project_id] = result.head
+            writes += 1
+            events += len(result.events)
+            duplicates += len(result.duplicates)
+        return writes, events, duplicates
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="outbox-writer") as pool:
+        results = list(pool.map(write, range(writers)))
+    return WriteReport(
+        writers=writers,
+        writes=sum(r[0] for r in results),
+        events=sum(r[1] for r in results),
+        duplicates=sum(r[2] for r in results),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
+    """``rhumbatron produce --outbox PATH``: the synthetic workload, written by concurrent
+    writers; ``rhumbatron publish --outbox PATH`` sends it."""
+    run = args.run or secrets.token_hex(4)
+    store = open_outbox(settings, args.outbox, create=True)
+    try:
+        report = write_workload(
+            store,
+            workload(run, args.projects, args.events),
+            writers=settings.produce_writers,
+            events_per_write=settings.produce_events_per_write,
+        )
+    finally:
+        store.close()
+    result = {
+        "run": run,
+        "outbox": str(args.outbox),
+        "projects": args.projects,
+        "events": report.events,
+        "duplicates": report.duplicates,
+        "writes": report.writes,
+        "writers": report.writers,
+        "seconds": round(report.seconds, 3),
+    }
+    if args.json:
+        _print_json(result)
+    else:
+        print(
+            f"wrote {report.events} events over {args.projects} projects (run {run}) to the outbox "
+            f"{args.outbox}: {report.writes} transactions by {report.writers} writers in "
+            f"{report.seconds:.2f}s; now run: rhumbatron publish --outbox {args.outbox}"
+        )
+    return 0
+
+
+# -- publish -----------------------------------------------------------------------------------------
+def _check_streams(settings: Settings) -> None:
+    """Refuse to start when Kafka answers but none of the environment's streams exist (every row
+    would fail with 'no producer for stream'). If Kafka does not answer, start anyway: rows wait
+    in retry_wait until it does."""
+    base = settings.kafka_config()
+    try:
+        topics = admin_client(base).list_topics(timeout=settings.connect_timeout_s).topics
+    except Exception:  # unreachable: the publisher's outage handling takes over
+        return
+    if not set(settings.topology.stream_names()) & set(topics):
+        raise OutboxError(
+            f"none of the streams of environment '{settings.env}' exist on Kafka at "
+            f"{settings.kafka_bootstrap}; run 'rhumbatron provision' first"
+        )
+
+
+def _progress_line(store: OutboxStore, totals: PublisherTotals) -> str:
+    counts = store.counts()
+    elapsed = max(time.monotonic() - totals.started, 1e-9)
+    return (
+        f"publish: {totals.published} published ({totals.published / elapsed:.0f}/s), "
+        f"{totals.retries} retries, {totals.failed} failed; outbox: "
+        + ", ".join(f"{state.value} {n}" for state, n in counts.items())
+    )
+
+
+def publish(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    _check_streams(settings)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with build_publisher(settings, store) as publisher:
+            totals = publisher.run(
+                until_empty=args.until_empty,
+                stop=stop,
+                progress=lambda t: print(_progress_line(store, t), file=sys.stderr, flush=True),
+                progress_interval_s=settings.outbox_progress_interval_s,
+            )
+        stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        store.close()
+    elapsed = time.monotonic() - totals.started
+    summary = {**totals.as_dict(), "seconds": round(elapsed, 3), "outbox": stuck.as_dict()}
+    if args.json:
+        _print_json(summary)
+    else:
+        print(
+            f"published {totals.published} rows in {elapsed:.2f}s "
+            f"({totals.published / max(elapsed, 1e-9):.0f} rows/s); {totals.retries} retries, "
+            f"{totals.failed} rows failed"
+        )
+    failed = stuck.counts[RowState.FAILED]
+    if args.until_empty and failed:
+        print(
+            f"rhumbatron: {failed} row(s) failed and hold their projects back; see "
+            f"'rhumbatron outbox stats --outbox {args.outbox}', then retry or skip them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# -- operator commands -------------------------------------------------------------------------------
+def stats(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        found = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
+    finally:
+        store.close()
+    shown = found.as_dict()
+    if args.json:
+        _print_json(shown)
+        return 0
+    print(f"outbox {found.location}")
+    print("  " + ", ".join(f"{state.value} {n}" for state, n in found.counts.items()))
+    if found.oldest_pending_age_s is not None:
+        print(f"  oldest unpublished row: {found.oldest_pending_age_s:.1f}s old")
+    for row in shown["failed_rows"]:
+        print(
+            f"  failed {row['event_id']} ({row['project_id']} slot {row['slot']}): {row['last_error']}"
+        )
+    for held in found.held_projects:
+        print(
+            f"  held   {held['project_id']}: slot {held['failed_slot']} failed, "
+            f"{held['rows_waiting']} row(s) waiting behind it"
+        )
+    return 0
+
+
+def retry(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        row = ops.retry(store, args.event_id, who=operator_name(args.who), now=time.time())
+    finally:
+        store.close()
+    print(
+        f"{row.event_id} ({row.project_id} slot {row.slot}) was {row.state.value}; now pending "
+        "with its attempts reset"
+    )
+    return 0
+
+
+def skip(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        row = ops.skip(
+            store, args.event_id, reason=args.reason, who=operator_name(args.who), now=time.time()
+        )
+    finally:
+        store.close()
+    print(
+        f"{row.event_id} ({row.project_id} slot {row.slot}) skipped: it will never be sent and "
+        f"project {row.project_id} moves on to slot {row.slot + 1}"
+    )
+    return 0
+
+
+def purge(settings: Settings, args: argparse.Namespace) -> int:
+    older_than = ops.parse_duration(args.published_before)
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        removed = ops.purge(store, older_than_s=older_than, now=time.time())
+    finally:
+        store.close()
+    print(f"purged {removed} row(s) published more than {args.published_before} ago")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("publish", help="send outbox rows to the streams, in order per project")
+    p.add_argument("--outbox", required=True, metavar="PATH", help="the outbox (SQLite file)")
+    p.add_argument("--until-empty", action="store_true", help="exit once nothing is left to send")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=publish)
+
+    outbox = sub.add_parser("outbox", help="inspect and repair an outbox")
+    commands = outbox.add_subparsers(dest="outbox_command", required=True)
+
+    p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=stats)
+
+    p = commands.add_parser("retry", help="send a failed (or waiting) row again (audited)")
+    p.add_argument("event_id", metavar="EVENT_ID")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--who", help="operator name for the audit log (default: the login name)")
+    p.set_defaults(handler=retry)
+
+    p = commands.add_parser("skip", help="never send a row; its project moves on (audited)")
+    p.add_argument("event_id", metavar="EVENT_ID")
+    p.add_argument("--reason", required=True, help="why, for the audit log")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--who", help="operator name for the audit log (default: the login name)")
+    p.set_defaults(handler=skip)
+
+    p = commands.add_parser("purge", help="delete published rows older than a duration")
+    p.add_argument(
+        "--published-before", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m"
+    )
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.set_defaults(handler=purge)
