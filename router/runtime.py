@@ -191,7 +191,9 @@ def open_subscription(
         )
         n = slot.acquire()
         output = KafkaOutput(
-            base, transactional_id=f"rhumbatron-{processor.slug}-{settings.env}-{n}"
+            base,
+            transactional_id=f"rhumbatron-{processor.slug}-{settings.env}-{n}",
+            transaction_timeout_ms=settings.transaction_timeout_ms,
         )
     transport = KafkaTransport(
         base,

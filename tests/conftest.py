@@ -69,3 +69,19 @@ def cleanup_environment(s: Settings) -> None:
             client.delete(key)
     except Exception:
         pass
+
+
+def subprocess_env(s: Settings, **extra: str) -> dict[str, str]:
+    """The environment a CLI subprocess needs to act on ``s``'s environment."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RHUMBATRON_") or k.startswith("RHUMBATRON_TEST_")
+    }
+    for name, value in s.model_dump(
+        exclude={"queues", "failure_policies", "classifier_key", "operator_token"}
+    ).items():
+        if value is not None:
+            env[f"RHUMBATRON_{name.upper()}"] = str(value)
+    env.update(extra)
+    return env

@@ -17,7 +17,7 @@ import confluent_kafka
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers.kafka_consumer import consumer_config
-from consumers.runtime.transport import AssignCallback, RevokeCallback
+from consumers.runtime.transport import AssignCallback, CommittedUnknown, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
 from streams.admin import bootstrap_of, client_config
 from streams.errors import Unreachable
@@ -162,7 +162,12 @@ class KafkaTransport:
         parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
         if not parts:
             return {}
-        result = self.consumer.committed(parts, timeout=BROKER_CALL_TIMEOUT_S)
+        try:
+            result = self.consumer.committed(parts, timeout=BROKER_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            # Typically a transaction of a dead producer is still open (the broker answers
+            # "unstable" until it aborts on its timeout): we cannot know yet whether it landed.
+            raise CommittedUnknown(exc.args[0].str()) from exc
         return {TP(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in result}
 
     def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
@@ -187,8 +192,16 @@ class KafkaOutput:
     """A transactional producer: one stable transactional id per worker slot, so a restarted
     worker fences its own zombie."""
 
-    def __init__(self, base: Mapping[str, Any], *, transactional_id: str) -> None:
-        self.producer = Producer(base, transactional_id=transactional_id, extra={"linger.ms": 2})
+    def __init__(
+        self, base: Mapping[str, Any], *, transactional_id: str, transaction_timeout_ms: int
+    ) -> None:
+        # The transaction timeout bounds how long a crashed worker's open transaction blocks
+        # the next owner from learning whether it landed.
+        self.producer = Producer(
+            base,
+            transactional_id=transactional_id,
+            extra={"linger.ms": 2, "transaction.timeout.ms": transaction_timeout_ms},
+        )
 
     def begin(self) -> None:
         self.producer.begin()

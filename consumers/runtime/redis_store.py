@@ -129,7 +129,7 @@ return {'OK'}
 _CLEAR_PENDING = """
 local cur = redis.call('GET', KEYS[2]) or '0'
 if cur ~= ARGV[1] then return {'FENCED', cur} end
-redis.call('DEL', KEYS[3])
+redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[1], 'pending_effects', '0')
 return {'OK'}
 """

@@ -31,7 +31,7 @@ from opentelemetry import trace
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Entry, batch_letter_id
 from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
-from consumers.runtime.transport import Output, Redelivery, Transport
+from consumers.runtime.transport import CommittedUnknown, Output, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
     TP,
@@ -531,7 +531,15 @@ class Runner:
             for p in todo:
                 p.needs_recovery = False
             return
-        committed = self.transport.committed([p.tp for p in todo])
+        try:
+            committed = self.transport.committed([p.tp for p in todo])
+        except CommittedUnknown as exc:
+            log.info(
+                "%s: cannot tell yet whether pending effects landed (%s); will ask again",
+                self.processor.slug,
+                exc,
+            )
+            return
         for part in todo:
             landed = committed.get(part.tp)
             records = self.store.pending(part.tp)

@@ -10,6 +10,11 @@ from typing import Any, Protocol
 
 from consumers.runtime.types import TP, OutRecord, Record
 
+
+class CommittedUnknown(Exception):
+    """The group's committed offsets cannot be known right now (an open transaction)."""
+
+
 # Called with newly assigned partitions; returns the offset to start each one at (from the
 # cursor stored with the state, or None for "from the beginning").
 AssignCallback = Callable[[list[TP]], Mapping[TP, int | None]]

@@ -5,6 +5,7 @@ expires, so a crashed process gives its slot back."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import redis
@@ -39,6 +40,7 @@ class WorkerSlot:
         self.max_slots = max_slots
         self.holder = uuid.uuid4().hex
         self.slot: int | None = None
+        self._renewed = 0.0
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
@@ -50,8 +52,10 @@ class WorkerSlot:
         raise RhumbatronError(f"all {self.max_slots} worker slots of {self.prefix} are leased")
 
     def renew(self) -> None:
-        if self.slot is None:
+        """Called from the loop; talks to Redis at most three times per lease period."""
+        if self.slot is None or time.monotonic() - self._renewed < self.ttl_s / 3:
             return
+        self._renewed = time.monotonic()
         if not self._renew(
             keys=[self.prefix + str(self.slot)], args=[self.holder, str(self.ttl_s)]
         ):

@@ -1,0 +1,204 @@
+"""One contract for every Store (STYLE: shared test classes per interface). Subclasses provide
+``make_store``; the in-memory store runs it in unit tests, the Redis store against real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
+from consumers.runtime.types import TP, OutRecord, Progress, RedisOp
+
+TPX = TP("rhumbatron_events_00_t", 1)
+EVT = "evt_" + "ab" * 16
+EVT2 = "evt_" + "cd" * 16
+
+
+class StoreContract:
+    def make_store(self) -> Store:
+        raise NotImplementedError
+
+    def test_epochs_fence_stale_owners(self) -> None:
+        store = self.make_store()
+        old = store.acquire(TPX)
+        new = store.acquire(TPX)
+        assert new == old + 1 and store.epoch(TPX) == new
+        with pytest.raises(Fenced):
+            store.commit(Commit(TPX, old, -1, 0, Progress(acked_through=0), claims=[EVT]))
+        assert store.load(TPX).acked_through == -1
+        assert store.claimed(TPX, 0, [EVT]) == set()
+
+    def test_commit_is_compare_and_set_on_the_cursor(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=4)))
+        with pytest.raises(CursorMoved):
+            store.commit(Commit(TPX, epoch, 2, 0, Progress(acked_through=9)))
+        with pytest.raises(CursorMoved):
+            store.commit(Commit(TPX, epoch, 4, 1, Progress(acked_through=9, cursor_revision=1)))
+        assert store.load(TPX).acked_through == 4
+
+    def test_claims_are_per_cursor_revision(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+        assert store.claimed(TPX, 0, [EVT, EVT2]) == {EVT}
+        assert store.claimed(TPX, 1, [EVT]) == set()
+        with pytest.raises(CursorMoved):  # the same claim twice means someone raced us
+            store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
+
+    def test_effects_claims_state_and_cursor_land_together(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        ops = [
+            RedisOp("HSET", "view", ("name", "x")),
+            RedisOp("HINCRBY", "view", ("n", 2)),
+            RedisOp("HINCRBY", "view", ("n", 3)),
+            RedisOp("HMAX", "view", ("gen", 7)),
+            RedisOp("HMAX", "view", ("gen", 5)),
+            RedisOp("SADD", "agents", ("a",)),
+            RedisOp("SADD", "agents", ("b",)),
+            RedisOp("SREM", "agents", ("a",)),
+            RedisOp("LPUSHTRIM", "feed", ("e1", 2)),
+            RedisOp("LPUSHTRIM", "feed", ("e2", 2)),
+            RedisOp("LPUSHTRIM", "feed", ("e3", 2)),
+            RedisOp("RPUSH", "log", ("1",)),
+            RedisOp("RPUSH", "log", ("2",)),
+            RedisOp("SET", "last", ("z",)),
+            RedisOp("INCRBY", "count", (4,)),
+            RedisOp("SLOT", "slots", ("missing", 1, 100)),
+            RedisOp("SLOT", "slots", ("missing", 4, 100)),
+            RedisOp("SLOT", "slots", ("missing", 2, 100)),
+        ]
+        store.commit(
+            Commit(
+                TPX,
+                epoch,
+                -1,
+                0,
+                Progress(acked_through=3),
+                claims=[EVT],
+                redis=ops,
+                states={"p1": {"k": [1, 2]}, "p2": {"v": 1}},
+            )
+        )
+        assert store.read(TPX, "view") == {"name": "x", "n": "5", "gen": "7"}
+        assert store.read(TPX, "agents") == {"b"}
+        assert store.read(TPX, "feed") == ["e3", "e2"]
+        assert store.read(TPX, "log") == ["1", "2"]
+        assert store.read(TPX, "last") == "z"
+        assert store.read(TPX, "count") == "4"
+        assert store.read(TPX, "slots") == {"high": "4"}
+        assert store.read(TPX, "missing") == {"3"}
+        assert store.states(TPX, ["p1", "p2", "p3"]) == {
+            "p1": {"k": [1, 2]},
+            "p2": {"v": 1},
+            "p3": None,
+        }
+        store.commit(Commit(TPX, epoch, 3, 0, Progress(acked_through=5), states={"p2": None}))
+        assert store.all_states(TPX) == {"p1": {"k": [1, 2]}}
+
+    def test_slot_gaps_are_capped(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(
+            Commit(
+                TPX,
+                epoch,
+                -1,
+                0,
+                Progress(acked_through=0),
+                redis=[RedisOp("SLOT", "s", ("m", 10, 3))],
+            )
+        )
+        assert store.read(TPX, "m") == {"1", "2", "3"}
+        assert store.read(TPX, "s") == {"high": "10", "missing_overflow": "1"}
+
+    def test_a_rejected_commit_writes_nothing(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.acquire(TPX)
+        with pytest.raises(Fenced):
+            store.commit(
+                Commit(
+                    TPX,
+                    epoch,
+                    -1,
+                    0,
+                    Progress(acked_through=3),
+                    claims=[EVT],
+                    redis=[RedisOp("SET", "k", ("v",))],
+                    states={"p": {}},
+                )
+            )
+        assert store.read(TPX, "k") is None and store.states(TPX, ["p"]) == {"p": None}
+
+    def test_pending_effects_are_kept_until_cleared_and_never_replaced(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        record = OutRecord("out", "p1", b"\x00\xffbody", "rid-1", (("h", b"\x01"),))
+        store.commit(
+            Commit(
+                TPX,
+                epoch,
+                -1,
+                0,
+                Progress(acked_through=1, pending_effects=True),
+                pending=[record],
+                states={"p": {"s": 1}},
+            )
+        )
+        assert store.pending(TPX) == [record]
+        assert store.load(TPX).pending_effects
+        with pytest.raises(PendingEffects):
+            store.commit(
+                Commit(
+                    TPX,
+                    epoch,
+                    1,
+                    0,
+                    Progress(acked_through=2, pending_effects=True),
+                    pending=[record],
+                )
+            )
+        store.clear_pending(TPX, epoch)
+        assert store.pending(TPX) == [] and not store.load(TPX).pending_effects
+        assert store.all_states(TPX) == {"p": {"s": 1}}  # clearing pending touches nothing else
+        with pytest.raises(Fenced):
+            store.clear_pending(TPX, epoch - 1)
+
+    def test_replace_fold_is_compare_and_set(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=3), states={"old": {"x": 1}}))
+        with pytest.raises(CursorMoved):
+            store.replace_fold(TPX, None, (2, 0), Progress(acked_through=3), {"new": {}})
+        store.replace_fold(
+            TPX, None, (3, 0), Progress(acked_through=3, cursor_revision=1), {"new": {"y": 2}}
+        )
+        assert store.all_states(TPX) == {"new": {"y": 2}}
+        assert store.load(TPX).cursor_revision == 1
+        store.replace_fold(TPX, epoch, (3, 1), Progress(acked_through=9, cursor_revision=1), None)
+        assert store.all_states(TPX) == {"new": {"y": 2}} and store.load(TPX).acked_through == 9
+
+    def test_failures_are_counted_per_batch_key(self) -> None:
+        store = self.make_store()
+        assert [store.count_failure(TPX, "17") for _ in range(3)] == [1, 2, 3]
+        assert store.count_failure(TPX, "18") == 1
+        store.clear_failures(TPX, "17")
+        assert store.count_failure(TPX, "17") == 1
+
+    def test_progress_round_trips(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        progress = Progress(
+            acked_through=10,
+            cursor_revision=2,
+            reducer_version="v3",
+            reduced_through=10,
+            applied_beyond=[12, 14],
+            dead=[11],
+            redelivered_next=4,
+            skipped=[[1, 3]],
+        )
+        store.replace_fold(TPX, epoch, (-1, 0), progress, None)
+        assert store.load(TPX) == progress

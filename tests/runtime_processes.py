@@ -1,0 +1,97 @@
+"""Running subscription processes for real-broker tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from router.settings import Settings
+from streams.envelopes import Event
+from streams.producer import Producer, send_to_streams
+from tests.conftest import subprocess_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runtime_settings(base: Settings, **overrides: Any) -> Settings:
+    values = base.model_dump()
+    values.update(
+        batch_retry_backoff_s=0.2,
+        batch_retry_backoff_max_s=1.0,
+        control_check_interval_s=0.5,
+        session_timeout_ms=6000,
+        batch_size=100,
+        transaction_timeout_ms=8000,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+def publish(s: Settings, events: list[Event]) -> None:
+    send_to_streams(
+        Producer(s.kafka_config()),
+        events,
+        stream_for=s.topology.stream_for,
+        max_bytes=s.max_envelope_bytes,
+        flush_timeout=60,
+    )
+
+
+def start(
+    s: Settings, name: str, *, until_idle: float | None = None, **env: str
+) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "tests.subscription_main", name]
+    if until_idle is not None:
+        args += ["--until-idle", str(until_idle)]
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=subprocess_env(s, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run(
+    s: Settings, name: str, *, until_idle: float = 4.0, timeout: float = 180, **env: str
+) -> dict[str, Any]:
+    proc = start(s, name, until_idle=until_idle, **env)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{err[-3000:]}"
+    stats: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
+    return stats
+
+
+def cli(s: Settings, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "router.cli", *args],
+        cwd=ROOT,
+        env=subprocess_env(s),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def wait_stopped(proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait until a process froze itself with SIGSTOP."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"process exited ({proc.returncode}) instead of stopping: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        time.sleep(0.1)
+    raise AssertionError("process did not stop itself")

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from consumers.runtime.store import MemoryStore, Store
+from tests.contracts.store import StoreContract
+
+
+class TestMemoryStore(StoreContract):
+    def make_store(self) -> Store:
+        return MemoryStore()
