@@ -115,7 +115,8 @@ class Settings(BaseSettings):
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     control_check_interval_s: float = 1.0
-    worker_slot_ttl_s: int = 30
+    worker_slot_ttl_s: int = 15
+    transaction_timeout_ms: int = 30_000
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
     failure_policies: dict[str, str] = Field(default_factory=dict)
 
