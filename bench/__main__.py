@@ -3,7 +3,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench.harness import CASES, run_all, run_one, table
+from bench.harness import CASES, load_cases, run_all, run_one, table
 
 
 def main() -> None:
@@ -16,7 +16,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_one(args.child, args.env, args.size)))
         return
-    import bench.cases  # noqa: F401
+    load_cases()
 
     names = args.cases or list(CASES)
     results = run_all(names, args.size)

@@ -36,6 +36,20 @@ class Case:
 
 CASES: dict[str, Case] = {}
 
+# Modules whose import registers cases, in table order.
+CASE_MODULES = ("bench.cases", "bench.runtime_cases")
+
+
+def load_cases() -> None:
+    import importlib
+
+    for name in CASE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+
 
 def case(
     name: str,
@@ -53,7 +67,7 @@ def case(
 
 def run_one(name: str, env_name: str, size: int) -> dict[str, Any]:
     """Run one case in this process (the child side) and return its measurements."""
-    import bench.cases  # noqa: F401  (registers the cases)
+    load_cases()
 
     settings = Settings(env=env_name, partitions=4)
     env = BenchEnv(settings=settings, size=size)
@@ -64,7 +78,13 @@ def run_one(name: str, env_name: str, size: int) -> dict[str, Any]:
     items = spec.fn(env)
     seconds = time.perf_counter() - started
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"name": name, "items": items, "seconds": seconds, "rss_mb": rss_kb / 1024}
+    return {
+        "name": name,
+        "items": items,
+        "seconds": seconds,
+        "rss_mb": rss_kb / 1024,
+        "note": str(env.scratch.get("note", "")),
+    }
 
 
 def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
@@ -100,11 +120,11 @@ def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
 def table(results: list[dict[str, Any]]) -> str:
     by_name = {r["name"]: r for r in results}
     lines = [
-        f"{'case':<44}{'items':>9}{'seconds':>9}{'items/s':>11}{'vs raw':>9}{'peak RSS MB':>13}"
+        f"{'case':<56}{'items':>9}{'seconds':>9}{'items/s':>11}{'vs raw':>9}{'peak RSS MB':>13}  note"
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"{r['name']:<44}  FAILED: {r['error']}")
+            lines.append(f"{r['name']:<56}  FAILED: {r['error']}")
             continue
         rate = r["items"] / r["seconds"] if r["seconds"] else 0.0
         spec = CASES.get(r["name"])
@@ -121,6 +141,7 @@ def table(results: list[dict[str, Any]]) -> str:
         elif spec and spec.baseline is None:
             ratio = "raw"
         lines.append(
-            f"{r['name']:<44}{r['items']:>9}{r['seconds']:>9.2f}{rate:>11.0f}{ratio:>9}{r['rss_mb']:>13.1f}"
+            f"{r['name']:<56}{r['items']:>9}{r['seconds']:>9.2f}{rate:>11.0f}{ratio:>9}{r['rss_mb']:>13.1f}"
+            f"  {r.get('note', '')}"
         )
     return "\n".join(lines)

@@ -46,17 +46,24 @@ local nb = tonumber(ARGV[5])
 local i = 7
 local nclaims = tonumber(ARGV[i]); i = i + 1
 local first_claim = i
-for c = 0, nclaims - 1 do
+-- Claims go in chunks: one SMISMEMBER per bucket per chunk, well under Lua's stack limit.
+local CHUNK = 1000
+for c = 0, nclaims - 1, CHUNK do
+  local last = math.min(c + CHUNK, nclaims) - 1
   for b = 0, nb - 1 do
-    if redis.call('SISMEMBER', KEYS[5 + b], ARGV[first_claim + c]) == 1 then
-      return {'CLAIMED', ARGV[first_claim + c]}
+    local hits = redis.call('SMISMEMBER', KEYS[5 + b], unpack(ARGV, first_claim + c, first_claim + last))
+    for h = 1, #hits do
+      if hits[h] == 1 then return {'CLAIMED', ARGV[first_claim + c + h - 1]} end
     end
   end
 end
 i = first_claim + nclaims
 -- Every check passed: from here on the script only writes.
 if nclaims > 0 then
-  for c = 0, nclaims - 1 do redis.call('SADD', KEYS[5], ARGV[first_claim + c]) end
+  for c = 0, nclaims - 1, CHUNK do
+    local last = math.min(c + CHUNK, nclaims) - 1
+    redis.call('SADD', KEYS[5], unpack(ARGV, first_claim + c, first_claim + last))
+  end
   redis.call('EXPIREAT', KEYS[5], expire_at)
 end
 local nf = tonumber(ARGV[i]); i = i + 1

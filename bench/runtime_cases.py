@@ -1,0 +1,71 @@
+"""Subscription runtime cases: the ``ledger`` subscription on one process against a raw
+confluent-kafka consume of the same topics in the same run; Redis bytes per claim."""
+
+from __future__ import annotations
+
+import uuid
+
+import confluent_kafka
+
+from bench.harness import BenchEnv, case
+from consumers.redis_conn import connect
+from router.runtime import open_subscription
+from streams.admin import admin_client, provision
+from streams.producer import Producer, send_to_streams
+from streams.workload import slotted_events, workload
+
+
+def _published(env: BenchEnv) -> None:
+    """A fresh set of streams holding env.size events (each case gets its own environment)."""
+    s = env.settings
+    base = s.kafka_config()
+    provision(admin_client(base), base, s.topology.all_specs(), topology=s.topology, timeout=30)
+    events = slotted_events(workload(uuid.uuid4().hex[:6], 500, env.size), tenant_id="tenant-bench")
+    send_to_streams(
+        Producer(base),
+        events,
+        stream_for=s.topology.stream_for,
+        max_bytes=s.max_envelope_bytes,
+        flush_timeout=120,
+    )
+
+
+@case("runtime: raw confluent-kafka consume", setup=_published)
+def raw_consume(env: BenchEnv) -> int:
+    s = env.settings
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": s.kafka_bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe(s.topology.stream_names())
+    seen = 0
+    while seen < env.size:
+        seen += sum(1 for m in consumer.consume(1000, timeout=1.0) if m.error() is None)
+    consumer.close()
+    return seen
+
+
+@case(
+    "runtime: ledger subscription (claims+effects+cursor)",
+    baseline="runtime: raw confluent-kafka consume",
+    setup=_published,
+)
+def ledger(env: BenchEnv) -> int:
+    subscription = open_subscription(env.settings, "ledger")
+    runner = subscription.runner
+    try:
+        runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
+    finally:
+        subscription.close()
+    client = connect(env.settings.redis_url, timeout=5)
+    claims = 0
+    claim_bytes = 0
+    for key in client.scan_iter(match=f"rh:{env.settings.env}:{{ledger|*claims:*"):
+        claims += client.scard(key)
+        claim_bytes += client.memory_usage(key, samples=0) or 0
+    env.scratch["note"] = f"{claim_bytes / max(claims, 1):.0f} B/claim"
+    return runner.stats.records
