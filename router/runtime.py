@@ -22,7 +22,6 @@ from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
 from consumers.runtime.worker_slot import WorkerSlot
-from consumers.subscriptions import registry
 from router.settings import Settings
 from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
@@ -31,13 +30,12 @@ from streams.producer import Producer
 from streams.topology import group_id, redelivery_topic
 
 
-def processor_for(slug: str) -> Processor:
-    known = registry()
-    if slug not in known:
-        raise ConfigurationError(
-            f"unknown subscription {slug!r}; known: {', '.join(sorted(known))}"
-        )
-    return known[slug]()
+def processor_for(
+    settings: Settings, slug: str, client: redis.Redis[bytes], clock: Clock
+) -> Processor:
+    from router.subscriptions import build_processor
+
+    return build_processor(settings, slug, client, clock)
 
 
 def policy(settings: Settings, slug: str) -> RuntimePolicy:
@@ -172,7 +170,8 @@ def open_subscription(
     settings: Settings, slug: str, *, clock: Clock | None = None, processor: Processor | None = None
 ) -> Subscription:
     clock = clock or SystemClock()
-    processor = processor or processor_for(slug)
+    client = redis_client(settings)
+    processor = processor or processor_for(settings, slug, client, clock)
     base = settings.kafka_config()
     topology = settings.topology
     provision(
@@ -182,7 +181,6 @@ def open_subscription(
         topology=topology,
         timeout=settings.connect_timeout_s,
     )
-    client = redis_client(settings)
     slot = None
     output = None
     if processor.effect_kind == EffectKind.KAFKA:

@@ -88,8 +88,10 @@ def dead_letters_dismiss(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _controls(settings: Settings, args: argparse.Namespace) -> Any:
+    client = redis_client(settings)
+    clock = SystemClock()
     return controls(
-        settings, processor_for(args.subscription), redis_client(settings), SystemClock()
+        settings, processor_for(settings, args.subscription, client, clock), client, clock
     )
 
 

@@ -41,6 +41,37 @@ def stream_index(project_id: str, streams: int) -> int:
     return fnv1a32(project_id) % streams
 
 
+def murmur2(data: bytes) -> int:
+    """The Java client's ``Utils.murmur2`` (seed 0x9747b28c), as an unsigned 32-bit value."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(length // 4):
+        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail, idx = length % 4, length & ~3
+    if tail == 3:
+        h ^= data[idx + 2] << 16
+    if tail >= 2:
+        h ^= data[idx + 1] << 8
+    if tail >= 1:
+        h ^= data[idx]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Where ``partitioner=murmur2_random`` (and the Java client) put a keyed record."""
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
 def check_env(env: str) -> str:
     if not _ENV.match(env):
         raise TopologyError(
@@ -141,6 +172,10 @@ class Topology:
 
     def stream_for(self, project_id: str) -> str:
         return stream_name(stream_index(project_id, self.streams), self.env)
+
+    def partition_of(self, project_id: str) -> tuple[str, int]:
+        """The (stream, partition) holding a project's events."""
+        return self.stream_for(project_id), partition_for(project_id, self.partitions)
 
     def queue_names(self) -> list[str]:
         return [queue_name(p, self.env) for p in QUEUE_PURPOSES]

@@ -9,33 +9,11 @@ from collections.abc import Iterable
 import confluent_kafka
 
 from streams.envelopes import Event, decode_event
+from streams.topology import partition_for
 
 
 def murmur2_partition(key: str, partitions: int) -> int:
-    """The Java client's default partitioner (Utils.murmur2, positive, mod partitions)."""
-    data = key.encode()
-    length = len(data)
-    m, r = 0x5BD1E995, 24
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(length // 4):
-        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail, idx = length % 4, length & ~3
-    if tail == 3:
-        h ^= data[idx + 2] << 16
-    if tail >= 2:
-        h ^= data[idx + 1] << 8
-    if tail >= 1:
-        h ^= data[idx]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions
+    return partition_for(key, partitions)
 
 
 def read_all(

@@ -171,3 +171,21 @@ def test_topology_refuses_more_than_the_stream_limit() -> None:
         )
         == 1
     )
+
+
+# Values of org.apache.kafka.common.utils.Utils.murmur2 (as signed Java ints) for these keys.
+MURMUR2_JAVA = {
+    "21": -973932308,
+    "foobar": -790332482,
+    "a-little-bit-long-string": -985981536,
+    "a-little-bit-longer-string": -1486304829,
+    "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    "": 275646681,
+}
+
+
+@pytest.mark.parametrize(("key", "java"), MURMUR2_JAVA.items())
+def test_murmur2_matches_the_java_client(key: str, java: int) -> None:
+    from streams.topology import murmur2
+
+    assert murmur2(key.encode()) == java & 0xFFFFFFFF

@@ -1,0 +1,36 @@
+"""Building each subscription's processor from settings, by slug. One builder per subscription;
+a builder gets the settings, a Redis client and the clock, and returns the processor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from consumers.runtime.types import Processor
+from router.settings import Settings
+from streams.clock import Clock
+from streams.errors import ConfigurationError
+
+Builder = Callable[[Settings, "redis.Redis[bytes]", Clock], Processor]
+
+
+def _ledger(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> Processor:
+    from consumers.subscriptions.ledger import Ledger
+
+    return Ledger()
+
+
+BUILDERS: dict[str, Builder] = {
+    "ledger": _ledger,
+}
+
+
+def build_processor(
+    settings: Settings, slug: str, client: redis.Redis[bytes], clock: Clock
+) -> Processor:
+    if slug not in BUILDERS:
+        raise ConfigurationError(
+            f"unknown subscription {slug!r}; known: {', '.join(sorted(BUILDERS))}"
+        )
+    return BUILDERS[slug](settings, client, clock)
