@@ -35,8 +35,8 @@ def _stop(name: str) -> None:
 def _from_env() -> dict[str, tuple[int, Callable[[str], None]]]:
     out: dict[str, tuple[int, Callable[[str], None]]] = {}
     for item in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
-        item, _, mode = item.partition(":")
-        name, _, nth = item.partition("@")
+        spec, _, mode = item.partition(":")
+        name, _, nth = spec.partition("@")
         out[name] = (int(nth) if nth else 1, _stop if mode == "stop" else _kill)
     return out
 
