@@ -286,3 +286,84 @@ class FaultInjectingSender:
 
     def close(self) -> None:
         self._inner.close()
+
+
+def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment for a ``python -m router.cli`` subprocess acting on ``settings``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    for name in (
+        "env",
+        "kafka_bootstrap",
+        "redis_url",
+        "partitions",
+        "connect_timeout_s",
+        "outbox_ordering",
+        "outbox_backoff_initial_s",
+        "outbox_backoff_max_s",
+        "outbox_delivery_timeout_s",
+        "outbox_rows_per_project_per_pass",
+        "outbox_poll_interval_s",
+    ):
+        env[f"RHUMBATRON_{name.upper()}"] = str(getattr(settings, name))
+    env.update(extra)
+    return env
+
+
+class SlowSender:
+    """Delays each hand-over a little, so a test can act while a publish is under way. The
+    records still go to the real broker."""
+
+    def __init__(self, inner: EventSender, delay_s: float) -> None:
+        self._inner = inner
+        self._delay = delay_s
+
+    @property
+    def broken(self) -> bool:
+        return self._inner.broken
+
+    def produce(
+        self, topic: str, value: bytes, *, key: str, headers: Headers, on_delivery: DeliveryCallback
+    ) -> None:
+        import time
+
+        time.sleep(self._delay)
+        self._inner.produce(topic, value, key=key, headers=headers, on_delivery=on_delivery)
+
+    def poll(self, timeout: float) -> None:
+        self._inner.poll(timeout)
+
+    def outstanding(self) -> int:
+        return self._inner.outstanding()
+
+    def abandon(self) -> None:
+        self._inner.abandon()
+
+    def missing_streams(self, topics: Iterable[str]) -> set[str]:
+        return self._inner.missing_streams(topics)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def records_in(bootstrap: str, topics: Iterable[str]) -> int:
+    """How many records the topics hold (sum of high watermarks; nothing is deleted in tests)."""
+    import uuid
+
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"test-count-{uuid.uuid4().hex}"}
+    )
+    try:
+        metadata = consumer.list_topics(timeout=30)
+        total = 0
+        for topic in topics:
+            for partition in metadata.topics[topic].partitions:
+                tp = confluent_kafka.TopicPartition(topic, partition)
+                low, high = consumer.get_watermark_offsets(tp, timeout=30)
+                total += high - low
+        return int(total)
+    finally:
+        consumer.close()
