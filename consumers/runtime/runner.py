@@ -25,11 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from opentelemetry import trace
 
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Entry, batch_letter_id
+from consumers.runtime.parts import Line, OpenPart, PartWriter, is_part, part_record
 from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
 from consumers.runtime.transport import CommittedUnknown, Output, Redelivery, Transport
 from consumers.runtime.types import (
@@ -86,6 +88,7 @@ class Stats:
     redelivered: int = 0
     transactions: int = 0
     recovered: int = 0
+    parts: int = 0
 
 
 @dataclass
@@ -100,6 +103,7 @@ class _Partition:
     needs_recovery: bool = False
     needs_refold: bool = False
     redelivery: int | None = None
+    open_part: OpenPart | None = None  # files processors: the part being filled
 
 
 @dataclass
@@ -110,6 +114,7 @@ class _Outcome:
     failed: list[tuple[Record, Event, BaseException]]
     first_unapplied: int | None
     letters: list[DeadLetter]
+    lines: list[Line] = field(default_factory=list)
 
 
 class ProcessorError(Exception):
@@ -157,6 +162,7 @@ class Runner:
         self.transport.subscribe(topics, self._on_assign, self._on_revoke)
 
     def close(self) -> None:
+        self._close_all_parts(self.parts.values())
         if self.parts:
             self._commit_group_offsets(self.parts.values())
         self.transport.close()
@@ -194,6 +200,8 @@ class Runner:
         return starts
 
     def _on_revoke(self, tps: list[TP]) -> None:
+        # An open part closes before its partition goes: the next owner starts after it.
+        self._close_all_parts([self.parts[tp] for tp in tps if tp in self.parts])
         gone = [self.parts.pop(tp) for tp in tps if tp in self.parts]
         # A partition paused for a retry leaves clean: resumed, its retry forgotten (the failure
         # count lives in the store under the batch key, so the next owner continues it).
@@ -213,6 +221,7 @@ class Runner:
         self._check_controls()
         self._refold()
         self._recover_pending()
+        self._flush_due()
         records = self.transport.poll(self.policy.batch_size, timeout)
         if self.redelivery is not None:
             records += self._redelivered(self.redelivery.poll(self.policy.batch_size))
@@ -270,7 +279,8 @@ class Runner:
     # -- one partition ---------------------------------------------------------------------------
     def _process_partition(self, part: _Partition, records: list[Record]) -> _Outcome | None:
         proc = self.processor
-        progress = part.progress
+        # With an open part, what it holds is done already, though not yet committed.
+        progress = part.open_part.progress if part.open_part else part.progress
         fresh_candidates: list[tuple[Record, Event]] = []
         poison: list[tuple[Record, EnvelopeError]] = []
         decoded: dict[int, Event | None] = {}
@@ -305,7 +315,8 @@ class Runner:
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []
         claims: list[str] = []
-        seen_ids: set[str] = set()
+        seen_ids: set[str] = set(part.open_part.claims) if part.open_part else set()
+        lines: list[Line] = []
         ops: list[RedisOp] = []
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
@@ -360,6 +371,8 @@ class Runner:
             claims.append(event.event_id)
             ops.extend(effects.redis)
             out.extend(effects.records)
+            ts = int(event.timestamp.timestamp() * 1000)
+            lines.extend(Line(record.offset, ts, data) for data in effects.lines)
             if proc.reducer_version:
                 changed[event.project_id] = new_state
             if self._is_redelivery(record):
@@ -401,7 +414,7 @@ class Runner:
             states=changed,
             pending=out if out else None,
         )
-        return _Outcome(commit, failed, first_unapplied, letters)
+        return _Outcome(commit, failed, first_unapplied, letters, lines)
 
     # -- committing ------------------------------------------------------------------------------
     def _commit(self, outcomes: list[_Outcome]) -> None:
@@ -426,6 +439,13 @@ class Runner:
                     self._rewind_redelivery(part)
                     continue
                 self.stats.dead_lettered += len(outcome.letters)
+            if self.processor.effect_kind == EffectKind.FILES:
+                if outcome.failed:
+                    part.open_part = None  # its lines are read again from the committed cursor
+                    self._handle_failure(part, outcome)
+                else:
+                    self._fill_part(part, outcome)
+                continue
             self.failpoint("runtime.before_store_commit")
             try:
                 self.store.commit(outcome.commit)
@@ -458,6 +478,80 @@ class Runner:
                 self._handle_failure(part, outcome)
             elif outcome.first_unapplied is None and part.retry_from is not None:
                 part.retry_from = None
+
+    # -- files: open parts ------------------------------------------------------------------------
+    def _writer(self) -> PartWriter:
+        return cast(PartWriter, self.processor)
+
+    def _fill_part(self, part: _Partition, outcome: _Outcome) -> None:
+        if part.open_part is None:
+            part.open_part = OpenPart(opened_at=self.clock.monotonic(), progress=part.progress)
+        part.open_part.add(outcome.commit.progress, outcome.commit.claims, outcome.lines)
+        self._close_part_if_done(part)
+
+    def _close_part_if_done(self, part: _Partition) -> None:
+        open_part = part.open_part
+        if open_part is None:
+            return
+        age = self.clock.monotonic() - open_part.opened_at
+        if self._writer().should_close(len(open_part.lines), open_part.size, age):
+            self._close_part(part)
+
+    def _close_part(self, part: _Partition) -> None:
+        """Record the part's boundaries with the cursor, then write it, then clear the record."""
+        open_part, part.open_part = part.open_part, None
+        if open_part is None:
+            return
+        writer = self._writer()
+        pending = None
+        if open_part.lines:
+            key, blob = writer.finish(part.tp, open_part.lines)
+            pending = [part_record(key, blob)]
+        new = Progress.from_fields(open_part.progress.as_fields())
+        new.pending_effects = pending is not None
+        commit = Commit(
+            part.tp,
+            part.epoch,
+            part.progress.acked_through,
+            part.progress.cursor_revision,
+            new,
+            claims=open_part.claims,
+            pending=pending,
+        )
+        self.failpoint("runtime.before_store_commit")
+        try:
+            self.store.commit(commit)
+        except Fenced as exc:
+            self.stats.fenced += 1
+            log.warning("%s: %s", self.processor.slug, exc)
+            self._drop(part)
+            return
+        except (CursorMoved, PendingEffects) as exc:
+            log.warning("%s: %s; reloading", self.processor.slug, exc)
+            self._reload(part)
+            part.needs_recovery = part.progress.pending_effects
+            return
+        part.progress = new
+        self.failpoint("runtime.after_store_commit")
+        if pending is not None:
+            writer.store(pending[0].key, pending[0].value)
+            self.stats.parts += 1
+            self.failpoint("runtime.after_part_write")
+            self._clear_pending(part)
+        self._commit_group_offsets([part])
+
+    def _flush_due(self) -> None:
+        if self.processor.effect_kind != EffectKind.FILES:
+            return
+        for part in list(self.parts.values()):
+            self._close_part_if_done(part)
+
+    def _close_all_parts(self, parts: Iterable[_Partition]) -> None:
+        if self.processor.effect_kind != EffectKind.FILES:
+            return
+        for part in list(parts):
+            if part.open_part is not None and part.tp in self.parts:
+                self._close_part(part)
 
     def _publish(self, outcomes: list[_Outcome]) -> None:
         """Kafka effects of committed partitions, in one transaction with their offsets."""
@@ -527,6 +621,14 @@ class Runner:
     def _recover_pending(self) -> None:
         """Finish Kafka effects a crash or an aborted transaction left pending."""
         todo = [p for p in self.parts.values() if p.needs_recovery]
+        if todo and self.processor.effect_kind == EffectKind.FILES:
+            for part in todo:
+                for record in self.store.pending(part.tp):
+                    if is_part(record):
+                        self._writer().store(record.key, record.value)
+                        self.stats.recovered += 1
+                self._clear_pending(part)
+            return
         if not todo or self.output is None:
             for p in todo:
                 p.needs_recovery = False
@@ -572,8 +674,13 @@ class Runner:
         else:  # only redelivered records failed
             batch_key = f"redelivery-{min(r.offset for r, _, _ in outcome.failed)}"
         attempts = self.store.count_failure(part.tp, batch_key)
+        # Where to read again: the first unapplied offset; for files, the committed cursor (the
+        # open part's lines were discarded with it).
+        resume_at = outcome.first_unapplied
+        if self.processor.effect_kind == EffectKind.FILES and resume_at is not None:
+            resume_at = part.progress.acked_through + 1
         if self.policy.on_failure == "block" or attempts < self.policy.max_batch_failures:
-            self._schedule_retry(part, outcome.first_unapplied, attempts)
+            self._schedule_retry(part, resume_at, attempts)
             return
         letter = self._batch_letter(part.tp, batch_key, outcome.failed, attempts)
         try:
@@ -582,7 +689,7 @@ class Runner:
             log.error(
                 "%s: dead-letter write failed; retrying the batch: %s", self.processor.slug, exc
             )
-            self._schedule_retry(part, outcome.first_unapplied, attempts)
+            self._schedule_retry(part, resume_at, attempts)
             return
         self.stats.dead_lettered += 1
         new = Progress.from_fields(part.progress.as_fields())
@@ -610,8 +717,8 @@ class Runner:
             return
         part.progress = new
         self.store.clear_failures(part.tp, batch_key)
-        if outcome.first_unapplied is not None:
-            self.transport.seek(part.tp, outcome.first_unapplied)
+        if resume_at is not None:
+            self.transport.seek(part.tp, resume_at)
         log.error(
             "%s: dead-lettered %s after %d attempts: %s",
             self.processor.slug,
@@ -731,6 +838,7 @@ class Runner:
         self._rewind_redelivery(part)
 
     def _reload(self, part: _Partition) -> None:
+        part.open_part = None
         part.progress = self.store.load(part.tp)
         part.states.clear()
         part.retry_at = None

@@ -82,6 +82,7 @@ class Delivery:
 class EffectKind(StrEnum):
     REDIS = "redis"  # views, ledger: claim + effect + cursor in one Lua script
     KAFKA = "kafka"  # commands, metric points: records + offsets in one Kafka transaction
+    FILES = "files"  # archive parts: boundaries recorded with the cursor, then written
     NONE = "none"  # fold only
 
 
@@ -112,9 +113,10 @@ class OutRecord:
 class Effects:
     redis: list[RedisOp] = field(default_factory=list)
     records: list[OutRecord] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)  # files processors: this event's part lines
 
     def __bool__(self) -> bool:
-        return bool(self.redis or self.records)
+        return bool(self.redis or self.records or self.lines)
 
 
 NO_EFFECTS = Effects()
