@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from router import commands, outbox_cli, runtime_cli
+from router import commands, outbox_cli, runtime_cli, view_cli
 from router.settings import Settings
 from streams.errors import RhumbatronError
 
@@ -18,6 +18,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     commands.register,
     runtime_cli.register,
     outbox_cli.register,
+    view_cli.register,
 )
 
 

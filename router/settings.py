@@ -137,6 +137,14 @@ class Settings(BaseSettings):
     archive_retention_days_dev: int = 30
     archive_retention_days_prod: int = 365
 
+    # -- project-view-projector --
+    project_view_missing_cap: int = Field(
+        1000,
+        ge=1,
+        description="most missing slots a project's view records; past it the view says "
+        "missingOverflow instead of growing",
+    )
+
     # -- command queues (DESIGN.md §9) -------------------------------------------------------
     queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
     max_command_deliveries: int = 4

@@ -21,8 +21,17 @@ def _ledger(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> Pro
     return Ledger()
 
 
+def _project_view(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> Processor:
+    from consumers.subscriptions.projector import ProjectViewProjector
+
+    return ProjectViewProjector(
+        feed_length=settings.project_feed_length, missing_cap=settings.project_view_missing_cap
+    )
+
+
 BUILDERS: dict[str, Builder] = {
     "ledger": _ledger,
+    "project-view-projector": _project_view,
 }
 
 

@@ -1,0 +1,322 @@
+"""``project-view-projector``: one view per project in Redis, and a bounded feed of its recent
+events, written only as Redis effects so the runtime makes them exact under duplicates, crashes
+and redelivery (claim + effects + cursor in one script). Dedupe is the runtime's claim, never the
+slot.
+
+What a view holds, and the op that keeps each part right whatever the order events arrive in:
+
+- counts by event type (HINCRBY), the last event time (HMAX of epoch ms), the latest canonical
+  generation (HMAX);
+- the highest slot applied and the slots *missing* below it (SLOT): a slot beyond a gap is
+  applied and the gap recorded; a late slot inside a recorded gap is applied and closes it; past
+  ``missing_cap`` recorded slots the view says ``missingOverflow`` instead of growing. Events
+  without a slot (the feed pump's) are applied with no slot check;
+- each change's and each task's state, as the state machines below. A state is stored as one
+  number, ``order * STATE_SPAN + code`` with ``order`` the event's slot, written with HMAX: the
+  state of the highest slot wins, so a late slot closing a gap cannot roll a task back. An event
+  without a slot has order 0 and overwrites (HSET): it counts as the latest thing known;
+- each task's agent: the agent of its latest ``task.started`` (same ordering, kept as the start's
+  order in one hash and the agent under ``<order>:<task>`` in another);
+- active agents: per agent, started tasks not yet completed or failed (HINCRBY +1 / -1, which
+  commutes, so arrival order does not matter); an agent is active while its count is above 0;
+- the feed: a summary of each applied event, newest applied first (LPUSHTRIM, ``feed_length``).
+
+Task states (the ``task.*`` event that moved it there)::
+
+    created ─► ready ─► started ─► completed
+                  ▲         │
+                  │         ├────► failed ──► (ready again, on a retry)
+                  └─────────┴────► blocked  (written by the dead-letter path)
+
+Change states::
+
+    open ─► in_progress ─► verifying ─► verified ─► promoted ─► released
+   (change   (a task of      (verification.   │
+    .created) it started)     started,         ├─► rejected ─► (in_progress again)
+                              candidate.       └─► stale    ─► (verifying again)
+                              created)
+
+``change.created`` must name its change; the other events move a change's state when they carry
+``changeId`` (a project-wide fact without one is still counted and in the feed). The states are
+what the catalog's events say happened; they do not police transitions (the
+writers do), so an unexpected order still shows the latest fact.
+
+The fold (``reduce``) is tiny: per project, the highest slot folded, the number of gaps recorded
+and the id of the event that recorded the last one. It exists for one reason: ``process`` needs to know
+whether *this* event opened a gap to count it (the view's ``gapsRecorded`` and the partition's
+``gaps_recorded`` metric) — the SLOT op records the gap but returns nothing to the processor.
+
+Bad input (a task event without ``taskId``, a start without ``agentId``, a ``canonical.advanced``
+without a generation) raises :class:`ProjectorInputError` naming the event, the field and the
+value: the runtime retries and then dead-letters it, never dropping it silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import ClassVar
+
+import orjson
+
+from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, Effects, RedisOp
+from streams.envelopes import Event, format_time
+from streams.errors import RhumbatronError
+
+SLUG = "project-view-projector"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# A stored state is order * STATE_SPAN + code; codes stay below STATE_SPAN. Codes are part of the
+# stored data: never renumber one (add new states at the end).
+STATE_SPAN = 16
+
+TASK_STATES: Mapping[str, str] = {
+    "task.created": "created",
+    "task.ready": "ready",
+    "task.started": "started",
+    "task.completed": "completed",
+    "task.failed": "failed",
+    "task.blocked": "blocked",
+}
+TASK_CODES: Mapping[str, int] = {
+    "created": 1,
+    "ready": 2,
+    "started": 3,
+    "completed": 4,
+    "failed": 5,
+    "blocked": 6,
+}
+
+CHANGE_STATES: Mapping[str, str] = {
+    "change.created": "open",
+    "task.started": "in_progress",
+    "verification.started": "verifying",
+    "candidate.created": "verifying",
+    "candidate.verified": "verified",
+    "candidate.rejected": "rejected",
+    "candidate.stale": "stale",
+    "artifact.promoted": "promoted",
+    "release.completed": "released",
+}
+CHANGE_CODES: Mapping[str, int] = {
+    "open": 1,
+    "in_progress": 2,
+    "verifying": 3,
+    "verified": 4,
+    "rejected": 5,
+    "stale": 6,
+    "promoted": 7,
+    "released": 8,
+}
+
+# Events that make an agent active (+1) or free it (-1).
+AGENT_DELTA: Mapping[str, int] = {"task.started": 1, "task.completed": -1, "task.failed": -1}
+
+
+class ProjectorInputError(RhumbatronError, ValueError):
+    """An event lacks what the view needs from it; names the event, the field and the value."""
+
+    def __init__(self, event: Event, field: str, value: object, reason: str) -> None:
+        self.event_id = event.event_id
+        self.field = field
+        super().__init__(
+            f"{event.event_type} {event.event_id} (project {event.project_id!r}): "
+            f"field '{field}' = {value!r}: {reason}"
+        )
+
+
+# -- logical keys (the runtime puts them under the partition's namespace and hash tag) ----------
+
+
+def projects_key() -> str:
+    """Set of the projects that have a view on this partition."""
+    return "view:projects"
+
+
+def metrics_key() -> str:
+    """The partition's counters (``gaps_recorded``)."""
+    return "view:metrics"
+
+
+def view_key(project_id: str, part: str) -> str:
+    """One part of a project's view: meta, missing, counts, changes, tasks, task_change,
+    task_agent_at, task_agent, agents, feed."""
+    return f"view:{project_id}:{part}"
+
+
+def agent_field(order: int, task_id: str) -> str:
+    """Field of ``task_agent`` holding the agent of the start at ``order``; ``order`` is digits,
+    so the first ``:`` ends it whatever the task id holds."""
+    return f"{order}:{task_id}"
+
+
+def encode_state(order: int, code: int) -> int:
+    return order * STATE_SPAN + code
+
+
+def decode_state(value: int, names: Mapping[str, int]) -> tuple[int, str]:
+    """(order, state name) of a stored state."""
+    order, code = divmod(value, STATE_SPAN)
+    for name, c in names.items():
+        if c == code:
+            return order, name
+    raise ValueError(f"stored state {value} has unknown code {code}")
+
+
+def event_ms(event: Event) -> int:
+    # Integer arithmetic on the timedelta: float seconds * 1000 can land a millisecond short.
+    return (event.timestamp - EPOCH) // timedelta(milliseconds=1)
+
+
+def feed_entry(event: Event) -> bytes:
+    """What the feed keeps of an event: enough to list it, not the payload."""
+    entry: dict[str, object] = {
+        "eventId": event.event_id,
+        "eventType": event.event_type,
+        "time": format_time(event.timestamp),
+        "actor": event.actor,
+    }
+    if event.slot is not None:
+        entry["slot"] = event.slot
+    if event.change_id is not None:
+        entry["changeId"] = event.change_id
+    if event.task_id is not None:
+        entry["taskId"] = event.task_id
+    return orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
+
+
+def _agent_id(event: Event) -> str:
+    agent = event.payload.get("agentId")
+    if not isinstance(agent, str) or not agent:
+        raise ProjectorInputError(
+            event, "payload.agentId", agent, "must be a non-empty string (the task's agent)"
+        )
+    return agent
+
+
+def _task_id(event: Event) -> str:
+    if event.task_id is None:
+        raise ProjectorInputError(
+            event, "taskId", None, "a task event must name its task (the view keeps task states)"
+        )
+    return event.task_id
+
+
+def canonical_generation(event: Event) -> int | None:
+    """The canonical generation an event establishes or observed, if any."""
+    generation = event.canonical_generation
+    if event.event_type != "canonical.advanced":
+        return generation
+    payload_gen = event.payload.get("generation")
+    if payload_gen is not None and (
+        isinstance(payload_gen, bool) or not isinstance(payload_gen, int) or payload_gen < 0
+    ):
+        raise ProjectorInputError(
+            event, "payload.generation", payload_gen, "must be a whole number >= 0"
+        )
+    if generation is not None and payload_gen is not None and generation != payload_gen:
+        raise ProjectorInputError(
+            event,
+            "payload.generation",
+            payload_gen,
+            f"disagrees with canonicalGeneration {generation}",
+        )
+    generation = generation if generation is not None else payload_gen
+    if generation is None:
+        raise ProjectorInputError(
+            event,
+            "canonicalGeneration",
+            None,
+            "canonical.advanced must carry the new generation (canonicalGeneration or "
+            "payload.generation)",
+        )
+    return generation
+
+
+class ProjectViewProjector(BaseProcessor):
+    slug: ClassVar[str] = SLUG
+    consumes: ClassVar[frozenset[str] | None] = None  # every type is counted and in the feed
+    reducer_version: ClassVar[str] = "1"
+    effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
+
+    def __init__(self, *, feed_length: int, missing_cap: int) -> None:
+        if feed_length < 1:
+            raise ValueError(f"feed_length must be at least 1, got {feed_length}")
+        if missing_cap < 1:
+            raise ValueError(f"missing_cap must be at least 1, got {missing_cap}")
+        self.feed_length = feed_length
+        self.missing_cap = missing_cap
+
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None:
+        """Per project: ``high`` (highest slot folded), ``gaps`` (gaps recorded) and ``gapBy``
+        (the event that recorded the last one). Unslotted events leave it as it is."""
+        if event.slot is None:
+            return state
+        high = int(state["high"]) if state else 0
+        gaps = int(state["gaps"]) if state else 0
+        gap_by = str(state["gapBy"]) if state else ""
+        if event.slot > high + 1:
+            gaps += 1
+            gap_by = event.event_id
+        return {"high": max(high, event.slot), "gaps": gaps, "gapBy": gap_by}
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
+        p = event.project_id
+        etype = event.event_type
+        meta = view_key(p, "meta")
+        ops = [
+            RedisOp("SADD", projects_key(), (p,)),
+            RedisOp("HINCRBY", view_key(p, "counts"), (etype, 1)),
+            RedisOp("HMAX", meta, ("last_ms", event_ms(event))),
+        ]
+        order = 0
+        if event.slot is not None:
+            order = event.slot
+            ops.append(
+                RedisOp("SLOT", meta, (view_key(p, "missing"), event.slot, self.missing_cap))
+            )
+            if state is not None and state["gapBy"] == event.event_id:
+                ops.append(RedisOp("HINCRBY", meta, ("gaps_recorded", 1)))
+                ops.append(RedisOp("HINCRBY", metrics_key(), ("gaps_recorded", 1)))
+        generation = canonical_generation(event)
+        if generation is not None:
+            ops.append(RedisOp("HMAX", meta, ("generation", generation)))
+
+        if etype in TASK_STATES:
+            task = _task_id(event)
+            code = TASK_CODES[TASK_STATES[etype]]
+            ops.append(self._ordered(view_key(p, "tasks"), task, order, code))
+            if event.change_id is not None:
+                ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
+            if etype in AGENT_DELTA:
+                agent = _agent_id(event)
+                ops.append(RedisOp("HINCRBY", view_key(p, "agents"), (agent, AGENT_DELTA[etype])))
+                if etype == "task.started":
+                    ops.append(
+                        RedisOp(
+                            "HSET", view_key(p, "task_agent"), (agent_field(order, task), agent)
+                        )
+                    )
+                    at = view_key(p, "task_agent_at")
+                    ops.append(RedisOp("HMAX" if order else "HSET", at, (task, order)))
+        if etype in CHANGE_STATES:
+            if event.change_id is None:
+                if etype == "change.created":
+                    raise ProjectorInputError(
+                        event, "changeId", None, "change.created must name the change it creates"
+                    )
+            else:
+                code = CHANGE_CODES[CHANGE_STATES[etype]]
+                ops.append(self._ordered(view_key(p, "changes"), event.change_id, order, code))
+
+        ops.append(
+            RedisOp(
+                "LPUSHTRIM", view_key(p, "feed"), (feed_entry(event).decode(), self.feed_length)
+            )
+        )
+        return Effects(redis=ops)
+
+    @staticmethod
+    def _ordered(key: str, field: str, order: int, code: int) -> RedisOp:
+        """The state of the highest order wins (HMAX); order 0 (no slot) overwrites."""
+        return RedisOp("HMAX" if order else "HSET", key, (field, encode_state(order, code)))
