@@ -1,0 +1,165 @@
+"""Failure: counting a batch's failures, retrying it after a backoff, dead-lettering it at the limit."""
+
+from __future__ import annotations
+
+import logging
+
+from consumers.runtime.dead_letters import DeadLetter, Entry, batch_letter_id
+from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
+from consumers.runtime.store import Commit, CursorMoved, Fenced
+from consumers.runtime.types import (
+    TP,
+    EffectKind,
+    Progress,
+    Record,
+)
+from streams.envelopes import Event, format_time
+from streams.errors import EnvelopeError
+
+log = logging.getLogger("rhumbatron.runtime")
+
+
+class FailureMixin(RunnerBase):
+    def _handle_failure(self, part: PartitionState, outcome: Outcome) -> None:
+        self.stats.failures += 1
+        if outcome.first_unapplied is not None:
+            batch_key = str(outcome.first_unapplied)
+        else:  # only redelivered records failed
+            batch_key = f"redelivery-{min(r.offset for r, _, _ in outcome.failed)}"
+        attempts = self.store.count_failure(part.tp, batch_key)
+        # Where to read again: the first unapplied offset; for files, the committed cursor (the
+        # open part's lines were discarded with it).
+        resume_at = outcome.first_unapplied
+        if self.processor.effect_kind == EffectKind.FILES and resume_at is not None:
+            resume_at = part.progress.acked_through + 1
+        if self.policy.on_failure == "block" or attempts < self.policy.max_batch_failures:
+            self._schedule_retry(part, resume_at, attempts)
+            return
+        letter = self._batch_letter(part.tp, batch_key, outcome.failed, attempts)
+        try:
+            self.dead_letters.write([letter])
+        except Exception as exc:
+            log.error(
+                "%s: dead-letter write failed; retrying the batch: %s", self.processor.slug, exc
+            )
+            self._schedule_retry(part, resume_at, attempts)
+            return
+        self.stats.dead_lettered += 1
+        new = Progress.from_fields(part.progress.as_fields())
+        redelivered = [r for r, _, _ in outcome.failed if self._is_redelivery(r)]
+        stream_failed = [r.offset for r, _, _ in outcome.failed if not self._is_redelivery(r)]
+        new.dead = sorted(set(new.dead) | set(stream_failed))
+        for r in sorted(redelivered, key=lambda r: r.offset):
+            if r.offset == new.redelivered_next:
+                new.redelivered_next = r.offset + 1
+        # Dead offsets at the head of the line let the cursor pass them right away.
+        acked = new.acked_through
+        while acked + 1 in new.dead or acked + 1 in new.applied_beyond:
+            acked += 1
+        new.acked_through = acked
+        new.dead = [o for o in new.dead if o > acked]
+        new.applied_beyond = [o for o in new.applied_beyond if o > acked]
+        commit = Commit(
+            part.tp, part.epoch, part.progress.acked_through, part.progress.cursor_revision, new
+        )
+        try:
+            self.store.commit(commit)
+        except (Fenced, CursorMoved) as exc:
+            log.warning("%s: %s", self.processor.slug, exc)
+            self._reload(part)
+            return
+        part.progress = new
+        self.store.clear_failures(part.tp, batch_key)
+        if resume_at is not None:
+            self.transport.seek(part.tp, resume_at)
+        log.error(
+            "%s: dead-lettered %s after %d attempts: %s",
+            self.processor.slug,
+            letter.id,
+            attempts,
+            letter.error,
+        )
+
+    def _schedule_retry(
+        self, part: PartitionState, first_unapplied: int | None, attempts: int
+    ) -> None:
+        delay = min(
+            self.policy.retry_backoff_s * 2 ** max(attempts - 1, 0), self.policy.retry_backoff_max_s
+        )
+        part.retry_at = self.clock.monotonic() + delay
+        part.retry_from = first_unapplied
+        self.transport.pause([part.tp])
+        if first_unapplied is not None:
+            self.transport.seek(part.tp, first_unapplied)
+
+    def _resume_due(self) -> None:
+        now = self.clock.monotonic()
+        for part in self.parts.values():
+            if part.retry_at is not None and now >= part.retry_at:
+                part.retry_at = None
+                if part.retry_from is not None:
+                    self.transport.seek(part.tp, part.retry_from)
+                self.transport.resume([part.tp])
+                self._rewind_redelivery(part)
+
+    def _batch_letter(
+        self,
+        tp: TP,
+        batch_key: str,
+        failed: list[tuple[Record, Event, BaseException]],
+        attempts: int,
+    ) -> DeadLetter:
+        record, _, error = failed[-1]
+        origin_tp = tp
+        return DeadLetter(
+            id=batch_letter_id(
+                self.processor.slug,
+                origin_tp.topic,
+                origin_tp.partition,
+                self._origin_offset(record),
+                f"event-batch-{batch_key}",
+            ),
+            kind="event-batch",
+            subscription=self.processor.slug,
+            source_topic=origin_tp.topic,
+            source_partition=origin_tp.partition,
+            error=f"{type(error).__name__}: {error}",
+            error_type=f"{type(error).__module__}.{type(error).__qualname__}",
+            attempts=attempts,
+            created_at=format_time(self.clock.now()),
+            entries=[
+                Entry(
+                    offset=self._origin_offset(r),
+                    value=r.value,
+                    key=r.key,
+                    headers=list(r.headers),
+                    event_id=e.event_id,
+                    event_type=e.event_type,
+                    project_id=e.project_id,
+                )
+                for r, e, _ in failed
+            ],
+        )
+
+    def _poison_letter(self, tp: TP, record: Record, error: EnvelopeError) -> DeadLetter:
+        return DeadLetter(
+            id=batch_letter_id(
+                self.processor.slug, tp.topic, tp.partition, self._origin_offset(record), "poison"
+            ),
+            kind="poison",
+            subscription=self.processor.slug,
+            source_topic=tp.topic,
+            source_partition=tp.partition,
+            error=str(error),
+            error_type=f"{type(error).__module__}.{type(error).__qualname__}",
+            attempts=1,
+            created_at=format_time(self.clock.now()),
+            entries=[
+                Entry(
+                    offset=self._origin_offset(record),
+                    value=record.value,
+                    key=record.key,
+                    headers=list(record.headers),
+                )
+            ],
+        )

@@ -1,0 +1,173 @@
+"""The runner's state and the steps every part of it shares (see runner.py for the loop)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import cast
+
+from consumers.runtime.controls import Controls
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
+from consumers.runtime.parts import Line, OpenPart, PartWriter
+from consumers.runtime.store import Commit, Fenced, Store
+from consumers.runtime.transport import Output, Redelivery, Transport
+from consumers.runtime.types import (
+    JSON,
+    TP,
+    EffectKind,
+    Processor,
+    Progress,
+    Record,
+)
+from streams.clock import Clock
+from streams.envelopes import Event
+
+log = logging.getLogger("rhumbatron.runtime")
+
+
+@dataclass(frozen=True)
+class RuntimePolicy:
+    batch_size: int
+    max_batch_failures: int
+    retry_backoff_s: float
+    retry_backoff_max_s: float
+    max_envelope_bytes: int
+    on_failure: str = "dead-letter"  # or "block": retry forever, skip_through the only escape
+    control_check_interval_s: float = 1.0
+    # Redelivery topic partition k belongs to origin (streams[k // P], k % P).
+    streams: tuple[str, ...] = ()
+    partitions_per_stream: int = 1
+
+    def redelivery_partition(self, tp: TP) -> int | None:
+        if tp.topic not in self.streams:
+            return None
+        return self.streams.index(tp.topic) * self.partitions_per_stream + tp.partition
+
+
+@dataclass
+class Stats:
+    batches: int = 0
+    records: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    filtered: int = 0
+    failures: int = 0
+    dead_lettered: int = 0
+    poison: int = 0
+    fenced: int = 0
+    redelivered: int = 0
+    transactions: int = 0
+    recovered: int = 0
+    parts: int = 0
+
+
+@dataclass
+class PartitionState:
+    tp: TP
+    epoch: int
+    progress: Progress
+    live_from: int
+    states: dict[str, JSON | None] = field(default_factory=dict)
+    retry_at: float | None = None
+    retry_from: int | None = None
+    needs_recovery: bool = False
+    needs_refold: bool = False
+    redelivery: int | None = None
+    open_part: OpenPart | None = None  # files processors: the part being filled
+
+
+@dataclass
+class Outcome:
+    """What processing one partition's slice of a batch produced."""
+
+    commit: Commit
+    failed: list[tuple[Record, Event, BaseException]]
+    first_unapplied: int | None
+    letters: list[DeadLetter]
+    lines: list[Line] = field(default_factory=list)
+
+
+class ProcessorError(Exception):
+    """Wraps what a processor raised, keeping which step (reduce or process) it came from."""
+
+    def __init__(self, step: str, cause: BaseException) -> None:
+        self.step = step
+        self.cause = cause
+        super().__init__(f"{step} raised {type(cause).__name__}: {cause}")
+
+
+class RunnerBase:
+    """What every part of the runner reads and the small steps they all take."""
+
+    processor: Processor
+    transport: Transport
+    store: Store
+    dead_letters: DeadLetterStore
+    policy: RuntimePolicy
+    clock: Clock
+    output: Output | None
+    redelivery: Redelivery | None
+    controls: Controls | None
+    failpoint: Callable[[str], None]
+    stats: Stats
+    parts: dict[TP, PartitionState]
+
+    def _writer(self) -> PartWriter:
+        return cast(PartWriter, self.processor)
+
+    def _clear_pending(self, part: PartitionState) -> None:
+        try:
+            self.store.clear_pending(part.tp, part.epoch)
+            part.progress.pending_effects = False
+            part.needs_recovery = False
+        except Fenced:
+            self._drop(part)
+
+    def _commit_group_offsets(self, parts: Iterable[PartitionState]) -> None:
+        offsets = {
+            p.tp: p.progress.acked_through + 1 for p in parts if p.progress.acked_through >= 0
+        }
+        if offsets and self.processor.effect_kind != EffectKind.KAFKA:
+            self.transport.commit_offsets(offsets)
+
+    def _rewind_redelivery(self, part: PartitionState) -> None:
+        if part.redelivery is not None and self.redelivery is not None:
+            self.redelivery.assign(part.redelivery, part.progress.redelivered_next)
+
+    def _defer(self, part: PartitionState) -> None:
+        """Put a partition's fetched records back: read them again once it is ready."""
+        self.transport.seek(part.tp, part.progress.acked_through + 1)
+        self._rewind_redelivery(part)
+
+    def _reload(self, part: PartitionState) -> None:
+        part.open_part = None
+        part.progress = self.store.load(part.tp)
+        part.states.clear()
+        part.retry_at = None
+        part.retry_from = None
+        self.transport.resume([part.tp])
+        self.transport.seek(part.tp, part.progress.acked_through + 1)
+        self._rewind_redelivery(part)
+
+    def _drop(self, part: PartitionState) -> None:
+        """We were fenced: another process owns this partition now. Stop touching it; the group
+        will revoke it from us shortly."""
+        self.parts.pop(part.tp, None)
+        self.transport.pause([part.tp])
+
+    def _is_redelivery(self, record: Record) -> bool:
+        return record.header("rh.origin_topic") is not None
+
+    def _redelivered(self, records: list[Record]) -> list[Record]:
+        return records
+
+    def _origin_tp(self, record: Record) -> TP:
+        topic = record.header("rh.origin_topic")
+        if topic is None:
+            return record.tp
+        return TP(topic.decode(), int(record.header("rh.origin_partition") or b"0"))
+
+    def _origin_offset(self, record: Record) -> int:
+        raw = record.header("rh.origin_offset")
+        return int(raw) if raw is not None else record.offset
