@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from router import commands, outbox_cli, runtime_cli, view_cli
+from router import archive_cli, commands, outbox_cli, runtime_cli, view_cli
 from router.settings import Settings
 from streams.errors import RhumbatronError
 
@@ -16,6 +16,7 @@ Handler = Callable[[Settings, argparse.Namespace], int]
 
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     commands.register,
+    archive_cli.register,
     runtime_cli.register,
     outbox_cli.register,
     view_cli.register,

@@ -84,6 +84,8 @@ def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDe
 def controls(
     settings: Settings, processor: Processor, client: redis.Redis[bytes], clock: Clock
 ) -> Controls:
+    from router.archive import archive_reader
+
     return Controls(
         processor,
         store(settings, client, processor.slug, clock),
@@ -92,6 +94,8 @@ def controls(
         dead_letters(settings, client),
         clock,
         settings.max_envelope_bytes,
+        # The long-term log for folds that need events past the stream's retention.
+        archive=archive_reader(settings, client, clock),
     )
 
 

@@ -137,6 +137,28 @@ class Settings(BaseSettings):
     archive_retention_days_dev: int = 30
     archive_retention_days_prod: int = 365
 
+    # -- audit-archiver --
+    archive_store: Literal["local", "s3", "none"] = Field(
+        "local",
+        description="where archive parts go: a local directory (archive_dir/<env>), an "
+        "S3-compatible bucket (archive_s3_*; pip install 'rhumbatron[s3]'), or none (no archive: "
+        "the audit-archiver refuses to start and replays cannot reach past the stream)",
+    )
+    archive_gzip_level: int = Field(6, ge=1, le=9, description="gzip level of archive parts")
+    archive_s3_endpoint: str | None = Field(
+        None, description="S3-compatible endpoint URL; None: AWS's own"
+    )
+    archive_s3_bucket: str | None = None
+    archive_s3_prefix: str = Field(
+        "", description="key prefix in the bucket; the environment's name is appended"
+    )
+    archive_s3_region: str = "us-east-1"
+    archive_s3_access_key: SecretStr | None = None
+    archive_s3_secret_key: SecretStr | None = None
+    archive_progress_step_pct: int = Field(
+        10, ge=1, le=100, description="archive expire/verify print progress every this many %"
+    )
+
     # -- project-view-projector --
     project_view_missing_cap: int = Field(
         1000,

@@ -29,7 +29,14 @@ def _project_view(settings: Settings, client: redis.Redis[bytes], clock: Clock) 
     )
 
 
+def _audit_archiver(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> Processor:
+    from router.archive import build_archiver
+
+    return build_archiver(settings, client, clock)
+
+
 BUILDERS: dict[str, Builder] = {
+    "audit-archiver": _audit_archiver,
     "ledger": _ledger,
     "project-view-projector": _project_view,
 }
