@@ -69,7 +69,8 @@ def publisher_policy(settings: Settings) -> PublisherPolicy:
 def kafka_senders(settings: Settings, policy: PublisherPolicy) -> SenderFactory:
     base = settings.kafka_config()
     gapless = policy.ordering is Ordering.PIPELINED
-    return lambda: KafkaSender(base, gapless=gapless)
+    extra = {"linger.ms": settings.outbox_linger_ms}
+    return lambda: KafkaSender(base, gapless=gapless, extra=extra)
 
 
 def build_publisher(

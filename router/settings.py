@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     outbox_delivery_timeout_s: float = Field(
         30.0, gt=0, description="a record unacknowledged this long means Kafka is unavailable"
     )
+    outbox_linger_ms: float = Field(
+        1.0,
+        ge=0,
+        description="the publisher producer's linger.ms: serial ordering waits on every "
+        "acknowledgement, so a short linger pays (measured in docs/outbox.md)",
+    )
     outbox_rows_per_pass: int = Field(
         20_000, ge=1, description="cap on one publisher pass over all projects (memory bound)"
     )
@@ -104,6 +110,7 @@ class Settings(BaseSettings):
     produce_events_per_write: int = Field(
         5, ge=1, description="events one synthetic writer transaction appends"
     )
+    demo_outbox_dir: str = Field(".local/demo", description="where the demo keeps its outboxes")
 
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")

@@ -26,7 +26,9 @@ from streams.clock import Clock, SystemClock
 from streams.errors import OutboxError, PublisherLocked
 from streams.outbox.sqlite_schema import (
     COLUMNS,
+    IN_CHUNK,
     OPEN_SQL,
+    PREFIXED_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
     SqliteOptions,
@@ -229,12 +231,17 @@ class SqliteOutbox:
     def sendable(
         self, rows_per_project: int, max_rows: int, after_project: str | None
     ) -> list[OutboxRow]:
+        # Heads first (one scan of the small open-rows index; SQLite takes the bare ``state``
+        # from the row holding MIN(slot)), then each pending head's next rows by index range: a
+        # window function over every open row cost ~20x more with a 50,000-row backlog.
         found = self._read(
-            f"SELECT {COLUMNS} FROM ("
-            f"  SELECT {COLUMNS}, ROW_NUMBER() OVER w AS rn, FIRST_VALUE(state) OVER w AS head"
-            f"  FROM outbox WHERE state IN {OPEN_SQL}"
-            "   WINDOW w AS (PARTITION BY project_id ORDER BY slot)"
-            ") WHERE rn <= ? AND head = 'pending' ORDER BY project_id <= ?, project_id, slot LIMIT ?",
+            "WITH heads AS ("
+            "  SELECT project_id, MIN(slot) AS head, state FROM outbox"
+            f"  WHERE state IN {OPEN_SQL} GROUP BY project_id"
+            f") SELECT {PREFIXED_COLUMNS} FROM heads h JOIN outbox o"
+            "  ON o.project_id = h.project_id AND o.slot >= h.head AND o.slot < h.head + ?"
+            f" WHERE h.state = 'pending' AND o.state IN {OPEN_SQL}"
+            " ORDER BY h.project_id <= ?, h.project_id, o.slot LIMIT ?",
             (rows_per_project, after_project or "", max_rows),
         )
         return [row_from_sql(r) for r in found]
@@ -246,8 +253,27 @@ class SqliteOutbox:
     def apply(self, updates: Sequence[RowUpdate]) -> int:
         if not updates:
             return 0
+        # The common verdict, published, goes in chunks of IN (...): several times faster than
+        # one UPDATE per row, which matters at tens of thousands of rows a second.
+        published: dict[float | None, list[str]] = {}
+        others: list[RowUpdate] = []
+        for u in updates:
+            if u.state is RowState.PUBLISHED:  # counters and last_error stay as they are
+                published.setdefault(u.published_at, []).append(u.event_id)
+            else:
+                others.append(u)
+        changed = 0
         with self._write("record publish results") as conn:
-            return conn.executemany(
+            for at, ids in published.items():
+                for start in range(0, len(ids), IN_CHUNK):
+                    chunk = ids[start : start + IN_CHUNK]
+                    changed += conn.execute(
+                        "UPDATE outbox SET state = 'published', published_at = ?, "
+                        "next_attempt_at = NULL "
+                        f"WHERE state = 'pending' AND event_id IN ({','.join('?' * len(chunk))})",
+                        [at, *chunk],
+                    ).rowcount
+            changed += conn.executemany(
                 "UPDATE outbox SET state = ?, attempts = ?, deferrals = ?, next_attempt_at = ?, "
                 "last_error = ?, published_at = ? WHERE event_id = ? AND state = 'pending'",
                 [
@@ -260,9 +286,10 @@ class SqliteOutbox:
                         u.published_at,
                         u.event_id,
                     )
-                    for u in updates
+                    for u in others
                 ],
             ).rowcount
+        return changed
 
     # -- operators -------------------------------------------------------------------------------
     def counts(self) -> dict[RowState, int]:

@@ -76,6 +76,9 @@ class SqliteOptions:
     synchronous: str = "FULL"  # FULL: a commit survives power loss; NORMAL: process crash only
 
 
+PREFIXED_COLUMNS = ", ".join(f"o.{name.strip()}" for name in COLUMNS.split(","))
+
+
 def row_from_sql(values: Sequence[Any]) -> OutboxRow:
     return OutboxRow(
         event_id=values[0],
