@@ -67,7 +67,7 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
             assert e.task_id is not None
             t = tasks.setdefault(e.task_id, {"state": None, "agent": None, "changeId": None})
             t["state"] = TASK[e.event_type]
-            if e.change_id is not None:
+            if e.event_type == "task.created" and e.change_id is not None:
                 t["changeId"] = e.change_id
             if e.event_type == "task.started":
                 t["agent"] = e.payload["agentId"]

@@ -128,11 +128,6 @@ class ProjectorInputError(RhumbatronError, ValueError):
 # -- logical keys (the runtime puts them under the partition's namespace and hash tag) ----------
 
 
-def projects_key() -> str:
-    """Set of the projects that have a view on this partition."""
-    return "view:projects"
-
-
 def metrics_key() -> str:
     """The partition's counters (``gaps_recorded``)."""
     return "view:metrics"
@@ -265,7 +260,6 @@ class ProjectViewProjector(BaseProcessor):
         etype = event.event_type
         meta = view_key(p, "meta")
         ops = [
-            RedisOp("SADD", projects_key(), (p,)),
             RedisOp("HINCRBY", view_key(p, "counts"), (etype, 1)),
             RedisOp("HMAX", meta, ("last_ms", event_ms(event))),
         ]
@@ -286,7 +280,7 @@ class ProjectViewProjector(BaseProcessor):
             task = _task_id(event)
             code = TASK_CODES[TASK_STATES[etype]]
             ops.append(self._ordered(view_key(p, "tasks"), task, order, code))
-            if event.change_id is not None:
+            if etype == "task.created" and event.change_id is not None:
                 ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
             if etype in AGENT_DELTA:
                 agent = _agent_id(event)

@@ -22,7 +22,6 @@ from consumers.subscriptions.projector import (
     agent_field,
     decode_state,
     metrics_key,
-    projects_key,
     view_key,
 )
 from streams.clock import SystemClock
@@ -150,12 +149,9 @@ def _keys_of(client: redis.Redis[bytes], env: str, logical: str) -> list[bytes]:
 
 
 def count_views(client: redis.Redis[bytes], env: str) -> int:
-    """Number of projects with a view in the environment."""
-    keys = _keys_of(client, env, projects_key())
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.scard(key)
-    return sum(int(n) for n in pipe.execute()) if keys else 0
+    """Number of projects with a view in the environment: one ``counts`` hash each (every
+    applied event increments one; no other part's name ends in ``:counts``)."""
+    return len(_keys_of(client, env, view_key("*", "counts")))
 
 
 def count_gaps_recorded(client: redis.Redis[bytes], env: str) -> int:
