@@ -41,10 +41,12 @@ Change states::
 what the catalog's events say happened; they do not police transitions (the
 writers do), so an unexpected order still shows the latest fact.
 
-The fold (``reduce``) is tiny: per project, the highest slot folded, the number of gaps recorded
-and the id of the event that recorded the last one. It exists for one reason: ``process`` needs to know
-whether *this* event opened a gap to count it (the view's ``gapsRecorded`` and the partition's
-``gaps_recorded`` metric) — the SLOT op records the gap but returns nothing to the processor.
+The fold (``reduce``) is tiny: per project, the highest slot folded and the id of the event that
+recorded the last gap. It exists for one reason: ``process`` must know whether *this* event
+opened a gap to count it exactly (the view's ``gapsRecorded`` and the partition's
+``gaps_recorded`` metric) — the SLOT op records the gap but returns nothing to the processor. The
+price: like any fold, a ``re_reduce`` or ``reprocess_from`` replays the partition from its start
+(the stream, then the archive past its retention).
 
 Bad input (a task event without ``taskId``, a start without ``agentId``, a ``canonical.advanced``
 without a generation) raises :class:`ProjectorInputError` naming the event, the field and the
@@ -243,17 +245,15 @@ class ProjectViewProjector(BaseProcessor):
         self.missing_cap = missing_cap
 
     def reduce(self, state: JSON | None, event: Event) -> JSON | None:
-        """Per project: ``high`` (highest slot folded), ``gaps`` (gaps recorded) and ``gapBy``
-        (the event that recorded the last one). Unslotted events leave it as it is."""
+        """Per project: ``high`` (the highest slot folded) and ``gapBy`` (the event that recorded
+        the last gap). Unslotted events leave it as it is."""
         if event.slot is None:
             return state
         high = int(state["high"]) if state else 0
-        gaps = int(state["gaps"]) if state else 0
         gap_by = str(state["gapBy"]) if state else ""
         if event.slot > high + 1:
-            gaps += 1
             gap_by = event.event_id
-        return {"high": max(high, event.slot), "gaps": gaps, "gapBy": gap_by}
+        return {"high": max(high, event.slot), "gapBy": gap_by}
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         p = event.project_id

@@ -144,6 +144,8 @@ def feed_from_entries(entries: list[bytes] | list[str]) -> list[dict[str, Any]]:
 def _keys_of(client: redis.Redis[bytes], env: str, logical: str) -> list[bytes]:
     # Every partition's copy of one logical key: rh:<env>:{<slug>|<topic>|<p>}:x:<logical>.
     probe = _store(client, env).key(TP("TOPIC", 0), logical)
+    if "|TOPIC|0}" not in probe:
+        raise RuntimeError(f"the runtime's key naming changed ({probe!r}); update _keys_of")
     pattern = probe.replace("|TOPIC|0}", "|*}")
     return sorted(client.scan_iter(match=pattern, count=1000))
 
