@@ -200,7 +200,14 @@ class S3ObjectStore:
                 aws_access_key_id=access_key,
                 aws_secret_access_key=secret_key,
                 config=botocore_config.Config(
-                    connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 3}
+                    connect_timeout=timeout_s,
+                    read_timeout=timeout_s,
+                    retries={"max_attempts": 3},
+                    # boto3 >= 1.36 adds CRC32 checksums (aws-chunked trailers) to every PUT by
+                    # default; S3-compatible servers refuse them as "NotImplemented". Checksums
+                    # only where the API requires them; parts carry their own SHA-256 anyway.
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
                 ),
             )
         self.client = client
@@ -241,10 +248,13 @@ class S3ObjectStore:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix
             )
+            # Some S3-compatible servers list directory placeholders ("a/b/"); no object of
+            # ours ends in "/" (check_key), so they are never ours.
             keys = [
                 item["Key"][len(self.prefix) :]
                 for page in pages
                 for item in page.get("Contents", [])
+                if not item["Key"].endswith("/")
             ]
         except Exception as exc:
             raise self._fail("list", prefix + "*", exc) from exc
