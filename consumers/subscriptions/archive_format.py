@@ -191,7 +191,16 @@ def line_offsets(content: bytes, *, key: str) -> tuple[int, int, int]:
     lines = content.splitlines()
     if not lines:
         raise ArchiveFormatError(f"{key}: the part holds no line")
-    offsets = [decode_line(raw, where=f"{key} line {n + 1}").offset for n, raw in enumerate(lines)]
+    offsets = []
+    for n, raw in enumerate(lines):
+        try:
+            offset = orjson.loads(raw).get("offset")  # only the position: no re-encoding
+        except (orjson.JSONDecodeError, AttributeError):
+            offset = None
+        if not isinstance(offset, int):
+            decode_line(raw, where=f"{key} line {n + 1}")  # raises, naming what is wrong
+            raise ArchiveFormatError(f"{key} line {n + 1}: no integer offset")
+        offsets.append(offset)
     return len(lines), min(offsets), max(offsets)
 
 

@@ -547,3 +547,16 @@ def test_a_line_holds_position_and_event() -> None:
         "alpha",
     )
     assert decode_event(line.event, max_bytes=LIMIT) == ev
+
+
+def test_store_refuses_a_part_whose_lines_are_not_archive_lines() -> None:
+    objects = MemoryObjects()
+    proc = archiver(objects)
+    key = "events/2026-01-01/stream-00/part-1767225600000-p0-" + "0" * 24 + ".ndjson.gz"
+    with pytest.raises(ArchiveFormatError, match="line 2: not valid JSON"):
+        proc.store(key, compress(b'{"topic":"s0","partition":0,"offset":1,"event":{}}\nnope\n', 6))
+    with pytest.raises(ArchiveFormatError, match="line 1: field 'offset' must be a int"):
+        proc.store(key, compress(b'{"topic":"s0","partition":0,"offset":"1","event":{}}\n', 6))
+    with pytest.raises(ArchiveFormatError, match="is not a part key"):
+        proc.store("events/elsewhere.gz", compress(b"{}\n", 6))
+    assert objects.objects == {}  # nothing written
