@@ -37,7 +37,12 @@ class Case:
 CASES: dict[str, Case] = {}
 
 # Modules whose import registers cases, in table order.
-CASE_MODULES = ("bench.cases", "bench.runtime_cases", "bench.archive_cases")
+CASE_MODULES = (
+    "bench.cases",
+    "bench.runtime_cases",
+    "bench.projector_cases",
+    "bench.archive_cases",
+)
 
 
 def load_cases() -> None:
