@@ -174,6 +174,40 @@ class Settings(BaseSettings):
         "missingOverflow instead of growing",
     )
 
+    # -- causal-router --
+    command_ttl_s: float = Field(
+        3600.0, gt=0, description="validity of a router command: deadline = created_at + this"
+    )
+    router_outbox_path: str = Field(
+        ".local/router-outbox.sqlite",
+        description="the router's own outbox (candidate.stale events), published by a thread of "
+        "its consume process; processes on one host may share it",
+    )
+    router_fold_history: int = Field(
+        50, ge=1, description="finished changes and retired candidates one project's fold keeps"
+    )
+    router_max_resources_per_event: int = Field(
+        1000, ge=1, description="resource paths one event may name; more is refused as invalid"
+    )
+    router_counter_ttl_s: int = Field(
+        2 * 86_400, ge=86_400, description="lifetime of a per-day cap counter (outlives its day)"
+    )
+    classifier_max_answer_bytes: int = Field(
+        64 * 1024, ge=64, description="largest classifier answer read; a bigger one is an error"
+    )
+    maintenance_enabled: bool = Field(
+        True, description="whether this router process runs the daily maintenance tick"
+    )
+    maintenance_commands_per_tick: int = Field(
+        500, ge=1, description="most commands (sweep, cleanup, purge) one maintenance tick sends"
+    )
+    maintenance_check_interval_s: float = Field(
+        30.0, gt=0, description="how often a router process checks whether the tick is due"
+    )
+    maintenance_lock_ttl_s: int = Field(
+        3600, ge=1, description="how long a started tick keeps other processes from repeating it"
+    )
+
     # -- command queues (DESIGN.md §9) -------------------------------------------------------
     queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
     max_command_deliveries: int = 4
