@@ -238,11 +238,13 @@ class SqliteOutbox:
             "WITH heads AS ("
             "  SELECT project_id, MIN(slot) AS head, state FROM outbox"
             f"  WHERE state IN {OPEN_SQL} GROUP BY project_id"
-            f") SELECT {PREFIXED_COLUMNS} FROM heads h JOIN outbox o"
-            "  ON o.project_id = h.project_id AND o.slot >= h.head AND o.slot < h.head + ?"
+            "), share AS ("
+            "  SELECT MAX(1, MIN(?, ? / MAX(COUNT(*), 1))) AS k FROM heads WHERE state = 'pending'"
+            f") SELECT {PREFIXED_COLUMNS} FROM heads h CROSS JOIN share JOIN outbox o"
+            "  ON o.project_id = h.project_id AND o.slot >= h.head AND o.slot < h.head + share.k"
             f" WHERE h.state = 'pending' AND o.state IN {OPEN_SQL}"
             " ORDER BY h.project_id <= ?, h.project_id, o.slot LIMIT ?",
-            (rows_per_project, after_project or "", max_rows),
+            (rows_per_project, max_rows, after_project or "", max_rows),
         )
         return [row_from_sql(r) for r in found]
 

@@ -193,7 +193,9 @@ class OutboxStore(Protocol):
     ) -> list[OutboxRow]:
         """For every project whose first open row (pending, retry_wait or failed) is pending: its
         first ``rows_per_project`` open rows, in (project, slot) order — projects after
-        ``after_project`` first, then wrapping around — at most ``max_rows`` in all."""
+        ``after_project`` first, then wrapping around — at most ``max_rows`` in all. When the
+        projects' full windows would exceed ``max_rows``, each gets an even share of it (at least
+        one row), so a capped pass still keeps every project moving."""
 
     def next_due_at(self) -> float | None:
         """The earliest next_attempt_at of a retry_wait row."""

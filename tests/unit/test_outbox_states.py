@@ -365,3 +365,16 @@ def test_retry_wait_goes_back_to_pending_when_due(rigs) -> None:
     assert rig.row(items[0].event_id).state is RowState.PENDING
     rig.publisher.run_pass()
     assert rig.row(items[0].event_id).state is RowState.PUBLISHED
+
+
+def test_a_pass_cut_short_by_the_cap_lets_the_next_projects_go_first(rigs) -> None:
+    rig = rigs(rows_per_pass=20, rows_per_project=1)
+    items = {f"proj-{n:02d}": drafts(f"proj-{n:02d}", 3) for n in range(30)}
+    for batch in items.values():
+        append_all(rig.store, batch)
+    assert rig.publisher.run_pass().sent == 20
+    assert rig.publisher.run_pass().sent == 20
+    # Projects 20-29 were not starved by 00-19, which still had rows.
+    for n in range(30):
+        first = rig.row(items[f"proj-{n:02d}"][0].event_id)
+        assert first.state is RowState.PUBLISHED, n

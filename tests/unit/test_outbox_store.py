@@ -264,3 +264,26 @@ def test_a_commit_wakes_a_waiting_publisher(tmp_path: Path) -> None:
     assert store.commits.generation == generation
     assert store.commits.wait(generation, 0.01) is False
     store.close()
+
+
+def test_a_capped_pass_shares_rows_evenly_and_rotates(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    for n in range(5):
+        with store.transaction() as unit:
+            unit.append(f"proj-{n:02d}", drafts(f"proj-{n:02d}", 10), tenant_id="t")
+    rows = store.sendable(10, 20, None)
+    by_project: dict[str, list[int]] = {}
+    for row in rows:
+        by_project.setdefault(row.project_id, []).append(row.slot)
+    assert by_project == {f"proj-{n:02d}": [1, 2, 3, 4] for n in range(5)}
+    assert len(store.sendable(10, 1000, None)) == 50
+
+    for n in range(5, 30):
+        with store.transaction() as unit:
+            unit.append(f"proj-{n:02d}", drafts(f"proj-{n:02d}", 2), tenant_id="t")
+    first = store.sendable(10, 20, None)
+    assert [(r.project_id, r.slot) for r in first] == [(f"proj-{n:02d}", 1) for n in range(20)]
+    after = store.sendable(10, 20, "proj-19")
+    expected = [f"proj-{n:02d}" for n in [*range(20, 30), *range(10)]]
+    assert [r.project_id for r in after] == expected
+    store.close()
