@@ -10,7 +10,7 @@ import redis
 
 from consumers.redis_conn import connect
 from consumers.runtime.controls import Controls, RedisAuditLog
-from consumers.runtime.dead_letter_ops import EventDeadLetterActions
+from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import KafkaRedisDeadLetters
 from consumers.runtime.kafka_transport import (
     KafkaOutput,
@@ -27,7 +27,7 @@ from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
-from streams.topology import group_id, redelivery_topic
+from streams.topology import group_id, queue_name, redelivery_topic
 
 
 def processor_for(
@@ -99,31 +99,35 @@ def controls(
     )
 
 
-def event_dead_letter_actions(
+def dead_letter_actions(
     settings: Settings, client: redis.Redis[bytes], clock: Clock
-) -> EventDeadLetterActions:
+) -> DeadLetterActions:
+    """Retry and dismiss for every dead letter: events back through their subscription's
+    redelivery topic, commands back to their origin queue."""
     producer = Producer(settings.kafka_config())
 
     def send(
         topic: str,
-        partition: int,
+        partition: int | None,
         key: bytes | None,
         value: bytes,
         headers: list[tuple[str, bytes]],
     ) -> None:
-        ensure_redelivery_topic(settings, topic)
+        if topic.startswith("rhumbatron_redelivery_"):
+            ensure_redelivery_topic(settings, topic)
         producer.produce(
             topic, value, key=key.decode() if key else None, headers=headers, partition=partition
         )
         producer.flush(settings.connect_timeout_s * 3)
 
     run_policy = policy(settings, "ledger")
-    return EventDeadLetterActions(
+    return DeadLetterActions(
         dead_letters(settings, client),
         clock,
         send,
         lambda slug: redelivery_topic(slug, settings.env),
         run_policy.redelivery_partition,
+        lambda purpose: queue_name(purpose, settings.env),
     )
 
 

@@ -15,7 +15,7 @@ from consumers.runtime.dead_letters import Status
 from consumers.subscriptions.ledger import read_ledger
 from router.runtime import (
     controls,
-    event_dead_letter_actions,
+    dead_letter_actions,
     open_subscription,
     processor_for,
     redis_client,
@@ -68,20 +68,20 @@ def dead_letters_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dead_letters_show(settings: Settings, args: argparse.Namespace) -> int:
-    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
     _print_json(actions.get(args.id).to_json())
     return 0
 
 
 def dead_letters_retry(settings: Settings, args: argparse.Namespace) -> int:
-    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
     letter = actions.retry(args.id, who=_who(args), why=args.reason or "operator retry")
     print(f"{letter.id}: {letter.status}; redelivered to {letter.subscription}")
     return 0
 
 
 def dead_letters_dismiss(settings: Settings, args: argparse.Namespace) -> int:
-    actions = event_dead_letter_actions(settings, redis_client(settings), SystemClock())
+    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
     letter = actions.dismiss(args.id, who=_who(args), why=args.reason)
     print(f"{letter.id}: {letter.status}")
     return 0

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import orjson
 
 from consumers.runtime.controls import Controls, MemoryAuditLog
-from consumers.runtime.dead_letter_ops import EventDeadLetterActions
+from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import MemoryDeadLetters
 from consumers.runtime.memory import (
     MemoryLog,
@@ -190,19 +190,24 @@ class World:
                 self.clock.advance(tick)
         raise AssertionError("runner did not settle")
 
-    def actions(self) -> EventDeadLetterActions:
+    def actions(self) -> DeadLetterActions:
         def send(
             topic: str,
-            partition: int,
+            partition: int | None,
             key: bytes | None,
             value: bytes,
             headers: list[tuple[str, bytes]],
         ) -> None:
-            self.log.append(topic, partition, value, key, tuple(headers))
+            self.log.append(topic, partition or 0, value, key, tuple(headers))
 
         policy = self.policy()
-        return EventDeadLetterActions(
-            self.dead, self.clock, send, lambda slug: REDELIVERY, policy.redelivery_partition
+        return DeadLetterActions(
+            self.dead,
+            self.clock,
+            send,
+            lambda slug: REDELIVERY,
+            policy.redelivery_partition,
+            lambda purpose: f"queue-{purpose}",
         )
 
     # -- reading effects ---------------------------------------------------------------------------

@@ -1,9 +1,15 @@
-"""Operator actions on event dead letters: retry (redeliver to that subscription alone, through its
-redelivery topic) and dismiss (close with a reason). Both are audited on the letter.
+"""Operator actions on every dead letter — event batches, poison records and commands — over the
+one dead-letter store: **retry** and **dismiss**, both audited on the letter (who, when, why).
 
-Retry sends first and records second: of two clicks both may send, but the subscription's claims
-apply the event once and only one click is recorded; a send that fails records nothing, so the
-operator can simply retry again. Commands extend this in the router (back to their origin queue).
+- Retry of an *event* dead letter re-delivers its events to that subscription alone, through the
+  subscription's redelivery topic (the partition that belongs to the events' origin partition).
+- Retry of a *command* dead letter sends the original command back to its origin queue, once.
+- A poison record (bytes that never decoded) cannot be retried, only dismissed.
+
+Retry is two-phase so a double click sends once and a failed send loses nothing: the letter moves
+open → retrying (check-and-set: one click wins, the other is refused), the record is sent and
+acknowledged, then retrying → retried. If the send fails the letter goes back to open and the
+error is raised; the operator can simply retry again.
 """
 
 from __future__ import annotations
@@ -16,8 +22,12 @@ from consumers.runtime.types import TP
 from streams.clock import Clock
 from streams.errors import RhumbatronError
 
-# (topic, partition, key, value, headers) -> None; must not return before the record is durable.
-SendFn = Callable[[str, int, bytes | None, bytes, list[tuple[str, bytes]]], None]
+# (topic, partition or None for the key's partition, key, value, headers) -> None; must not return
+# before the record is durable (acks=all).
+SendFn = Callable[[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]], None]
+
+# Headers the dead-letter path added; a retried record goes out without them.
+_DEAD_LETTER_HEADERS = ("dlq.", "rh.origin_", "rh.dead_letter", "rh.retry.", "rh.error")
 
 
 class DeadLetterActionRefused(RhumbatronError):
@@ -25,12 +35,13 @@ class DeadLetterActionRefused(RhumbatronError):
 
 
 @dataclass
-class EventDeadLetterActions:
+class DeadLetterActions:
     store: DeadLetterStore
     clock: Clock
     send: SendFn
     redelivery_topic: Callable[[str], str]  # subscription slug -> its redelivery topic
     redelivery_partition: Callable[[TP], int | None]
+    queue_topic: Callable[[str], str]  # queue purpose -> its topic
 
     def get(self, letter_id: str) -> DeadLetter:
         letter = self.store.get(letter_id)
@@ -44,10 +55,50 @@ class EventDeadLetterActions:
             raise DeadLetterActionRefused(
                 f"dead letter {letter_id} is {letter.status}, not open: it was already handled"
             )
-        if letter.kind == "command" or letter.subscription is None:
+        sends = self._plan(letter)
+        now = self.clock.now()
+        if not self.store.transition(letter_id, to=Status.RETRYING, who=who, why=why, now=now):
             raise DeadLetterActionRefused(
-                f"dead letter {letter_id} is a {letter.kind}; event retries need a subscription"
+                f"dead letter {letter_id} was already handled by someone else meanwhile"
             )
+        try:
+            for send in sends:
+                send()
+        except Exception as exc:
+            self.store.transition(
+                letter_id,
+                to=Status.OPEN,
+                who=who,
+                why=f"send failed: {type(exc).__name__}: {exc}",
+                now=self.clock.now(),
+                frm=Status.RETRYING,
+            )
+            raise DeadLetterActionRefused(
+                f"retry of {letter_id} could not be sent ({exc}); it is open again, retry later"
+            ) from exc
+        self.store.transition(
+            letter_id,
+            to=Status.RETRIED,
+            who=who,
+            why=why,
+            now=self.clock.now(),
+            frm=Status.RETRYING,
+        )
+        return self.get(letter_id)
+
+    def _plan(self, letter: DeadLetter) -> list[Callable[[], None]]:
+        if letter.kind == "poison":
+            raise DeadLetterActionRefused(
+                f"dead letter {letter.id} holds bytes that are not a valid event; it can only be "
+                "dismissed (fix the producer, then dismiss with a reason)"
+            )
+        if letter.kind == "command":
+            return self._plan_command(letter)
+        return self._plan_events(letter)
+
+    def _plan_events(self, letter: DeadLetter) -> list[Callable[[], None]]:
+        if letter.subscription is None:
+            raise DeadLetterActionRefused(f"dead letter {letter.id} names no subscription")
         origin = TP(letter.source_topic, letter.source_partition)
         partition = self.redelivery_partition(origin)
         if partition is None:
@@ -55,23 +106,38 @@ class EventDeadLetterActions:
                 f"{origin} is not one of the environment's streams; cannot redeliver"
             )
         topic = self.redelivery_topic(letter.subscription)
+        plan: list[Callable[[], None]] = []
         for entry in letter.entries:
             if entry.value is None:
                 continue
-            headers = [h for h in entry.headers if not h[0].startswith("rh.origin_")] + [
+            headers = _clean(entry.headers) + [
                 ("rh.origin_topic", origin.topic.encode()),
                 ("rh.origin_partition", str(origin.partition).encode()),
                 ("rh.origin_offset", str(entry.offset).encode()),
                 ("rh.dead_letter", letter.id.encode()),
             ]
-            self.send(topic, partition, entry.key, entry.value, headers)
-        if not self.store.transition(
-            letter_id, to=Status.RETRIED, who=who, why=why, now=self.clock.now()
-        ):
+            plan.append(self._sender(topic, partition, entry.key, entry.value, headers))
+        return plan
+
+    def _sender(
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> Callable[[], None]:
+        return lambda: self.send(topic, partition, key, value, headers)
+
+    def _plan_command(self, letter: DeadLetter) -> list[Callable[[], None]]:
+        entry = letter.entries[0] if letter.entries else None
+        if letter.origin_queue is None or entry is None or entry.value is None:
             raise DeadLetterActionRefused(
-                f"dead letter {letter_id} was handled by someone else meanwhile"
+                f"dead letter {letter.id} lacks its origin queue or the command bytes"
             )
-        return self.get(letter_id)
+        topic = self.queue_topic(letter.origin_queue)
+        headers = _clean(entry.headers) + [("rh.dead_letter", letter.id.encode())]
+        return [self._sender(topic, None, entry.key, entry.value, headers)]
 
     def dismiss(self, letter_id: str, *, who: str, why: str) -> DeadLetter:
         if not why.strip():
@@ -82,3 +148,7 @@ class EventDeadLetterActions:
         ):
             raise DeadLetterActionRefused(f"dead letter {letter_id} is {letter.status}, not open")
         return self.get(letter_id)
+
+
+def _clean(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    return [h for h in headers if not h[0].startswith(_DEAD_LETTER_HEADERS)]

@@ -29,6 +29,7 @@ from streams.producer import Producer
 
 class Status:
     OPEN = "open"
+    RETRYING = "retrying"  # an operator's retry is being sent; back to open if the send fails
     RETRIED = "retried"
     DISMISSED = "dismissed"
 
@@ -138,8 +139,11 @@ class DeadLetterStore(Protocol):
 
     def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]: ...
 
-    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
-        """open → ``to``, audited; False (and nothing changes) unless the letter is open."""
+    def transition(
+        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+    ) -> bool:
+        """``frm`` → ``to``, audited; False (and nothing changes) unless the letter is in
+        ``frm``. Check-and-set: of two concurrent callers one wins."""
 
 
 class MemoryDeadLetters:
@@ -165,10 +169,12 @@ class MemoryDeadLetters:
         out = [d for d in self.letters.values() if status is None or d.status == status]
         return sorted(out, key=lambda d: d.created_at)[:limit]
 
-    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
+    def transition(
+        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+    ) -> bool:
         with self._lock:
             letter = self.letters.get(letter_id)
-            if letter is None or letter.status != Status.OPEN:
+            if letter is None or letter.status != frm:
                 return False
             letter.status = to
             letter.audit.append({"action": to, "who": who, "why": why, "at": format_time(now)})
@@ -244,7 +250,9 @@ class KafkaRedisDeadLetters:
                             return out
         return out
 
-    def transition(self, letter_id: str, *, to: str, who: str, why: str, now: datetime) -> bool:
+    def transition(
+        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+    ) -> bool:
         key = self._record_key(letter_id)
         with self.client.pipeline(transaction=True) as pipe:
             while True:
@@ -254,7 +262,7 @@ class KafkaRedisDeadLetters:
                     if not raw:
                         return False
                     letter = DeadLetter.from_json(orjson.loads(raw))
-                    if letter.status != Status.OPEN:
+                    if letter.status != frm:
                         return False
                     letter.status = to
                     letter.audit.append(

@@ -397,3 +397,64 @@ def test_applied_beyond_events_are_not_refolded_after_a_failure_retry() -> None:
         Counter.failing = set()
     assert world.states() == {p: {"count": 3, "seen": [1, 2, 3]} for p in PROJECTS}
     assert len(world.out_records()) == len(evs)
+
+
+def test_a_command_dead_letter_goes_back_to_its_origin_queue_once() -> None:
+    from consumers.runtime.dead_letters import DeadLetter, Entry, command_letter_id
+
+    world = World()
+    world.log.create("queue-integration", 1)
+    letter = DeadLetter(
+        id=command_letter_id("cmd_x"),
+        kind="command",
+        source_topic="rhumbatron-dead-letter-t",
+        source_partition=0,
+        error="boom",
+        error_type="RuntimeError",
+        attempts=4,
+        created_at="2026-01-01T00:00:00.000Z",
+        entries=[
+            Entry(
+                offset=3,
+                value=b'{"commandId":"cmd_x"}',
+                key=b"p1",
+                headers=[("dlq.reason", b"boom"), ("command_id", b"cmd_x")],
+            )
+        ],
+        origin_queue="integration",
+        command_id="cmd_x",
+    )
+    world.dead.write([letter])
+    actions = world.actions()
+    actions.retry(letter.id, who="oncall", why="fixed")
+    with pytest.raises(Exception, match="already handled"):
+        actions.retry(letter.id, who="oncall", why="double click")
+    (sent,) = world.log.all("queue-integration")
+    assert sent.value == b'{"commandId":"cmd_x"}'
+    assert dict(sent.headers) == {"command_id": b"cmd_x", "rh.dead_letter": letter.id.encode()}
+    assert [a["action"] for a in world.dead.get(letter.id).audit] == ["retrying", "retried"]  # type: ignore[union-attr]
+
+
+def test_a_retry_whose_send_fails_leaves_the_letter_open() -> None:
+    world = World()
+    world.publish(event("alpha", 1, fail=True))
+    world.drain(world.runner())
+    letter = world.dead.list()[0]
+    actions = world.actions()
+
+    def broken(*args: object) -> None:
+        raise ConnectionError("broker down")
+
+    actions.send = broken
+    with pytest.raises(Exception, match="open again"):
+        actions.retry(letter.id, who="oncall", why="try")
+    assert world.dead.get(letter.id).status == Status.OPEN  # type: ignore[union-attr]
+
+
+def test_poison_can_only_be_dismissed() -> None:
+    world = World()
+    world.publish_raw(world.tp_of("alpha"), b"garbage")
+    world.drain(world.runner())
+    letter = world.dead.list()[0]
+    with pytest.raises(Exception, match="only be dismissed"):
+        world.actions().retry(letter.id, who="oncall", why="x")
