@@ -35,7 +35,14 @@ def _audit_archiver(settings: Settings, client: redis.Redis[bytes], clock: Clock
     return build_archiver(settings, client, clock)
 
 
+def _causal_router(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> Processor:
+    from router.causal_router import build
+
+    return build(settings, client, clock)
+
+
 BUILDERS: dict[str, Builder] = {
+    "causal-router": _causal_router,
     "audit-archiver": _audit_archiver,
     "ledger": _ledger,
     "project-view-projector": _project_view,
