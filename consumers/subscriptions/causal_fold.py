@@ -29,20 +29,33 @@ Resources declared by an agent with no task in flight are checked for overlap bu
 Bad input: a consumed event whose payload does not fit the catalog (DESIGN.md §13) raises
 :class:`RouterInputError` naming the event, the field and the value. The runtime counts it as a
 failing event, retries it and dead-letters it after the fifth failure, so an operator sees the
-reason, and the graph is never built from a guess (the event is not folded). The fold is bounded:
-finished changes and retired candidates beyond ``history`` are forgotten, together with the tasks
-and candidates that belong only to them.
+reason, and the graph is never built from a guess (the event is not folded).
+
+Size: finished changes and retired candidates beyond ``history`` are forgotten, together with the
+tasks and candidates that belong only to them. A change that never finishes (no candidate of it is
+ever promoted) stays in its project's fold with its tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from consumers.runtime.types import JSON
+from consumers.subscriptions.causal_payload import (
+    RouterInputError,
+    event_ms,
+    need_change,
+    need_flag,
+    need_generation,
+    need_task,
+    need_text,
+    optional_text,
+    resources,
+    task_ids,
+)
 from streams.envelopes import Event
 
 CREATED, WAITING, READY, STARTED = "created", "waiting", "ready", "started"
@@ -61,19 +74,6 @@ AGENT_SLOT_FREED = "agent-slot-freed"
 DECLARING = frozenset(
     {"intent.declared", "challenge.raised", "changeset.proposed", "claim.acquired"}
 )
-
-
-class RouterInputError(ValueError):
-    """A consumed event the router cannot fold: names the event, the field and what was there."""
-
-    def __init__(self, event: Event, field: str, value: object, expected: str) -> None:
-        shown = repr(value)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        super().__init__(
-            f"{event.event_type} {event.event_id}: {field} = {shown}: expected {expected} "
-            "(DESIGN.md §13); the event is not folded"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,83 +105,6 @@ def fold_event(state: JSON | None, event: Event, limits: FoldLimits) -> JSON:
     if folder is not None:
         folder(s, event, limits)
     return s
-
-
-# -- payload fields ----------------------------------------------------------------------------
-def _ms(event: Event) -> int:
-    return int(event.timestamp.timestamp() * 1000)
-
-
-def need_change(event: Event) -> str:
-    if event.change_id is None:
-        raise RouterInputError(event, "changeId", None, "the change the task belongs to")
-    return event.change_id
-
-
-def need_task(event: Event) -> str:
-    if event.task_id is None:
-        raise RouterInputError(event, "taskId", None, "the task's id")
-    return event.task_id
-
-
-def need_text(event: Event, name: str) -> str:
-    value = event.payload.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise RouterInputError(event, f"payload.{name}", value, "a non-empty string")
-    return value
-
-
-def optional_text(event: Event, name: str) -> str | None:
-    if event.payload.get(name) is None:
-        return None
-    return need_text(event, name)
-
-
-def need_generation(event: Event) -> int:
-    value = event.payload.get("generation", event.canonical_generation)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RouterInputError(event, "payload.generation", value, "an integer >= 0")
-    return value
-
-
-def need_flag(event: Event, name: str) -> bool:
-    value = event.payload.get(name)
-    if not isinstance(value, bool):
-        raise RouterInputError(event, f"payload.{name}", value, "true or false")
-    return value
-
-
-def task_ids(event: Event, name: str) -> list[str]:
-    value = event.payload.get(name, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise RouterInputError(event, f"payload.{name}", value, "a list of task ids")
-    return sorted(set(value))
-
-
-def normalize_path(path: str) -> str:
-    """Paths compare without trailing slashes: ``src/`` and ``src`` name the same directory."""
-    return path.rstrip("/") or "/"
-
-
-def resources(event: Event, limits: FoldLimits, *, required: bool) -> list[str]:
-    """The payload's ``resources`` (or the envelope's single ``resource``), normalized."""
-    value: Any = event.payload.get("resources")
-    if value is None and event.resource is not None:
-        value = [event.resource]
-    if value is None and not required:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise RouterInputError(event, "payload.resources", value, "a list of resource paths")
-    if required and not value:
-        raise RouterInputError(event, "payload.resources", value, "at least one resource path")
-    if len(value) > limits.max_resources:
-        raise RouterInputError(
-            event,
-            "payload.resources",
-            f"{len(value)} paths",
-            f"at most {limits.max_resources} (router_max_resources_per_event)",
-        )
-    return sorted({normalize_path(v) for v in value})
 
 
 # -- graph helpers -----------------------------------------------------------------------------
@@ -261,7 +184,7 @@ def _task_created(s: JSON, event: Event, limits: FoldLimits) -> None:
         raise RouterInputError(
             event, "payload.dependsOn", deps, "a list not naming the task itself"
         )
-    paths = resources(event, limits, required=False)
+    paths = resources(event, required=False, max_resources=limits.max_resources)
     task = task_of(s, change, name)
     task["deps"], task["resources"] = deps, paths
 
@@ -323,7 +246,7 @@ def _task_blocked(s: JSON, event: Event, limits: FoldLimits) -> None:
 
 def _declared(s: JSON, event: Event, limits: FoldLimits) -> None:
     agent = need_text(event, "agentId")
-    paths = resources(event, limits, required=True)
+    paths = resources(event, required=True, max_resources=limits.max_resources)
     entry = s["agents"].get(agent)
     if entry is not None:
         entry["resources"] = sorted(set(entry["resources"]) | set(paths))
@@ -331,7 +254,7 @@ def _declared(s: JSON, event: Event, limits: FoldLimits) -> None:
 
 def _released(s: JSON, event: Event, limits: FoldLimits) -> None:
     agent = need_text(event, "agentId")
-    paths = resources(event, limits, required=True)
+    paths = resources(event, required=True, max_resources=limits.max_resources)
     entry = s["agents"].get(agent)
     if entry is not None:
         entry["resources"] = sorted(set(entry["resources"]) - set(paths))
@@ -349,7 +272,7 @@ def _candidate(s: JSON, event: Event, status: str) -> JSON:
                 else s["generation"]
             ),
             "status": status,
-            "at": _ms(event),
+            "at": event_ms(event),
             "by": None,
         }
         s["candidates"][name] = found
@@ -366,7 +289,7 @@ def _retire(s: JSON, event: Event, name: str, status: str) -> None:
         return  # retired already (e.g. the router's own candidate.stale coming back)
     candidate["status"] = status
     s["retiredSeq"] += 1
-    s["retired"].append([s["retiredSeq"], _ms(event), name])
+    s["retired"].append([s["retiredSeq"], event_ms(event), name])
 
 
 def _verification_started(s: JSON, event: Event, limits: FoldLimits) -> None:
@@ -399,16 +322,16 @@ def _artifact_promoted(s: JSON, event: Event, limits: FoldLimits) -> None:
         return
     entry = change_of(s, change)
     if entry["finishedAt"] is None:
-        entry["finishedAt"] = _ms(event)
+        entry["finishedAt"] = event_ms(event)
         s["finishedSeq"] += 1
-        s["finished"].append([s["finishedSeq"], _ms(event), change])
+        s["finished"].append([s["finishedSeq"], event_ms(event), change])
     _prune(s, event, limits.history)
 
 
 def _canonical_advanced(s: JSON, event: Event, limits: FoldLimits) -> None:
     generation = need_generation(event)
     if generation > s["generation"]:
-        s["generation"], s["generationAt"] = generation, _ms(event)
+        s["generation"], s["generationAt"] = generation, event_ms(event)
     for name in sorted(s["candidates"]):
         candidate = s["candidates"][name]
         if candidate["status"] in CANDIDATE_OPEN and candidate["generation"] < generation:

@@ -70,10 +70,8 @@ from consumers.subscriptions.causal_fold import (
     FoldLimits,
     active_agents,
     fold_event,
-    need_generation,
-    need_text,
-    resources,
 )
+from consumers.subscriptions.causal_payload import need_generation, need_text, resources
 from streams.clock import Clock
 from streams.envelopes import Event
 from streams.ids import stable_event_id
@@ -221,7 +219,7 @@ class CausalRouter(BaseProcessor):
 
     def _overlaps(self, event: Event, state: JSON, ops: list[RedisOp]) -> Iterator[Planned]:
         declaring = need_text(event, "agentId")
-        declared = resources(event, self.config.limits, required=True)
+        declared = resources(event, required=True, max_resources=self.config.limits.max_resources)
         for agent in active_agents(state):
             if agent == declaring:
                 continue

@@ -15,7 +15,8 @@ import pytest
 
 from consumers.subscriptions.causal_budget import MemoryCommandBudget
 from consumers.subscriptions.causal_classifier import Answer
-from consumers.subscriptions.causal_fold import DECLARING, RouterInputError, empty_state
+from consumers.subscriptions.causal_fold import DECLARING, empty_state
+from consumers.subscriptions.causal_payload import RouterInputError
 from consumers.subscriptions.causal_router import CausalRouter
 from router.settings import Settings
 from streams.envelopes import Event, decode_command, decode_event
