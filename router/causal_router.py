@@ -4,7 +4,8 @@ that live and die with its consume process.
 The router's consume process (``rhumbatron consume --subscription causal-router``) runs two
 threads besides the consume loop, started when the processor is built and stopped at exit:
 
-- the **publisher** of the router's outbox (``router_outbox_path``): it sends the events the router
+- the **publisher** of the router's outbox (``router_outbox_path``, by default
+  ``.local/router-outbox-<env>.sqlite``): it sends the events the router
   decided (``candidate.stale``) to the streams. Router processes on one host share the file; the
   outbox's publisher lease lets one of them publish at a time (a kernel lock, freed however its
   holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
@@ -79,9 +80,18 @@ def classifier(settings: Settings) -> Classifier:
     return HeuristicClassifier()
 
 
+def router_outbox_path(settings: Settings) -> Path:
+    """One outbox per environment: its rows carry no environment, and the publisher sends each to
+    the stream of its project in the publishing process's environment."""
+    if settings.router_outbox_path:
+        return Path(settings.router_outbox_path)
+    return Path(".local") / f"router-outbox-{settings.env}.sqlite"
+
+
 def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:
-    Path(settings.router_outbox_path).parent.mkdir(parents=True, exist_ok=True)
-    return open_outbox(settings, settings.router_outbox_path, create=True, clock=clock)
+    path = router_outbox_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open_outbox(settings, path, create=True, clock=clock)
 
 
 def build_router(

@@ -178,10 +178,11 @@ class Settings(BaseSettings):
     command_ttl_s: float = Field(
         3600.0, gt=0, description="validity of a router command: deadline = created_at + this"
     )
-    router_outbox_path: str = Field(
-        ".local/router-outbox.sqlite",
+    router_outbox_path: str | None = Field(
+        None,
         description="the router's own outbox (candidate.stale events), published by a thread of "
-        "its consume process; processes on one host may share it",
+        "its consume process; processes on one host may share it. Default: "
+        ".local/router-outbox-<env>.sqlite (one per environment: rows do not name their env)",
     )
     router_fold_history: int = Field(
         50, ge=1, description="finished changes and retired candidates one project's fold keeps"
