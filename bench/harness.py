@@ -42,6 +42,7 @@ CASE_MODULES = (
     "bench.runtime_cases",
     "bench.projector_cases",
     "bench.archive_cases",
+    "bench.router_cases",
 )
 
 
