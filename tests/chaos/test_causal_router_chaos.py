@@ -1,6 +1,7 @@
 """SIGKILL of a ``rhumbatron consume --subscription causal-router`` process around its Kafka
-transaction, then a restart: the commands on the queues are exactly the expected set, each id
-once for read_committed readers, and the router's own events reached the streams."""
+transaction, then a restart, with every event published twice: the commands on the queues are
+exactly the expected set, each id once for read_committed readers, and the router's own events
+reached the streams."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_sigkill_around_the_transaction_leaves_exactly_the_expected_commands(
         "index.build": 2 * len(PROJECTS),
     }
     cli(s, "provision")
-    publish(s, events)
+    publish(s, [e for e in events for _ in (1, 2)])  # every event twice, the copy right behind
     victim = _consume(s, 30, RHUMBATRON_FAILPOINTS=failpoint)
     _, err = victim.communicate(timeout=180)
     assert victim.returncode == -signal.SIGKILL, err[-3000:]
@@ -104,7 +105,9 @@ def test_sigkill_around_the_transaction_leaves_exactly_the_expected_commands(
     # (At least once: a publisher killed between Kafka's ack and marking the row re-sends it.)
     stale = {
         e.event_id: e
-        for e in events_of(read_all(s.kafka_bootstrap, streams, expect=len(events) + len(PROJECTS)))
+        for e in events_of(
+            read_all(s.kafka_bootstrap, streams, expect=2 * len(events) + len(PROJECTS))
+        )
         if e.event_type == "candidate.stale"
     }
     assert sorted(e.payload["candidateId"] for e in stale.values()) == sorted(
