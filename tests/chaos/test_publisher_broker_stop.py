@@ -1,9 +1,14 @@
-"""The broker stopped in the middle of publishing and started again (a private broker, so no
-other test is disturbed): rows wait in retry_wait during the outage, nothing fails, no row uses
-an attempt, and afterwards everything has arrived, in slot order per project."""
+"""The broker stopped in the middle of publishing and started again, or frozen (SIGSTOP) with
+requests in flight and thawed (a private broker, so no other test is disturbed): rows wait in
+retry_wait during the outage, nothing fails, no row uses an attempt, and afterwards everything
+has arrived, in slot order per project. A frozen broker still writes the requests it had
+received once thawed, after the publisher gave up on them: those come back as duplicates,
+never ahead of an earlier slot."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -26,9 +31,14 @@ pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 PROJECTS, EVENTS = 100, 12_000
 
 
+def _broker_pid(services: PrivateServices) -> int:
+    return int((services.dir / "kafka" / "single" / "kafka.pid").read_text())
+
+
+@pytest.mark.parametrize("outage", ["stop", "freeze"])
 @pytest.mark.parametrize("ordering", ["serial", "pipelined"])
 def test_a_broker_outage_mid_publish_fails_nothing_and_loses_nothing(
-    ordering: str, tmp_path: Path
+    ordering: str, outage: str, tmp_path: Path
 ) -> None:
     with PrivateServices(redis=False) as services:
         s = make_settings(
@@ -62,7 +72,10 @@ def test_a_broker_outage_mid_publish_fails_nothing_and_loses_nothing(
             while store.counts()[RowState.PUBLISHED] < EVENTS // 5:
                 assert thread.is_alive(), result
                 time.sleep(0.05)
-            services.kafka_stop()
+            if outage == "stop":
+                services.kafka_stop()
+            else:
+                os.kill(_broker_pid(services), signal.SIGSTOP)
             waiting_seen = 0
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:
@@ -72,10 +85,15 @@ def test_a_broker_outage_mid_publish_fails_nothing_and_loses_nothing(
                 time.sleep(0.2)
             assert counts[RowState.PUBLISHED] < EVENTS  # the outage really interrupted it
             assert waiting_seen > 0  # rows waited in retry_wait during the outage
-            services.kafka_start()
+            if outage == "stop":
+                services.kafka_start()
+            else:
+                os.kill(_broker_pid(services), signal.SIGCONT)
             thread.join(300)
             assert not thread.is_alive(), "the publisher did not finish after the broker returned"
         finally:
+            if outage == "freeze":
+                os.kill(_broker_pid(services), signal.SIGCONT)  # never leave it frozen
             if thread.is_alive():
                 thread.join(300)
             publisher.close()
