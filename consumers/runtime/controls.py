@@ -181,6 +181,32 @@ class Controls:
         )
         return len(states)
 
+    def first_fold(self, tp: TP, *, epoch: int | None = None) -> int:
+        """A new subscription's first fold when the stream no longer starts at 0: fold the
+        history the stream lost from the archive (no effects: it is history), and set the cursor
+        just before the stream's first retained offset. Returns the number of projects folded."""
+        progress = self.store.load(tp)
+        start = self.reader.log_start(tp)
+        if progress.acked_through >= 0 or start == 0:
+            return 0
+        new = Progress.from_fields(progress.as_fields())
+        new.acked_through = start - 1
+        new.reduced_through = start - 1
+        new.reducer_version = self.processor.reducer_version
+        states = self.fold(tp, new, start - 1)
+        self.store.replace_fold(
+            tp, epoch, (progress.acked_through, progress.cursor_revision), new, states
+        )
+        self._audit(
+            "first_fold",
+            tp,
+            "runtime",
+            "new fold; stream starts past its history",
+            through=start - 1,
+            projects=len(states),
+        )
+        return len(states)
+
     def reprocess_from(
         self, tp: TP, offset: int, expected_revision: int, *, who: str, why: str
     ) -> Progress:

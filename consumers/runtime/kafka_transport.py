@@ -181,6 +181,15 @@ class KafkaTransport:
             return -1
         return int(high) if high is not None and high >= 0 else -1
 
+    def log_start(self, tp: TP) -> int:
+        try:
+            low, _ = self.consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
+            )
+        except KafkaException:
+            return 0
+        return int(low) if low is not None and low >= 0 else 0
+
     def group_metadata(self) -> Any:
         return self.consumer.consumer_group_metadata()
 

@@ -83,6 +83,9 @@ class MemoryTransport:
         self._pending_assign: list[TP] = []
         self._pending_revoke: list[TP] = []
         self.closed = False
+        # Simulated retention: offsets below this are gone from the stream (share the dict with
+        # a MemoryReader to keep both views consistent).
+        self.retention_start: dict[TP, int] = {}
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -159,6 +162,9 @@ class MemoryTransport:
 
     def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
         return self.log.end(tp)
+
+    def log_start(self, tp: TP) -> int:
+        return self.retention_start.get(tp, 0)
 
     def group_metadata(self) -> Any:
         return self.group

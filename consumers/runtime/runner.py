@@ -124,6 +124,13 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 and progress.acked_through >= 0
                 and progress.reducer_version != self.processor.reducer_version
             )
+            # A new fold over a stream whose start is gone: fold the history from the archive
+            # first (no effects), then continue from the stream.
+            part.needs_first_fold = bool(
+                self.processor.reducer_version
+                and progress.acked_through < 0
+                and self.transport.log_start(tp) > 0
+            )
             part.redelivery = self.policy.redelivery_partition(tp)
             self.parts[tp] = part
             starts[tp] = progress.acked_through + 1 if progress.acked_through >= 0 else None
@@ -177,7 +184,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             part = self.parts.get(origin)
             if part is None or part.retry_at is not None:
                 continue  # not ours any more, or waiting for its retry: it will come again
-            if part.needs_recovery or part.needs_refold:
+            if part.needs_recovery or part.needs_refold or part.needs_first_fold:
                 self._defer(part)
                 continue
             by_tp.setdefault(origin, []).append(record)

@@ -73,6 +73,7 @@ class PartitionState:
     retry_from: int | None = None
     needs_recovery: bool = False
     needs_refold: bool = False
+    needs_first_fold: bool = False
     redelivery: int | None = None
     open_part: OpenPart | None = None  # files processors: the part being filled
 

@@ -75,6 +75,17 @@ class TransactionMixin(RunnerBase):
             part.needs_refold = False
             part.progress = self.store.load(part.tp)
             part.states.clear()
+        for part in [p for p in self.parts.values() if p.needs_first_fold]:
+            if self.controls is None:
+                raise RuntimeError(
+                    f"{self.processor.slug}: {part.tp} starts past its history and there are "
+                    "no controls to fold it from the archive"
+                )
+            self.controls.first_fold(part.tp, epoch=part.epoch)
+            part.needs_first_fold = False
+            part.progress = self.store.load(part.tp)
+            part.states.clear()
+            self.transport.seek(part.tp, part.progress.acked_through + 1)
 
     def _recover_pending(self) -> None:
         """Finish Kafka effects a crash or an aborted transaction left pending."""

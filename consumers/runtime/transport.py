@@ -53,6 +53,9 @@ class Transport(Protocol):
         """End offset of the partition; -1 when unknown. ``cached`` may answer from the last
         fetch instead of asking the broker."""
 
+    def log_start(self, tp: TP) -> int:
+        """The partition's first retained offset (0 until retention deleted something)."""
+
     def group_metadata(self) -> Any: ...
 
     def close(self) -> None: ...

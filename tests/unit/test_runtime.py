@@ -458,3 +458,35 @@ def test_poison_can_only_be_dismissed() -> None:
     letter = world.dead.list()[0]
     with pytest.raises(Exception, match="only be dismissed"):
         world.actions().retry(letter.id, who="oncall", why="x")
+
+
+def test_a_new_fold_starts_from_the_archive_when_the_stream_lost_its_history() -> None:
+    from consumers.runtime.controls import Controls
+    from consumers.runtime.memory import MemoryReader, MemoryTransport
+
+    world = World()
+    for n in range(1, 7):
+        world.publish(event("alpha", n))
+    tp = world.tp_of("alpha")
+    stream = MemoryReader(world.log)
+    stream.start[tp] = 3  # retention deleted offsets 0..2 from the stream
+    archive = MemoryReader(world.log)  # the archive still holds everything
+    controls = Controls(
+        Counter(),
+        world.store,
+        stream,
+        world.audit,
+        world.dead,
+        world.clock,
+        1 << 20,
+        archive=archive,
+    )
+    runner = world.runner(Counter())
+    runner.controls = controls
+    transport = runner.transport
+    assert isinstance(transport, MemoryTransport)
+    transport.retention_start[tp] = 3
+    world.drain(runner)
+    assert world.states()["alpha"] == {"count": 6, "seen": [1, 2, 3, 4, 5, 6]}  # history folded
+    assert sorted(r["n"] for r in world.out_records()) == [4, 5, 6]  # effects only for the stream
+    assert any(e["action"] == "first_fold" for e in world.audit.entries())
