@@ -8,7 +8,14 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from router import archive_cli, commands, outbox_cli, runtime_cli, view_cli
+from router import (
+    archive_cli,
+    commands,
+    outbox_cli,
+    runtime_cli,
+    view_cli,
+    workers_cli,
+)
 from router.settings import Settings
 from streams.errors import RhumbatronError
 
@@ -20,6 +27,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     runtime_cli.register,
     outbox_cli.register,
     view_cli.register,
+    workers_cli.register,
 )
 
 

@@ -213,6 +213,27 @@ class Settings(BaseSettings):
     queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
     max_command_deliveries: int = 4
 
+    # -- command workers --
+    worker_poll_interval_s: float = Field(
+        0.5, gt=0, description="longest a command worker waits in one poll when nothing is due"
+    )
+    command_dedupe_margin_ms: int = Field(
+        DAY_MS,
+        ge=0,
+        description="a completed command id is remembered for the queue retention plus this",
+    )
+    command_error_max_bytes: int = Field(
+        1000, ge=64, description="longest error text carried in a retry or dead-letter header"
+    )
+    workflow_instance_ttl_s: int = Field(
+        30 * 86_400, ge=60, description="how long the workflow-instance registry keeps an instance"
+    )
+    dead_letter_tenant_id: str = Field(
+        "tenant-default",
+        description="tenant of the task.blocked / task.failed events the dead-letter consumer "
+        "writes when the command's payload names no tenantId (commands carry no tenant)",
+    )
+
     # -- feed pump (DESIGN.md §6) ------------------------------------------------------------
     pump_batch_max_events: int = 100
     pump_batch_max_bytes: int = 1024 * 1024

@@ -1,0 +1,23 @@
+"""Command queues: the worker runtime teams write queue consumers with, helpers for the known
+consumers (indexer, workflow starts, agent wakes), and the dead-letter consumer. See
+docs/queues.md for the design and why retry topics with a due time were chosen over share
+groups."""
+
+from router.workers.model import (
+    CommandContext,
+    CommandHandler,
+    MoreWork,
+    QueueHandler,
+    WorkerPolicy,
+)
+from router.workers.worker import Worker, WorkerStats
+
+__all__ = [
+    "CommandContext",
+    "CommandHandler",
+    "MoreWork",
+    "QueueHandler",
+    "Worker",
+    "WorkerPolicy",
+    "WorkerStats",
+]

@@ -1,0 +1,211 @@
+"""The dead-letter consumer: reads ``rhumbatron-dead-letter-<env>`` (batch 5, 5 retries, 60 s
+delay from ``settings.queues["dead-letter"]``) on the worker runtime and, for each dead-lettered
+command:
+
+1. writes a record in the runtime's one dead-letter store (kind ``command``, origin queue, the
+   original command bytes and headers, error, attempts), idempotent on ``command_id``;
+2. when the command names a change and a task, records the task as blocked and failed —
+   ``task.blocked`` (``blockedLimit: "dead_letter"``, ``commandId``) and ``task.failed`` — as
+   events appended to the **router's outbox**, with stable event ids, so a redelivered dead
+   letter appends nothing new (the outbox ignores a repeated id); the router's publisher (in the
+   router's consume process, and in this process too — the outbox lease lets one publish) sends
+   them to the streams.
+
+It never re-sends a command: only the operator's retry or dismiss acts on a letter. A command the
+operator retried that fails again arrives carrying ``rh.dead_letter`` = its letter's id: the
+letter (then *retried*) is re-opened, audited, and the task events are written again under keys
+of that retry round. A record that is not a command is recorded as a *poison* letter (dismiss
+only). A record this consumer cannot process after its retries is dropped and logged loudly with
+its coordinates (the worker's rule for a queue without a dead-letter queue).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from consumers.runtime.dead_letters import (
+    DeadLetter,
+    DeadLetterStore,
+    Entry,
+    Status,
+    batch_letter_id,
+    command_letter_id,
+)
+from consumers.runtime.types import Record
+from router.workers.model import (
+    ATTEMPTS,
+    ERROR,
+    ERROR_TYPE,
+    OPERATOR_RETRY,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+    REASON,
+    CommandContext,
+    QueueHandler,
+    header_int,
+    header_text,
+)
+from streams.clock import Clock
+from streams.envelopes import Command, format_time
+from streams.ids import stable_event_id
+from streams.outbox.store import OutboxStore
+from streams.workload import Draft
+
+log = logging.getLogger("rhumbatron.dead_letter_consumer")
+
+ACTOR = "service:dead-letter-consumer"
+BLOCKED_LIMIT = "dead_letter"
+
+
+class LetterBeingRetried(Exception):
+    """The letter is mid-retry (an operator's send in flight): try this record again later."""
+
+
+class DeadLetterRecorder(QueueHandler):
+    name: ClassVar[str] = "dead-letter-consumer"
+    check_deadline: ClassVar[bool] = False  # an expired command is exactly what arrives here
+    dedupe: ClassVar[bool] = False  # idempotent through the store and the outbox instead
+
+    def __init__(
+        self, store: DeadLetterStore, outbox: OutboxStore, clock: Clock, *, default_tenant: str
+    ) -> None:
+        self.store = store
+        self.outbox = outbox
+        self.clock = clock
+        self.default_tenant = default_tenant
+
+    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+        record = ctx.record
+        letter_id = command_letter_id(command.command_id)
+        existing = self.store.get(letter_id)
+        outcome = "recorded"
+        if existing is None:
+            self.store.write([self._letter(letter_id, command, record)])
+        elif existing.status == Status.RETRYING:
+            raise LetterBeingRetried(
+                f"dead letter {letter_id} of {command.command_id} is being retried by an "
+                "operator right now; this record is read again after the queue's delay"
+            )
+        elif existing.status == Status.RETRIED and header_text(record, OPERATOR_RETRY) == letter_id:
+            error = header_text(record, ERROR) or "?"
+            self.store.transition(
+                letter_id,
+                to=Status.OPEN,
+                frm=Status.RETRIED,
+                who=ACTOR,
+                why=f"failed again after the operator's retry: {error}",
+                now=self.clock.now(),
+            )
+            outcome = "reopened"
+        else:
+            outcome = "duplicate"
+        # Round 0 is the first dead letter; a command back from the operator's n-th retry writes
+        # its task events under round n, so each round blocks the task once.
+        round_no = 0
+        if header_text(record, OPERATOR_RETRY) == letter_id:
+            current = self.store.get(letter_id)
+            audit = current.audit if current else []
+            round_no = sum(1 for a in audit if a["action"] == Status.RETRIED)
+        self._task_events(command, record, round_no)
+        return outcome
+
+    def on_undecodable(self, record: Record, error: Exception) -> bool:
+        origin_topic = header_text(record, ORIGIN_TOPIC) or record.topic
+        origin_partition = header_int(record, ORIGIN_PARTITION, record.partition)
+        origin_offset = header_int(record, ORIGIN_OFFSET, record.offset)
+        letter = DeadLetter(
+            id=batch_letter_id("commands", origin_topic, origin_partition, origin_offset, "poison"),
+            kind="poison",
+            source_topic=origin_topic,
+            source_partition=origin_partition,
+            error=f"not a command: {error}",
+            error_type=type(error).__name__,
+            attempts=header_int(record, ATTEMPTS, 1),
+            created_at=format_time(self.clock.now()),
+            entries=[Entry(origin_offset, record.value, record.key, list(record.headers))],
+            origin_queue=header_text(record, ORIGIN_QUEUE),
+        )
+        self.store.write([letter])
+        log.warning("dead-letter queue: %s recorded as poison letter %s", error, letter.id)
+        return True
+
+    # -- the record ----------------------------------------------------------------------------
+    def _letter(self, letter_id: str, command: Command, record: Record) -> DeadLetter:
+        origin_queue = header_text(record, ORIGIN_QUEUE)
+        if origin_queue is None:
+            raise ValueError(
+                f"dead-letter record {record.topic}[{record.partition}]@{record.offset} of "
+                f"{command.command_id} has no {ORIGIN_QUEUE} header: its origin queue is unknown"
+            )
+        reason = header_text(record, REASON) or "failed"
+        error = header_text(record, ERROR) or "(no error recorded)"
+        return DeadLetter(
+            id=letter_id,
+            kind="command",
+            source_topic=header_text(record, ORIGIN_TOPIC) or record.topic,
+            source_partition=header_int(record, ORIGIN_PARTITION, record.partition),
+            error=f"{reason}: {error}",
+            error_type=header_text(record, ERROR_TYPE) or reason,
+            attempts=header_int(record, ATTEMPTS, 1),
+            created_at=format_time(self.clock.now()),
+            entries=[
+                Entry(
+                    offset=header_int(record, ORIGIN_OFFSET, record.offset),
+                    value=record.value,
+                    key=record.key,
+                    headers=list(record.headers),
+                    project_id=command.project_id,
+                )
+            ],
+            origin_queue=origin_queue,
+            command_id=command.command_id,
+        )
+
+    def _task_events(self, command: Command, record: Record, round_no: int) -> None:
+        # The router's fold needs both to place a task; a command without them blocks no task.
+        if command.change_id is None or command.task_id is None:
+            return
+        key = f"{command.command_id}#{round_no}"
+        error = header_text(record, ERROR) or "(no error recorded)"
+        reason = header_text(record, REASON) or "failed"
+        failed: dict[str, Any] = {
+            "reason": f"dead_letter: {reason}: {error}",
+            "commandId": command.command_id,
+        }
+        agent = command.payload.get("agentId")
+        if isinstance(agent, str) and agent:
+            failed["agentId"] = agent
+        drafts = [
+            self._draft(
+                command,
+                "task.blocked",
+                key,
+                {
+                    "blockedLimit": BLOCKED_LIMIT,
+                    "commandId": command.command_id,
+                },
+            ),
+            self._draft(command, "task.failed", key, failed),
+        ]
+        tenant = command.payload.get("tenantId")
+        with self.outbox.transaction() as unit:
+            unit.append(
+                command.project_id,
+                drafts,
+                tenant_id=tenant if isinstance(tenant, str) and tenant else self.default_tenant,
+            )
+
+    @staticmethod
+    def _draft(command: Command, event_type: str, key: str, payload: dict[str, Any]) -> Draft:
+        return Draft(
+            event_id=stable_event_id(command.change_id, event_type, command.task_id, key),
+            event_type=event_type,
+            project_id=command.project_id,
+            change_id=command.change_id,
+            task_id=command.task_id,
+            actor=ACTOR,
+            payload=payload,
+        )

@@ -1,0 +1,102 @@
+"""What workers keep in Redis: the completed-command ledger (dedupe by ``command_id``) and the
+per-queue counters (handled, retried, dead-lettered, false wakeups …). In-memory twins serve the
+unit tests.
+
+Every key lives under ``rh:<env>:{workers}:``. A completed command id is remembered for the queue
+retention plus ``command_dedupe_margin_ms``: longer than any copy of it can still be delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import redis
+
+
+def prefix(env: str) -> str:
+    return f"rh:{env}:{{workers}}:"
+
+
+class CommandLedger(Protocol):
+    def done_among(self, command_ids: Iterable[str]) -> set[str]:
+        """The ids among these that already completed."""
+
+    def mark_done(self, command_ids: Iterable[str]) -> None: ...
+
+
+class WorkerMetrics(Protocol):
+    def add(self, queue: str, counts: Mapping[str, int]) -> None: ...
+
+
+class RedisCommandLedger:
+    def __init__(self, client: redis.Redis[bytes], *, env: str, ttl_ms: int) -> None:
+        self.client = client
+        self.prefix = prefix(env) + "done:"
+        self.ttl_ms = ttl_ms
+
+    def done_among(self, command_ids: Iterable[str]) -> set[str]:
+        ids = list(dict.fromkeys(command_ids))
+        if not ids:
+            return set()
+        found = self.client.mget([self.prefix + i for i in ids])
+        return {i for i, value in zip(ids, found, strict=True) if value is not None}
+
+    def mark_done(self, command_ids: Iterable[str]) -> None:
+        ids = list(command_ids)
+        if not ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for command_id in ids:
+            pipe.set(self.prefix + command_id, b"1", px=self.ttl_ms)
+        pipe.execute()
+
+
+class MemoryCommandLedger:
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+
+    def done_among(self, command_ids: Iterable[str]) -> set[str]:
+        return {i for i in command_ids if i in self.done}
+
+    def mark_done(self, command_ids: Iterable[str]) -> None:
+        self.done.update(command_ids)
+
+
+class RedisWorkerMetrics:
+    """Counters per queue in one hash (``metrics:<queue>``), summed across worker processes."""
+
+    def __init__(self, client: redis.Redis[bytes], *, env: str) -> None:
+        self.client = client
+        self.prefix = prefix(env) + "metrics:"
+
+    def add(self, queue: str, counts: Mapping[str, int]) -> None:
+        live = {k: v for k, v in counts.items() if v}
+        if not live:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for name, value in live.items():
+            pipe.hincrby(self.prefix + queue, name, value)
+        pipe.execute()
+
+
+class MemoryWorkerMetrics:
+    def __init__(self) -> None:
+        self.counts: dict[str, Counter[str]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, queue: str, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            self.counts.setdefault(queue, Counter()).update(counts)
+
+
+def read_metrics(client: redis.Redis[bytes], env: str) -> dict[str, dict[str, int]]:
+    """``{queue: {counter: value}}`` for every queue that counted anything."""
+    out: dict[str, dict[str, int]] = {}
+    base = prefix(env) + "metrics:"
+    for key in client.scan_iter(match=base + "*", count=100):
+        queue = key.decode().removeprefix(base)
+        out[queue] = {k.decode(): int(v) for k, v in sorted(client.hgetall(key).items())}
+    return dict(sorted(out.items()))

@@ -1,0 +1,453 @@
+"""The command worker loop: one queue, its retry topic, a handler, and exact attempts.
+
+A worker is a member of the queue's consumer group reading two topics: the queue
+(``rhumbatron-<purpose>-<env>``) and its retry topic (``rhumbatron-<purpose>-retry-<env>``).
+
+- A command that fails is **not** retried in place: its record goes to the retry topic with the
+  next attempt number and a due time (now + the queue's retry delay), and the queue moves on, so
+  one failing command never holds back the others.
+- The retry delay is constant per queue, so each retry partition is (nearly) in due order: the
+  worker keeps the records it fetched from a retry partition in a small local buffer, pauses that
+  partition while its head is not due, and runs the head when it is; the poll wait is bounded by
+  the earliest due time. A record never runs before its due time; each gap between two attempts
+  is at least the delay.
+- After the last attempt the command goes to the dead-letter queue with ``rh.error``,
+  ``rh.retry.attempts``, ``rh.origin_queue`` (and the record's coordinates) in its headers, or,
+  on a queue without one, to the handler's ``on_exhausted`` (the indexer records it with the
+  project's index state) or — last resort — a loud log line naming the record.
+
+**Exact across crashes.** The records a batch sends (retries, dead letters, further deliveries)
+and the offsets it consumed commit in **one Kafka transaction** (transactional id per worker
+slot). A crash before the commit leaves neither: the batch is read again from the committed
+offsets, with the same attempt numbers, so an attempt is never counted twice nor skipped. A
+handler's own side effects are at least once: a completed command id is recorded in Redis before
+the transaction, so a redelivered batch skips what completed; a crash between the handler and
+that record re-runs the handler at the same attempt number.
+
+**Rebalances.** A revoked partition's buffer is dropped (its records come again, from the
+committed offset, to the next owner, which pauses on its own), and every newly assigned partition
+is resumed explicitly, so nothing is left paused by an earlier owner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from consumers.runtime.transport import Output, Transport
+from consumers.runtime.types import TP, OutRecord, Record
+from router.workers.model import (
+    ATTEMPT,
+    ATTEMPTS,
+    DUE_MS,
+    ERROR,
+    ERROR_TYPE,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+    REASON,
+    REASON_EXPIRED,
+    REASON_FAILED,
+    REASON_UNDECODABLE,
+    CommandContext,
+    CommandExpired,
+    CommandHandler,
+    MoreWork,
+    WorkerPolicy,
+    header_int,
+)
+from router.workers.stores import CommandLedger, WorkerMetrics
+from streams.clock import Clock
+from streams.envelopes import Command, decode_command
+from streams.errors import EnvelopeError
+
+log = logging.getLogger("rhumbatron.worker")
+
+# Headers of ours a record does not carry into its retry, next delivery or dead letter (they are
+# written afresh); the operator-retry marker ``rh.dead_letter`` itself is carried.
+_REWRITTEN = ("rh.retry.", "rh.error", "rh.origin_", "rh.dead_letter_", "record_id")
+
+
+@dataclass
+class WorkerStats:
+    records: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    transactions: int = 0
+    transaction_failures: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "records": self.records,
+            "transactions": self.transactions,
+            "transaction_failures": self.transaction_failures,
+            **dict(sorted(self.outcomes.items())),
+        }
+
+
+@dataclass
+class _Settled:
+    record: Record
+    outcome: str
+    send: list[OutRecord] = field(default_factory=list)
+    done: str | None = None  # a command id that completed
+    failed: bool = False  # the handler raised (an attempt failed)
+
+
+class Worker:
+    def __init__(
+        self,
+        policy: WorkerPolicy,
+        handler: CommandHandler,
+        transport: Transport,
+        output: Output,
+        ledger: CommandLedger,
+        clock: Clock,
+        *,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.policy = policy
+        self.handler = handler
+        self.transport = transport
+        self.output = output
+        self.ledger = ledger
+        self.clock = clock
+        self.metrics = metrics
+        self.stats = WorkerStats()
+        self._waiting: dict[TP, deque[Record]] = {}
+        self._paused: set[TP] = set()
+        self._fresh: set[TP] = set()
+        self._ever_assigned = False
+        self._pool = (
+            ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
+            if policy.concurrency > 1
+            else None
+        )
+
+    # -- group membership ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.transport.subscribe(
+            [self.policy.queue_topic, self.policy.retry_topic], self._on_assign, self._on_revoke
+        )
+
+    def _on_assign(self, tps: list[TP]) -> dict[TP, int | None]:
+        self._fresh.update(tps)
+        self._ever_assigned = True
+        return {}  # resume from the group's committed offsets
+
+    def _on_revoke(self, tps: list[TP]) -> None:
+        for tp in tps:
+            self._waiting.pop(tp, None)
+            self._paused.discard(tp)
+            self._fresh.discard(tp)
+
+    def waiting(self) -> int:
+        """Retry records fetched and held until their due time."""
+        return sum(len(q) for q in self._waiting.values())
+
+    def paused(self) -> set[TP]:
+        return set(self._paused)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(
+        self,
+        *,
+        until_idle_s: float | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        tick: Callable[[], None] = lambda: None,
+    ) -> WorkerStats:
+        """Work until ``should_stop()``, or until nothing arrived and nothing waited for
+        ``until_idle_s`` (counted from the first assignment)."""
+        idle_since = self.clock.monotonic()
+        while not should_stop():
+            tick()
+            handled = self.step()
+            now = self.clock.monotonic()
+            if handled or self._waiting or not self._ever_assigned:
+                idle_since = now
+            elif until_idle_s is not None and now - idle_since >= until_idle_s:
+                break
+        return self.stats
+
+    def step(self) -> int:
+        """One poll; settles what arrived and what came due. Returns the records settled."""
+        records = self.transport.poll(self.policy.batch, self._poll_timeout())
+        if self._fresh:
+            self.transport.resume(sorted(self._fresh))
+            self._fresh.clear()
+        ready: list[Record] = []
+        for record in records:
+            if record.topic == self.policy.retry_topic:
+                self._waiting.setdefault(record.tp, deque()).append(record)
+            else:
+                ready.append(record)
+        ready.extend(self._due())
+        for start in range(0, len(ready), self.policy.batch):
+            self._settle(ready[start : start + self.policy.batch])
+        return len(ready)
+
+    def close(self) -> None:
+        try:
+            self.transport.close()
+        finally:
+            self.output.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    # -- due times -------------------------------------------------------------------------------
+    def _now_ms(self) -> int:
+        return int(self.clock.now().timestamp() * 1000)
+
+    def _due(self) -> list[Record]:
+        now_ms = self._now_ms()
+        out: list[Record] = []
+        for tp in sorted(self._waiting):
+            queue = self._waiting[tp]
+            while queue and header_int(queue[0], DUE_MS, 0) <= now_ms:
+                out.append(queue.popleft())
+            if queue:
+                if tp not in self._paused:
+                    self.transport.pause([tp])
+                    self._paused.add(tp)
+            else:
+                del self._waiting[tp]
+                if tp in self._paused:
+                    self.transport.resume([tp])
+                    self._paused.discard(tp)
+        return out
+
+    def _poll_timeout(self) -> float:
+        interval = self.policy.poll_interval_s
+        heads = [header_int(q[0], DUE_MS, 0) for q in self._waiting.values() if q]
+        if not heads:
+            return interval
+        return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
+
+    # -- one batch -------------------------------------------------------------------------------
+    def _settle(self, chunk: list[Record]) -> None:
+        decoded: list[Command | EnvelopeError] = []
+        for record in chunk:
+            try:
+                decoded.append(
+                    decode_command(record.value, max_bytes=self.policy.max_envelope_bytes)
+                )
+            except EnvelopeError as exc:
+                decoded.append(exc)
+        done_before: set[str] = set()
+        if self.handler.dedupe:
+            done_before = self.ledger.done_among(
+                c.command_id for c in decoded if isinstance(c, Command)
+            )
+        pairs: list[tuple[Record, Command | EnvelopeError]] = []
+        settled: list[_Settled] = []
+        seen: set[str] = set()
+        for record, command in zip(chunk, decoded, strict=True):
+            if isinstance(command, Command) and command.command_id in seen:
+                # A second copy in one batch: the first copy's fate (done, retry or dead letter)
+                # stands for both, so one command never starts two retry chains.
+                settled.append(_Settled(record, "duplicate"))
+                continue
+            if isinstance(command, Command):
+                seen.add(command.command_id)
+            pairs.append((record, command))
+        try:
+            if self._pool is not None:
+                futures = [self._pool.submit(self._one, r, c, done_before) for r, c in pairs]
+                settled.extend(f.result() for f in futures)
+            else:
+                for record, command in pairs:
+                    settled.append(self._one(record, command, done_before))
+        finally:
+            # What completed is recorded even if a later record's hook raised: its redelivery
+            # must find it done.
+            self.ledger.mark_done(s.done for s in settled if s.done)
+        self._commit(chunk, settled)
+
+    def _commit(self, chunk: list[Record], settled: list[_Settled]) -> None:
+        offsets: dict[TP, int] = {}
+        for record in chunk:
+            offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
+        try:
+            self.output.begin()
+            for s in settled:
+                for out in s.send:
+                    self.output.produce(out)
+            self.output.send_offsets(offsets, self.transport.group_metadata())
+            self.output.commit()
+        except Exception as exc:
+            self.output.abort()
+            self.stats.transaction_failures += 1
+            log.warning(
+                "%s: the transaction of %d record(s) failed (%s); they will be read again",
+                self.policy.purpose,
+                len(chunk),
+                exc,
+            )
+            self._rewind(chunk)
+            return
+        self.stats.transactions += 1
+        self.stats.records += len(chunk)
+        counts: Counter[str] = Counter(s.outcome for s in settled)
+        counts["failed"] = sum(1 for s in settled if s.failed)
+        self.stats.outcomes.update(counts)
+        if self.metrics is not None:
+            try:
+                self.metrics.add(self.policy.purpose, counts)
+            except Exception as exc:  # counters only; the work itself is committed
+                log.warning("%s: worker counters not recorded: %s", self.policy.purpose, exc)
+
+    def _rewind(self, chunk: Iterable[Record]) -> None:
+        first: dict[TP, int] = {}
+        for record in chunk:
+            first[record.tp] = min(first.get(record.tp, record.offset), record.offset)
+        for tp, offset in first.items():
+            # The buffer holds records after this chunk; they are fetched again after the seek.
+            self._waiting.pop(tp, None)
+            if tp in self._paused:
+                self.transport.resume([tp])
+                self._paused.discard(tp)
+            self.transport.seek(tp, offset)
+
+    # -- one record ------------------------------------------------------------------------------
+    def _one(self, record: Record, command: Command | EnvelopeError, done: set[str]) -> _Settled:
+        attempt = header_int(record, ATTEMPT, 1)
+        if isinstance(command, EnvelopeError):
+            return self._undecodable(record, command, attempt)
+        if self.handler.dedupe and command.command_id in done:
+            return _Settled(record, "duplicate")
+        now = self.clock.now()
+        ctx = CommandContext(
+            queue=self.policy.purpose,
+            attempt=attempt,
+            attempts=self.policy.attempts,
+            max_deliveries=self.policy.max_deliveries,
+            record=record,
+            now=now,
+            headers=dict(record.headers),
+        )
+        if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
+            return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)
+        try:
+            label = self.handler.handle(command, ctx)
+        except MoreWork:
+            if attempt < self.policy.max_deliveries:
+                return _Settled(record, "more_work", [self._again(record, command, attempt + 1)])
+            log.info(
+                "%s: %s asked for more work on its last delivery (%d); acknowledged",
+                self.policy.purpose,
+                command.command_id,
+                attempt,
+            )
+            return _Settled(record, "more_work_last_delivery", done=command.command_id)
+        except Exception as exc:
+            if attempt < self.policy.attempts:
+                retry = self._retry(record, command, attempt + 1, exc)
+                return _Settled(record, "retried", [retry], failed=True)
+            settled = self._exhausted(record, command, ctx, exc, expired=False)
+            settled.failed = True
+            return settled
+        return _Settled(record, label or "ok", done=command.command_id)
+
+    def _exhausted(
+        self,
+        record: Record,
+        command: Command,
+        ctx: CommandContext,
+        error: BaseException,
+        *,
+        expired: bool,
+    ) -> _Settled:
+        if self.handler.on_exhausted(command, ctx, error):
+            return _Settled(record, "expired_recorded" if expired else "exhausted_recorded")
+        reason = REASON_EXPIRED if expired else REASON_FAILED
+        if self.policy.dead_letter_topic is not None:
+            letter = self._dead_letter(record, command.project_id, ctx.attempt, error, reason)
+            return _Settled(record, "expired" if expired else "dead_lettered", [letter])
+        self._drop(record, f"command {command.command_id} ({command.command_type})", error, ctx)
+        return _Settled(record, "dropped")
+
+    def _undecodable(self, record: Record, error: EnvelopeError, attempt: int) -> _Settled:
+        if self.handler.on_undecodable(record, error):
+            return _Settled(record, "undecodable_recorded")
+        if self.policy.dead_letter_topic is not None:
+            key = record.key.decode("utf-8", "replace") if record.key else ""
+            letter = self._dead_letter(record, key, attempt, error, REASON_UNDECODABLE)
+            return _Settled(record, "undecodable", [letter])
+        self._drop(record, "a record that is not a command", error, None)
+        return _Settled(record, "dropped")
+
+    def _drop(
+        self, record: Record, what: str, error: BaseException, ctx: CommandContext | None
+    ) -> None:
+        attempts = f" after {ctx.attempt} attempt(s)" if ctx is not None else ""
+        log.error(
+            "%s: DROPPED %s at %s[%d]@%d%s (this queue has no dead-letter queue): %s: %s",
+            self.policy.purpose,
+            what,
+            record.topic,
+            record.partition,
+            record.offset,
+            attempts,
+            type(error).__name__,
+            error,
+        )
+
+    # -- records it sends ------------------------------------------------------------------------
+    def _carried(self, record: Record) -> list[tuple[str, bytes]]:
+        return [(k, v) for k, v in record.headers if not k.startswith(_REWRITTEN)]
+
+    def _error_headers(self, error: BaseException) -> list[tuple[str, bytes]]:
+        text = str(error).encode("utf-8", "replace")[: self.policy.error_max_bytes]
+        return [(ERROR, text), (ERROR_TYPE, type(error).__name__.encode())]
+
+    def _retry(
+        self, record: Record, command: Command, attempt: int, error: BaseException
+    ) -> OutRecord:
+        due_ms = self._now_ms() + int(self.policy.retry_delay_s * 1000)
+        headers = self._carried(record) + [
+            (ATTEMPT, str(attempt).encode()),
+            (DUE_MS, str(due_ms).encode()),
+            *self._error_headers(error),
+        ]
+        return OutRecord(
+            topic=self.policy.retry_topic,
+            key=command.project_id,
+            value=record.value or b"",
+            record_id=f"{command.command_id}:attempt:{attempt}",
+            headers=tuple(headers),
+        )
+
+    def _again(self, record: Record, command: Command, delivery: int) -> OutRecord:
+        headers = self._carried(record) + [(ATTEMPT, str(delivery).encode())]
+        return OutRecord(
+            topic=self.policy.queue_topic,
+            key=command.project_id,
+            value=record.value or b"",
+            record_id=f"{command.command_id}:delivery:{delivery}",
+            headers=tuple(headers),
+        )
+
+    def _dead_letter(
+        self, record: Record, key: str, attempts: int, error: BaseException, reason: str
+    ) -> OutRecord:
+        topic = self.policy.dead_letter_topic
+        assert topic is not None
+        headers = self._carried(record) + [
+            (ATTEMPTS, str(attempts).encode()),
+            *self._error_headers(error),
+            (ORIGIN_QUEUE, self.policy.purpose.encode()),
+            (ORIGIN_TOPIC, record.topic.encode()),
+            (ORIGIN_PARTITION, str(record.partition).encode()),
+            (ORIGIN_OFFSET, str(record.offset).encode()),
+            (REASON, reason.encode()),
+        ]
+        return OutRecord(
+            topic=topic,
+            key=key,
+            value=record.value or b"",
+            record_id=f"dead-letter:{record.topic}:{record.partition}:{record.offset}",
+            headers=tuple(headers),
+        )

@@ -1,0 +1,163 @@
+"""The dead-letter consumer on the in-memory log: one record per command id however often the dead
+letter arrives, task.blocked + task.failed through the outbox once per round, the operator's
+retry sent once and a renewed failure re-opening the letter, poison records."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import orjson
+import pytest
+
+from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
+from consumers.runtime.dead_letters import MemoryDeadLetters, Status, command_letter_id
+from router.workers.dead_letter_consumer import DeadLetterRecorder
+from router.workers.model import CommandContext
+from streams.envelopes import Command, encode
+from streams.outbox.sqlite import SqliteOutbox
+from streams.outbox.sqlite_schema import SqliteOptions
+from tests.unit.test_workers import MAX, Scripted, World, policy
+
+
+def always_fail(command: Command, ctx: CommandContext) -> str | None:
+    raise RuntimeError(f"handler refuses {command.command_id}")
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> SqliteOutbox:
+    return SqliteOutbox(
+        tmp_path / "router-outbox.sqlite",
+        options=SqliteOptions(max_envelope_bytes=MAX, missed_report_limit=10, busy_timeout_s=5),
+    )
+
+
+def outbox_events(outbox: SqliteOutbox) -> list[dict[str, object]]:
+    with sqlite3.connect(outbox.path) as conn:
+        rows = conn.execute("SELECT envelope FROM outbox ORDER BY project_id, slot").fetchall()
+    return [orjson.loads(bytes(r[0])) for r in rows]
+
+
+class Pipeline:
+    """A queue's worker that dead-letters everything, and the dead-letter consumer, sharing one
+    in-memory log and clock."""
+
+    def __init__(self, outbox: SqliteOutbox) -> None:
+        self.world = World(policy(retries=1, retry_delay_s=30))
+        self.queue = self.world.worker(Scripted(always_fail, self.world.clock))
+        self.store = MemoryDeadLetters()
+        dl_policy = policy("dead-letter", batch=5, retries=5, retry_delay_s=60, dead_letter=None)
+        self.dl_world = World(dl_policy)
+        self.dl_world.log = self.world.log  # one log, one clock
+        self.dl_world.clock = self.world.clock
+        self.world.log.create(dl_policy.retry_topic, 2)
+        self.recorder = DeadLetterRecorder(
+            self.store, outbox, self.world.clock, default_tenant="tenant-x"
+        )
+        self.consumer = self.dl_world.worker(self.recorder)
+
+    def run(self, seconds: float) -> None:
+        elapsed = 0.0
+        while elapsed <= seconds:
+            self.queue.step()
+            self.consumer.step()
+            self.world.clock.advance(1)
+            elapsed += 1
+
+
+def test_one_record_per_command_and_task_events_once_even_when_the_letter_arrives_twice(
+    outbox: SqliteOutbox,
+) -> None:
+    p = Pipeline(outbox)
+    command = p.world.command("cmd_t1_ready", agentId="agent-7", tenantId="tenant-a")
+    p.world.send(command)
+    p.run(40)
+    [dlq_record] = p.world.dead_letters()
+    p.world.log.append(  # the same dead letter delivered a second time
+        dlq_record.topic, 1, dlq_record.value, dlq_record.key, dlq_record.headers
+    )
+    p.run(3)
+
+    [letter] = p.store.list()
+    assert letter.id == command_letter_id("cmd_t1_ready")
+    assert letter.kind == "command" and letter.origin_queue == "agent-wakeups"
+    assert letter.command_id == "cmd_t1_ready" and letter.attempts == 2
+    assert "handler refuses cmd_t1_ready" in letter.error
+    assert letter.entries[0].value == encode(command, max_bytes=MAX)
+    events = outbox_events(outbox)
+    assert [e["eventType"] for e in events] == ["task.blocked", "task.failed"]
+    blocked, failed = events
+    assert blocked["payload"] == {"blockedLimit": "dead_letter", "commandId": "cmd_t1_ready"}
+    assert blocked["taskId"] == "t1" and blocked["changeId"] == "chg1"
+    assert blocked["tenantId"] == "tenant-a"
+    assert failed["payload"]["agentId"] == "agent-7"  # type: ignore[index]
+    assert p.consumer.stats.outcomes["recorded"] == 1
+    assert p.consumer.stats.outcomes["duplicate"] == 1
+
+
+def test_a_command_without_a_task_is_recorded_but_blocks_nothing(outbox: SqliteOutbox) -> None:
+    p = Pipeline(outbox)
+    p.world.send(p.world.command("cmd_sweep").model_copy(update={"task_id": None}))
+    p.run(40)
+    assert len(p.store.list()) == 1
+    assert outbox_events(outbox) == []
+
+
+def test_operator_retry_sends_once_and_a_renewed_failure_reopens_the_letter(
+    outbox: SqliteOutbox,
+) -> None:
+    p = Pipeline(outbox)
+    p.world.send(p.world.command("cmd_t1_ready"))
+    p.run(40)
+    letter_id = command_letter_id("cmd_t1_ready")
+    sent: list[tuple[str, bytes, list[tuple[str, bytes]]]] = []
+
+    def send(
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        sent.append((topic, value, headers))
+        p.world.log.append(topic, 0, value, key, tuple(headers))
+
+    actions = DeadLetterActions(
+        p.store,
+        p.world.clock,
+        send,
+        lambda slug: f"redelivery-{slug}",
+        lambda tp: None,
+        lambda purpose: f"rhumbatron-{purpose}-unit",
+    )
+    actions.retry(letter_id, who="alice", why="fixed the agent")
+    with pytest.raises(DeadLetterActionRefused):
+        actions.retry(letter_id, who="bob", why="double click")
+    assert [t for t, _, _ in sent] == ["rhumbatron-agent-wakeups-unit"]
+    assert not any(k.startswith(("rh.retry.", "rh.error")) for k, _ in sent[0][2])
+    assert p.store.get(letter_id).status == Status.RETRIED  # type: ignore[union-attr]
+
+    p.run(40)  # the retried command fails twice more and is dead-lettered again
+    letter = p.store.get(letter_id)
+    assert letter is not None and letter.status == Status.OPEN
+    assert [a["action"] for a in letter.audit] == ["retrying", "retried", "open"]
+    assert "failed again" in letter.audit[-1]["why"]
+    assert [e["eventType"] for e in outbox_events(outbox)] == [
+        "task.blocked",
+        "task.failed",
+        "task.blocked",
+        "task.failed",
+    ]
+    actions.dismiss(letter_id, who="alice", why="agent retired")
+    assert p.store.get(letter_id).status == Status.DISMISSED  # type: ignore[union-attr]
+
+
+def test_a_dead_lettered_record_that_is_not_a_command_becomes_a_poison_letter(
+    outbox: SqliteOutbox,
+) -> None:
+    p = Pipeline(outbox)
+    p.world.log.append(p.world.policy.queue_topic, 0, b"\x00garbage", b"k")
+    p.run(3)
+    [letter] = p.store.list()
+    assert letter.kind == "poison" and letter.origin_queue == "agent-wakeups"
+    assert letter.entries[0].value == b"\x00garbage"
