@@ -2,7 +2,8 @@
 that live and die with its consume process.
 
 The router's consume process (``rhumbatron consume --subscription causal-router``) runs two
-threads besides the consume loop, started when the processor is built and stopped at exit:
+threads besides the consume loop — the subscription's *companion*, started by ``consume`` once
+the processor is built and stopped when the loop ends:
 
 - the **publisher** of the router's outbox (``router_outbox_path``, by default
   ``.local/router-outbox-<env>.sqlite``): it sends the events the router
@@ -13,16 +14,14 @@ threads besides the consume loop, started when the processor is built and stoppe
 - the **maintenance tick** (``maintenance_at_utc``, checked every ``maintenance_check_interval_s``;
   one process a day does it, see :mod:`consumers.subscriptions.causal_maintenance`).
 
-Threads, not hooks of the consume loop: the subscription runtime builds every processor the same
-way (``router.subscriptions.BUILDERS``) and offers a builder no start/stop hook, so the builder
-starts them and an ``atexit`` handler stops them — a normal exit of ``consume`` (SIGTERM, SIGINT,
-``--until-idle``) closes the publisher cleanly; a SIGKILL ends them with the process, which the
-outbox and the tick are built to survive (rows re-sent, ids stable).
+A normal exit of ``consume`` (SIGTERM, SIGINT, ``--until-idle``) closes the publisher cleanly; a
+SIGKILL ends the threads with the process, which the outbox and the tick are built to survive
+(rows re-sent, ids stable). Commands that only build the processor (operator controls) start no
+threads.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from pathlib import Path
 import redis
 
 from consumers.runtime.redis_store import RedisStore
-from consumers.runtime.types import JSON, TP
+from consumers.runtime.types import JSON, TP, Processor
 from consumers.subscriptions.causal_budget import RedisCommandBudget, RedisDailyCounter
 from consumers.subscriptions.causal_classifier import (
     Classifier,
@@ -119,14 +118,18 @@ def build_router(
 
 
 def build(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> CausalRouter:
-    """The builder of ``router.subscriptions.BUILDERS``: the processor, plus its companion
-    threads (outbox publisher, maintenance tick), stopped at exit."""
-    outbox = open_router_outbox(settings)
-    processor = build_router(settings, client, clock, outbox=outbox)
-    companion = Companion(settings, client, clock, outbox)
-    companion.start()
-    atexit.register(companion.close)
-    return processor
+    """The builder of ``router.subscriptions.BUILDERS``."""
+    return build_router(settings, client, clock, outbox=open_router_outbox(settings))
+
+
+def companion(
+    settings: Settings, client: redis.Redis[bytes], clock: Clock, processor: Processor
+) -> Companion:
+    """The companion of ``router.subscriptions.COMPANIONS``: the publisher of the processor's
+    outbox and the maintenance tick."""
+    if not isinstance(processor, CausalRouter) or not isinstance(processor.outbox, SqliteOutbox):
+        raise TypeError(f"the causal router's companion needs its SQLite outbox, got {processor!r}")
+    return Companion(settings, client, clock, processor.outbox)
 
 
 def read_states(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> dict[str, JSON]:

@@ -220,7 +220,14 @@ def open_subscription(
         controls=controls(settings, processor, client, clock),
     )
     runner.start(topology.stream_names())
-    return Subscription(runner, client, slot)
+    subscription = Subscription(runner, client, slot)
+    from router.subscriptions import build_companion
+
+    companion = build_companion(settings, processor.slug, client, clock, processor)
+    if companion is not None:
+        companion.start()
+        subscription.closers.append(companion.close)
+    return subscription
 
 
 def tp_of(settings: Settings, topic: str, partition: int) -> TP:
