@@ -17,6 +17,7 @@ from consumers.runtime.worker_slot import WorkerSlot
 from router.runtime import dead_letters, redis_client
 from router.settings import Settings
 from router.workers.dead_letter_consumer import DeadLetterRecorder
+from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
 from router.workers.model import CommandHandler, WorkerPolicy, retry_topic
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
 from router.workers.worker import Worker
@@ -65,14 +66,16 @@ def retry_spec(settings: Settings, purpose: str) -> TopicSpec:
     )
 
 
-def provision_queues(settings: Settings, purposes: list[str]) -> None:
-    """The queues, their retry topics and the dead-letter store's topic (idempotent)."""
+def provision_queues(settings: Settings, purposes: list[str], *, streams: bool = False) -> None:
+    """The queues, their retry topics and the dead-letter store's topic, and with ``streams``
+    the event streams (where the dead-letter consumer's task events go); idempotent."""
     base = settings.kafka_config()
     topology = settings.topology
     provision(
         admin_client(base),
         base,
         [
+            *(topology.stream_specs() if streams else []),
             *topology.queue_specs(),
             *topology.internal_specs(),
             *(retry_spec(settings, p) for p in purposes),
@@ -157,6 +160,7 @@ def open_dead_letter_consumer(
 
     clock = clock or SystemClock()
     client = redis_client(settings)
+    provision_queues(settings, [DEAD_LETTER_QUEUE], streams=True)
     outbox = open_router_outbox(settings)
     recorder = DeadLetterRecorder(
         dead_letters(settings, client),
@@ -173,6 +177,14 @@ def open_dead_letter_consumer(
         atexit.register(companion.close)
         process.closers.append(companion.close)
     return process
+
+
+def index_states(settings: Settings, client: redis.Redis[bytes]) -> RedisIndexStates:
+    return RedisIndexStates(client, env=settings.env)
+
+
+def workflow_registry(settings: Settings, client: redis.Redis[bytes]) -> RedisWorkflowRegistry:
+    return RedisWorkflowRegistry(client, env=settings.env, ttl_s=settings.workflow_instance_ttl_s)
 
 
 def worker_figures(settings: Settings, client: redis.Redis[bytes]) -> dict[str, Any]:

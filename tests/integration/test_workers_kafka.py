@@ -1,0 +1,275 @@
+"""Command workers and the dead-letter consumer on the real broker and Redis, as processes
+(``rhumbatron worker`` / ``rhumbatron dead-letter-consumer``), with short retry delays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from consumers.redis_conn import connect
+from consumers.runtime.dead_letters import Status, command_letter_id
+from router.runtime import dead_letters
+from router.settings import QueuePolicy, Settings
+from router.workers.drills import read_drill
+from router.workers.model import ATTEMPTS, ERROR, ORIGIN_QUEUE, REASON
+from router.workers.wiring import provision_queues
+from streams.envelopes import Command, build, decode_command
+from streams.producer import Producer
+from streams.topology import queue_name
+from tests.conftest import cleanup_environment, make_settings, subprocess_env
+from tests.kafka_helpers import events_of, read_all
+
+ROOT = Path(__file__).resolve().parents[2]
+QUEUE = "agent-wakeups"
+
+
+def short_queues(delay_s: float, retries: int = 3) -> dict[str, QueuePolicy]:
+    return {
+        purpose: QueuePolicy(
+            batch=policy.batch,
+            retries=retries if purpose != "dead-letter" else policy.retries,
+            retry_delay_s=delay_s,
+            concurrency=policy.concurrency,
+            dead_letter=policy.dead_letter,
+        )
+        for purpose, policy in Settings().queues.items()
+    }
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    made: list[Settings] = []
+
+    def factory(**overrides: Any) -> Settings:
+        s = make_settings(
+            router_outbox_path=str(tmp_path / "router-outbox.sqlite"),
+            session_timeout_ms=6000,
+            transaction_timeout_ms=8000,
+            worker_slot_ttl_s=6,
+            outbox_poll_interval_s=0.2,
+            **overrides,
+        )
+        made.append(s)
+        return s
+
+    yield factory
+    for s in made:
+        cleanup_environment(s)
+
+
+def env_of(s: Settings) -> dict[str, str]:
+    queues = {k: v.model_dump() for k, v in s.queues.items()}
+    return subprocess_env(s, RHUMBATRON_QUEUES=orjson.dumps(queues).decode())
+
+
+def cli(s: Settings, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "router.cli", *args],
+        cwd=ROOT,
+        env=env_of(s),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if check:
+        assert result.returncode == 0, f"{args} exited {result.returncode}:\n{result.stderr}"
+    return result
+
+
+def start_worker(s: Settings, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "router.cli", *args],
+        cwd=ROOT,
+        env=env_of(s),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"exited {proc.returncode}:\n{err[-3000:]}"
+    stats: dict[str, int] = orjson.loads(out.strip().splitlines()[-1])
+    return stats
+
+
+def commands(n: int, prefix: str, **payload: Any) -> list[Command]:
+    now = datetime.now(UTC)
+    return [
+        build(
+            Command,
+            command_id=f"cmd_{prefix}{i:04d}",
+            command_type="agent.wake",
+            project_id=f"proj-{i % 7}",
+            change_id=f"chg-{i % 7}",
+            task_id=f"task-{i}",
+            created_at=now,
+            deadline=now + timedelta(hours=1),
+            payload={"agentId": f"agent-{i % 3}", **payload},
+        )
+        for i in range(n)
+    ]
+
+
+def send(s: Settings, cmds: list[Command], purpose: str = QUEUE) -> None:
+    producer = Producer(s.kafka_config())
+    for c in cmds:
+        producer.produce_command(queue_name(purpose, s.env), c, max_bytes=s.max_envelope_bytes)
+    producer.flush(30)
+
+
+def wait_for(condition: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.2)
+
+
+def test_ten_percent_failing_once_each_command_succeeds_once_after_exactly_one_retry(
+    make: Any,
+) -> None:
+    s = make(queues=short_queues(1.0))
+    provision_queues(s, [QUEUE])
+    flaky = commands(20, "f", drill="fail-once")
+    fine = commands(180, "k")
+    send(s, flaky[:10] + fine + flaky[10:])
+    stats = finish(
+        start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "4")
+    )
+    drill = read_drill(connect(s.redis_url, timeout=5), s.env, QUEUE)
+    assert drill["ok"] == {
+        **{c.command_id: 2 for c in flaky},
+        **{c.command_id: 1 for c in fine},
+    }
+    assert drill["runs"] == drill["ok"]  # no attempt ran twice
+    assert stats["retried"] == 20 and stats.get("dead_lettered", 0) == 0
+    assert (
+        read_all(s.kafka_bootstrap, [queue_name("dead-letter", s.env)], expect=1, timeout=3) == []
+    )
+
+
+def test_a_command_failing_always_lands_on_the_dead_letter_queue_after_exactly_its_attempts(
+    make: Any,
+) -> None:
+    s = make(queues=short_queues(0.5, retries=3))
+    provision_queues(s, [QUEUE])
+    bad = commands(3, "b", drill="fail")
+    send(s, bad + commands(5, "g"))
+    stats = finish(
+        start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "3")
+    )
+    drill = read_drill(connect(s.redis_url, timeout=5), s.env, QUEUE)
+    assert all(drill["runs"][c.command_id] == 4 for c in bad)
+    letters = read_all(s.kafka_bootstrap, [queue_name("dead-letter", s.env)], expect=3, timeout=20)
+    assert sorted(
+        decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id for m in letters
+    ) == [c.command_id for c in bad]
+    for m in letters:
+        headers = {k: v.decode() for k, v in m.headers() or []}
+        assert headers[ATTEMPTS] == "4"
+        assert headers[ORIGIN_QUEUE] == QUEUE
+        assert headers[REASON] == "failed"
+        assert "fails on every attempt" in headers[ERROR]
+    assert stats["dead_lettered"] == 3 and stats["failed"] == 12
+
+
+def test_a_retry_waiting_while_its_worker_leaves_is_run_by_the_next_exactly_as_configured(
+    make: Any,
+) -> None:
+    s = make(queues=short_queues(8.0), queue_partitions=2)
+    provision_queues(s, [QUEUE])
+    client = connect(s.redis_url, timeout=5)
+    [waiting] = commands(1, "w", drill="fail-once")
+    first = start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill")
+    second = None
+    try:
+        send(s, [waiting])
+        wait_for(lambda: read_drill(client, s.env, QUEUE)["runs"].get(waiting.command_id) == 1)
+        # The retry now waits (8 s) in the first worker, its partition paused. A second worker
+        # joins (a rebalance), then the first leaves while the retry is still not due.
+        second = start_worker(
+            s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "4"
+        )
+        time.sleep(1.0)
+        first.terminate()
+        first_stats = finish(first)
+        wait_for(lambda: read_drill(client, s.env, QUEUE)["ok"].get(waiting.command_id) == 2)
+        later = commands(10, "l")
+        send(s, later)  # nothing was left paused: new work on every partition flows
+        stats = finish(second)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    drill = read_drill(client, s.env, QUEUE)
+    assert drill["runs"][waiting.command_id] == 2
+    assert all(drill["ok"][c.command_id] == 1 for c in later)
+    # The first worker only failed it; the second ran the retry (and the later commands).
+    assert first_stats["retried"] == 1 and first_stats.get("ok", 0) == 0
+    assert stats["ok"] == 1 + len(later)
+
+
+def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retries_once(
+    make: Any,
+) -> None:
+    s = make(queues=short_queues(0.5, retries=1))
+    provision_queues(s, [QUEUE, "dead-letter"])
+    bad, dismissed = commands(2, "d", drill="fail")
+    send(s, [bad, dismissed])
+    finish(start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "3"))
+    dlq = queue_name("dead-letter", s.env)
+    letters = read_all(s.kafka_bootstrap, [dlq], expect=2, timeout=20)
+    assert len(letters) == 2
+    producer = Producer(s.kafka_config())  # the same dead letters, delivered a second time
+    for m in letters:
+        producer.produce(dlq, m.value(), key=m.key().decode(), headers=m.headers())
+    producer.flush(30)
+
+    stats = finish(start_worker(s, "dead-letter-consumer", "--until-idle", "4"))
+    assert stats["recorded"] == 2 and stats["duplicate"] == 2
+    store = dead_letters(s, connect(s.redis_url, timeout=5))
+    commands_letters = [d for d in store.list() if d.kind == "command"]
+    assert sorted(d.command_id or "" for d in commands_letters) == ["cmd_d0000", "cmd_d0001"]
+    letter = store.get(command_letter_id(bad.command_id))
+    assert letter is not None and letter.origin_queue == QUEUE and letter.attempts == 2
+
+    events = [
+        e
+        for e in events_of(read_all(s.kafka_bootstrap, s.topology.stream_names(), expect=4))
+        if e.payload.get("commandId") in ("cmd_d0000", "cmd_d0001")
+    ]
+    by_type = sorted((e.event_type, e.payload["commandId"]) for e in events)
+    assert by_type == [
+        ("task.blocked", "cmd_d0000"),
+        ("task.blocked", "cmd_d0001"),
+        ("task.failed", "cmd_d0000"),
+        ("task.failed", "cmd_d0001"),
+    ]
+    blocked = next(e for e in events if e.event_type == "task.blocked" and e.task_id == bad.task_id)
+    assert blocked.payload["blockedLimit"] == "dead_letter"
+
+    # The operator's retry lands on the origin queue once; a second click is refused.
+    cli(s, "dead-letters", "retry", letter.id, "--who", "alice", "--reason", "agent fixed")
+    again = cli(s, "dead-letters", "retry", letter.id, "--who", "bob", check=False)
+    assert again.returncode == 2 and "not open" in again.stderr
+    on_queue = read_all(s.kafka_bootstrap, [queue_name(QUEUE, s.env)], expect=3, timeout=15)
+    ids = [decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id for m in on_queue]
+    assert ids.count(bad.command_id) == 2  # the original and the one retry
+    retried = store.get(letter.id)
+    assert retried is not None and retried.status == Status.RETRIED
+    assert retried.audit[-1]["who"] == "alice"
+
+    other = command_letter_id(dismissed.command_id)
+    cli(s, "dead-letters", "dismiss", other, "--who", "alice", "--reason", "obsolete task")
+    closed = store.get(other)
+    assert closed is not None and closed.status == Status.DISMISSED
+    assert closed.audit[-1]["why"] == "obsolete task"
