@@ -1,4 +1,5 @@
-"""Subcommands of the subscription runtime: consume, dead letters, operator controls, ledger."""
+"""Subcommands of the subscription runtime: consume, dead letters (over the operator service, the
+same code as the HTTP API and the page), operator controls, ledger."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from typing import Any
 
 import orjson
 
-from consumers.runtime.dead_letters import Status
 from consumers.subscriptions.ledger import read_ledger
+from router.operator import KINDS, STATUSES, OperatorService
 from router.runtime import (
     controls,
-    dead_letter_actions,
     open_subscription,
     processor_for,
     redis_client,
@@ -23,6 +23,7 @@ from router.runtime import (
 )
 from router.settings import Settings
 from streams.clock import SystemClock
+from streams.topology import QUEUE_PURPOSES
 
 
 def _print_json(value: object) -> None:
@@ -54,36 +55,58 @@ def consume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dead_letters_list(settings: Settings, args: argparse.Namespace) -> int:
-    from router.runtime import dead_letters
-
-    letters = dead_letters(settings, redis_client(settings)).list(status=args.status)
+    service = OperatorService(settings)
+    try:
+        found = service.list_dead_letters(
+            status=args.status,
+            kind=args.kind,
+            subscription=args.subscription,
+            queue=args.queue,
+            limit=args.limit,
+        )
+    finally:
+        service.close()
     if args.json:
-        _print_json([d.summary() for d in letters])
+        _print_json([d.model_dump() for d in found.items])
     else:
-        for d in letters:
+        for d in found.items:
             print(
                 f"{d.id}  {d.status:<9} {d.kind:<12} {d.subscription or d.origin_queue or '-':<24} {d.error[:80]}"
             )
+    if found.matched > len(found.items) or found.truncated:
+        more = "+" if found.truncated else ""
+        print(
+            f"(showing {len(found.items)} of {found.matched}{more}, newest first)", file=sys.stderr
+        )
     return 0
 
 
 def dead_letters_show(settings: Settings, args: argparse.Namespace) -> int:
-    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
-    _print_json(actions.get(args.id).to_json())
+    service = OperatorService(settings)
+    try:
+        _print_json(service.dead_letter(args.id).model_dump())
+    finally:
+        service.close()
     return 0
 
 
 def dead_letters_retry(settings: Settings, args: argparse.Namespace) -> int:
-    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
-    letter = actions.retry(args.id, who=_who(args), why=args.reason or "operator retry")
-    print(f"{letter.id}: {letter.status}; redelivered to {letter.subscription}")
+    service = OperatorService(settings)
+    try:
+        result = service.retry(args.id, who=_who(args), reason=args.reason)
+    finally:
+        service.close()
+    print(f"{args.id}: {result.dead_letter.status}; {result.outcome}")
     return 0
 
 
 def dead_letters_dismiss(settings: Settings, args: argparse.Namespace) -> int:
-    actions = dead_letter_actions(settings, redis_client(settings), SystemClock())
-    letter = actions.dismiss(args.id, who=_who(args), why=args.reason)
-    print(f"{letter.id}: {letter.status}")
+    service = OperatorService(settings)
+    try:
+        result = service.dismiss(args.id, who=_who(args), reason=args.reason)
+    finally:
+        service.close()
+    print(f"{args.id}: {result.dead_letter.status}; {result.outcome}")
     return 0
 
 
@@ -161,9 +184,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dl = sub.add_parser(
         "dead-letters", help="list, show, retry or dismiss dead letters"
     ).add_subparsers(dest="action", required=True)
-    p = dl.add_parser("list")
+    p = dl.add_parser("list", help="dead letters of every kind, newest first")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--status", choices=[Status.OPEN, Status.RETRIED, Status.DISMISSED])
+    p.add_argument("--status", choices=STATUSES)
+    p.add_argument("--kind", choices=KINDS)
+    p.add_argument("--subscription", help="only letters of this subscription")
+    p.add_argument("--queue", choices=QUEUE_PURPOSES, help="only commands from this queue")
+    p.add_argument("--limit", type=int, help="at most this many (default: operator_page_size)")
     p.set_defaults(handler=dead_letters_list)
     p = dl.add_parser("show")
     p.add_argument("id")

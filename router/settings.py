@@ -242,6 +242,34 @@ class Settings(BaseSettings):
     operator_host: str = "127.0.0.1"
     operator_port: int = 8642
     operator_token: SecretStr | None = None
+    # -- operator surface (issue 6) --
+    operator_outboxes: list[str] = Field(
+        default_factory=list,
+        description="outbox files the operator surface reports (states, failed rows, held "
+        'projects), as JSON: RHUMBATRON_OPERATOR_OUTBOXES=\'["a.sqlite","b.sqlite"]\'. Empty: the '
+        "router's outbox (router_outbox_path). A file that does not exist yet shows as absent",
+    )
+    operator_refresh_s: float = Field(
+        3.0, gt=0, description="how often the operator page refreshes itself"
+    )
+    operator_page_size: int = Field(
+        200, ge=1, description="most dead letters one listing returns (newest first)"
+    )
+    operator_dead_letter_scan_limit: int = Field(
+        10_000,
+        ge=1,
+        description="most dead letters a listing reads from the store before it filters them "
+        "by kind, subscription or queue",
+    )
+    operator_recent_failures: int = Field(
+        20, ge=1, description="dead letters, and failed outbox rows, the recent failures show"
+    )
+    operator_health_timeout_s: float = Field(
+        3.0, gt=0, description="bound on one health probe of Kafka or of Redis"
+    )
+    operator_text_max_chars: int = Field(
+        2000, ge=1, description="longest operator name or reason an action accepts"
+    )
 
     # -- derived -----------------------------------------------------------------------------
     def kafka_config(self, **overrides: Any) -> dict[str, Any]:
