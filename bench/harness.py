@@ -43,6 +43,7 @@ CASE_MODULES = (
     "bench.projector_cases",
     "bench.archive_cases",
     "bench.router_cases",
+    "bench.worker_cases",
 )
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -174,7 +174,7 @@ def test_a_command_failing_always_lands_on_the_dead_letter_queue_after_exactly_i
         decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id for m in letters
     ) == [c.command_id for c in bad]
     for m in letters:
-        headers = {k: v.decode() for k, v in m.headers() or []}
+        headers = {k: bytes(v or b"").decode() for k, v in cast(list[Any], m.headers() or [])}
         assert headers[ATTEMPTS] == "4"
         assert headers[ORIGIN_QUEUE] == QUEUE
         assert headers[REASON] == "failed"
@@ -231,7 +231,12 @@ def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retr
     assert len(letters) == 2
     producer = Producer(s.kafka_config())  # the same dead letters, delivered a second time
     for m in letters:
-        producer.produce(dlq, m.value(), key=m.key().decode(), headers=m.headers())
+        producer.produce(
+            dlq,
+            m.value() or b"",
+            key=bytes(m.key() or b"").decode(),
+            headers=cast(list[tuple[str, bytes]], m.headers()),
+        )
     producer.flush(30)
 
     stats = finish(start_worker(s, "dead-letter-consumer", "--until-idle", "4"))
