@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from router import (
     archive_cli,
     commands,
+    operator_cli,
     outbox_cli,
     runtime_cli,
     view_cli,
@@ -27,6 +28,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     runtime_cli.register,
     outbox_cli.register,
     view_cli.register,
+    operator_cli.register,
     workers_cli.register,
 )
 

@@ -19,13 +19,11 @@ Kafka or Redis being down surfaces as ``streams.errors.Unreachable`` (503 over H
 
 from __future__ import annotations
 
-import base64
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-import orjson
 import redis
 from confluent_kafka.admin import AdminClient
 from pydantic import TypeAdapter, ValidationError
@@ -33,18 +31,14 @@ from pydantic import TypeAdapter, ValidationError
 from consumers.lag import group_lag, list_groups
 from consumers.redis_conn import address_of, connect
 from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
-from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Entry, Status
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector_view import ViewNotFound, read_feed, read_view
 from router.operator_models import (
     ActionResult,
-    AuditEntry,
     DeadLetterDetail,
-    DeadLetterEntry,
     DeadLetterList,
-    DeadLetterSummary,
     FailedRow,
-    Header,
     Health,
     HeldProject,
     Info,
@@ -54,6 +48,8 @@ from router.operator_models import (
     Probe,
     RecentFailures,
     SubscriptionLag,
+    detail_of,
+    summary_of,
 )
 from router.settings import Settings
 from streams.admin import admin_client, bootstrap_of, ensure_reachable
@@ -419,61 +415,6 @@ class OperatorService:
             mutations_enabled=token is not None and bool(token.get_secret_value()),
             page_size=self.settings.operator_page_size,
         )
-
-
-# -- letters as the faces show them ----------------------------------------------------------------
-def summary_of(letter: DeadLetter) -> DeadLetterSummary:
-    audit = letter.audit
-    return DeadLetterSummary(
-        **letter.summary(), last_action=AuditEntry(**audit[-1]) if audit else None
-    )
-
-
-def detail_of(letter: DeadLetter) -> DeadLetterDetail:
-    return DeadLetterDetail(
-        **summary_of(letter).model_dump(),
-        source_topic=letter.source_topic,
-        source_partition=letter.source_partition,
-        entries=[entry_of(e) for e in letter.entries],
-        audit=[AuditEntry(**a) for a in letter.audit],
-    )
-
-
-def entry_of(entry: Entry) -> DeadLetterEntry:
-    value_json: Any = None
-    is_json = False
-    text = None
-    if entry.value is not None:
-        try:
-            value_json = orjson.loads(entry.value)
-            is_json = True
-        except orjson.JSONDecodeError:
-            text = _utf8(entry.value)
-    return DeadLetterEntry(
-        offset=entry.offset,
-        event_id=entry.event_id,
-        event_type=entry.event_type,
-        project_id=entry.project_id,
-        key=_utf8(entry.key),
-        value_b64=_b64(entry.value),
-        value_is_json=is_json,
-        value_json=value_json,
-        value_text=text,
-        headers=[Header(name=k, text=_utf8(v), b64=_b64(v) or "") for k, v in entry.headers],
-    )
-
-
-def _utf8(raw: bytes | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _b64(raw: bytes | None) -> str | None:
-    return base64.b64encode(raw).decode() if raw is not None else None
 
 
 def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:

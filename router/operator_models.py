@@ -1,11 +1,16 @@
 """The shapes the operator surface answers with — one definition for the HTTP API (its OpenAPI
-document), the web page and ``rhumbatron dead-letters … --json``."""
+document), the web page and ``rhumbatron dead-letters … --json`` — and a dead letter turned
+into them (its bytes decoded where they are JSON or text)."""
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+
+from consumers.runtime.dead_letters import DeadLetter, Entry
 
 LetterStatus = Literal["open", "retrying", "retried", "dismissed"]
 LetterKind = Literal["event-batch", "poison", "command"]
@@ -193,3 +198,58 @@ class Info(_Shape):
         description="false: no operator token is configured, every retry and dismiss is refused"
     )
     page_size: int
+
+
+# -- a dead letter as the faces show it -----------------------------------------------------------
+def summary_of(letter: DeadLetter) -> DeadLetterSummary:
+    audit = letter.audit
+    return DeadLetterSummary(
+        **letter.summary(), last_action=AuditEntry(**audit[-1]) if audit else None
+    )
+
+
+def detail_of(letter: DeadLetter) -> DeadLetterDetail:
+    return DeadLetterDetail(
+        **summary_of(letter).model_dump(),
+        source_topic=letter.source_topic,
+        source_partition=letter.source_partition,
+        entries=[entry_of(e) for e in letter.entries],
+        audit=[AuditEntry(**a) for a in letter.audit],
+    )
+
+
+def entry_of(entry: Entry) -> DeadLetterEntry:
+    value_json: Any = None
+    is_json = False
+    text = None
+    if entry.value is not None:
+        try:
+            value_json = orjson.loads(entry.value)
+            is_json = True
+        except orjson.JSONDecodeError:
+            text = _utf8(entry.value)
+    return DeadLetterEntry(
+        offset=entry.offset,
+        event_id=entry.event_id,
+        event_type=entry.event_type,
+        project_id=entry.project_id,
+        key=_utf8(entry.key),
+        value_b64=_b64(entry.value),
+        value_is_json=is_json,
+        value_json=value_json,
+        value_text=text,
+        headers=[Header(name=k, text=_utf8(v), b64=_b64(v) or "") for k, v in entry.headers],
+    )
+
+
+def _utf8(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return base64.b64encode(raw).decode() if raw is not None else None
