@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: demo test up down check bench venv unit
+.PHONY: demo test up down check bench venv unit browser
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -22,7 +22,10 @@ down:
 demo: up
 	.venv/bin/rhumbatron demo
 
-test: up
+browser:
+	infra/local.sh browser
+
+test: up browser
 	$(PY) -m pytest -q
 
 unit: venv

@@ -8,6 +8,7 @@
 #   infra/local.sh redis-start | redis-stop | redis-kill
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
+#   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
@@ -270,6 +271,23 @@ redis_signal() {
   say "redis $([ "$signal" = KILL ] && echo killed || echo stopped) (pid $pid)"
 }
 
+# ---------------------------------------------------------------------------------------------
+# The operator page's tests drive Debian's chromium through Playwright's executable_path; the
+# browser builds Playwright would download are never used.
+browser() {
+  if [ -x /usr/bin/chromium ]; then say "chromium present: $(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"; return; fi
+  command -v apt-get >/dev/null || fail "/usr/bin/chromium is missing and there is no apt-get: install Debian's chromium"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  mkdir -p "$STATE/logs"
+  say "installing Debian's chromium (apt-get; log in $STATE/logs/apt.log)"
+  if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium; } \
+      >"$STATE/logs/apt.log" 2>&1; then
+    fail "apt-get could not install chromium; see $STATE/logs/apt.log"
+  fi
+  say "chromium installed: $(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"
+}
+
 status() {
   local node pidfile
   for node in single $(seq 1 "$CLUSTER_SIZE"); do
@@ -308,6 +326,7 @@ case "$cmd" in
   down) cluster_down; kafka_signal TERM single; redis_signal TERM ;;
   status) status ;;
   jars) jars ;;
+  browser) browser ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
   kafka-kill) kafka_signal KILL "$node" ;;
@@ -316,5 +335,5 @@ case "$cmd" in
   redis-kill) redis_signal KILL ;;
   cluster-up) cluster_up ;;
   cluster-down) cluster_down ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, cluster-up, cluster-down" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, cluster-up, cluster-down" ;;
 esac
