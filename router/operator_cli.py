@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 
 import uvicorn
@@ -61,9 +62,13 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         + ("" if service.info().mutations_enabled else "; read-only: no operator token set"),
         flush=True,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
+    # found: ours makes that a clean exit (0), as `consume` does.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server(service).run(sockets=[sock])
     finally:
+        signal.signal(signal.SIGTERM, previous)
         service.close()
         sock.close()
     return 0
