@@ -61,6 +61,7 @@ from router.workers.model import (
     header_int,
 )
 from router.workers.stores import CommandLedger, WorkerMetrics
+from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
 from streams.errors import EnvelopeError
@@ -108,6 +109,7 @@ class Worker:
         clock: Clock,
         *,
         metrics: WorkerMetrics | None = None,
+        failpoint: Callable[[str], None] = failpoints.hit,
     ) -> None:
         self.policy = policy
         self.handler = handler
@@ -116,6 +118,7 @@ class Worker:
         self.ledger = ledger
         self.clock = clock
         self.metrics = metrics
+        self.failpoint = failpoint
         self.stats = WorkerStats()
         self._waiting: dict[TP, deque[Record]] = {}
         self._paused: set[TP] = set()
@@ -276,6 +279,7 @@ class Worker:
                 for out in s.send:
                     self.output.produce(out)
             self.output.send_offsets(offsets, self.transport.group_metadata())
+            self.failpoint("worker.before_transaction_commit")
             self.output.commit()
         except Exception as exc:
             self.output.abort()
@@ -288,6 +292,7 @@ class Worker:
             )
             self._rewind(chunk)
             return
+        self.failpoint("worker.after_transaction_commit")
         self.stats.transactions += 1
         self.stats.records += len(chunk)
         counts: Counter[str] = Counter(s.outcome for s in settled)

@@ -1,0 +1,76 @@
+"""A command worker killed (SIGKILL) around its transaction: attempts stay exact — one retry
+record per failed attempt, never a second; completed commands are not run again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from consumers.redis_conn import connect
+from router.settings import Settings
+from router.workers.drills import read_drill
+from router.workers.model import ATTEMPT, retry_topic
+from router.workers.wiring import provision_queues
+from streams.envelopes import decode_command
+from tests.kafka_helpers import read_all
+from tests.worker_helpers import (
+    QUEUE,
+    commands,
+    finish,
+    send,
+    settings_factory,
+    short_queues,
+    start_worker,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
+    yield from settings_factory(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "failpoint", ["worker.before_transaction_commit", "worker.after_transaction_commit"]
+)
+def test_a_worker_killed_around_its_transaction_keeps_attempts_exact(
+    make: Callable[..., Settings], failpoint: str
+) -> None:
+    s = make(queues=short_queues(1.0))
+    provision_queues(s, [QUEUE])
+    flaky = commands(3, "f", drill="fail-once")
+    fine = commands(7, "k")
+    send(s, flaky + fine)  # one batch of 10
+    killed = start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", failpoints=failpoint)
+    killed.communicate(timeout=120)
+    assert killed.returncode == -9
+    # The restarted worker outlives the killed one's open transaction (transaction_timeout_ms),
+    # which holds back read_committed readers of the retry partition until the broker aborts it.
+    idle = str(s.transaction_timeout_ms / 1000 + 4)
+    stats = finish(
+        start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", idle)
+    )
+    drill = read_drill(connect(s.redis_url, timeout=5), s.env, QUEUE)
+    assert drill["ok"] == {
+        **{c.command_id: 2 for c in flaky},
+        **{c.command_id: 1 for c in fine},
+    }
+    for c in fine:
+        assert drill["runs"][c.command_id] == 1  # completed before the kill: not run again
+    first_attempt_runs = 2 if failpoint == "worker.before_transaction_commit" else 1
+    for c in flaky:
+        assert drill["runs"][c.command_id] == first_attempt_runs + 1
+    retries = read_all(s.kafka_bootstrap, [retry_topic(QUEUE, s.env)], expect=4, timeout=10)
+    seen = sorted(
+        (
+            decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id,
+            dict(cast(list[tuple[str, bytes]], m.headers() or []))[ATTEMPT],
+        )
+        for m in retries
+    )
+    assert seen == [(c.command_id, b"2") for c in flaky]  # exactly one retry record each
+    assert stats.get("dead_lettered", 0) == 0
