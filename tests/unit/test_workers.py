@@ -411,3 +411,27 @@ def test_a_revoke_while_a_retry_waits_hands_it_over_and_leaves_nothing_paused() 
     a.transport.assign(retry_tps)  # type: ignore[attr-defined]  # and back: nothing runs twice
     world.run_for(a, 40)
     assert handler.attempts_of("cmd_r") == [1, 2]
+
+
+def test_policies_come_from_settings_and_bad_names_are_refused_by_name() -> None:
+    from router.settings import Settings
+    from router.workers.wiring import worker_policy
+    from streams.errors import ConfigurationError, TopologyError
+
+    s = Settings(env="unit")
+    wakes = worker_policy(s, "agent-wakeups")
+    assert (wakes.batch, wakes.attempts, wakes.retry_delay_s) == (10, 4, 30)
+    assert worker_policy(s, "indexing").dead_letter_topic is None
+    assert worker_policy(s, "dead-letter").attempts == 6
+    with pytest.raises(ConfigurationError, match="'nope'.*known: agent-wakeups"):
+        worker_policy(s, "nope")
+    with pytest.raises(TopologyError, match="unknown queue purpose 'nope'"):
+        policy("nope")
+
+
+def test_the_worker_command_refuses_an_unknown_handler(capsys: pytest.CaptureFixture[str]) -> None:
+    from router.cli import main
+
+    assert main(["worker", "--queue", "agent-wakeups", "--handler", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown handler 'nope'" in err and "drill, flaky, ok" in err
