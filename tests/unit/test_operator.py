@@ -1,16 +1,18 @@
 """The operator service over the in-memory dead-letter store and real SQLite outboxes, and the
-HTTP face's auth and error mapping through the in-process ASGI client. The same flows against a
-real server, Kafka and Redis are in tests/integration/test_operator_api.py."""
+HTTP face's auth and error mapping on a real server over those in-memory parts. The same flows
+against Kafka and Redis are in tests/integration/test_operator_api.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
-from fastapi.testclient import TestClient
 
 from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import (
@@ -22,7 +24,7 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.types import TP
 from router.operator import ActionFailed, BadInput, Conflict, NotFound, OperatorService
-from router.operator_api import PAGE_POLICY, create_app
+from router.operator_api import PAGE_POLICY
 from router.runtime import policy
 from router.settings import Settings
 from streams.clock import ManualClock
@@ -30,6 +32,7 @@ from streams.envelopes import Command, build, encode, format_time
 from streams.outbox.store import RowState, RowUpdate
 from streams.topology import queue_name, redelivery_topic
 from tests.conftest import make_settings
+from tests.operator_helpers import running_server
 from tests.outbox_helpers import append_all, drafts, outbox_for
 
 TOKEN = "s3cret-operator-token"
@@ -339,13 +342,21 @@ def test_the_default_outbox_is_the_routers(tmp_path: Path) -> None:
     assert [(o.outbox, o.present) for o in p.service.outboxes()] == [(str(path), False)]
 
 
-# -- the HTTP face in-process: auth and errors -----------------------------------------------------
-def _client(parts: Parts) -> TestClient:
-    return TestClient(create_app(parts.service), raise_server_exceptions=False)
+# -- the HTTP face over the in-memory parts: auth and errors ---------------------------------------
+@contextmanager
+def _client(parts: Parts) -> Iterator[httpx.Client]:
+    """The real server on a loopback port, over the in-memory parts."""
+    with running_server(parts.service) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
 
 
-def test_changes_need_the_operator_token(parts: Parts) -> None:
-    client = _client(parts)
+@pytest.fixture
+def http(parts: Parts) -> Iterator[httpx.Client]:
+    with _client(parts) as client:
+        yield client
+
+
+def test_changes_need_the_operator_token(parts: Parts, http: httpx.Client) -> None:
     letter = parts.service.list_dead_letters(kind="command").items[0].id
     url = f"/api/dead-letters/{letter}/retry"
     body = {"who": "ann"}
@@ -355,7 +366,7 @@ def test_changes_need_the_operator_token(parts: Parts) -> None:
         {"Authorization": f"Basic {TOKEN}"},
         {"Authorization": TOKEN},
     ):
-        refused = client.post(url, json=body, headers=headers)
+        refused = http.post(url, json=body, headers=headers)
         assert refused.status_code == 401, headers
         assert refused.headers["www-authenticate"] == "Bearer"
         assert (
@@ -363,11 +374,11 @@ def test_changes_need_the_operator_token(parts: Parts) -> None:
             or "not this server's" in (refused.json()["reason"])
         )
     # Refused before the body is even read: a bad body without a token is still a 401.
-    assert client.post(url, content=b"{nonsense").status_code == 401
+    assert http.post(url, content=b"{nonsense").status_code == 401
     assert parts.service.dead_letter(letter).status == "open" and not parts.sent
-    done = client.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    done = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert done.status_code == 200 and done.json()["dead_letter"]["status"] == "retried"
-    again = client.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    again = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert again.status_code == 409 and "already handled" in again.json()["reason"]
     assert len(parts.sent) == 1
 
@@ -376,14 +387,16 @@ def test_with_no_token_configured_every_change_is_refused() -> None:
     p = Parts(make_settings())
     p.store.write([command_letter(p, 1, minutes=1)[0]])
     letter = p.service.list_dead_letters().items[0].id
-    client = _client(p)
-    for action, body in (("retry", {"who": "a"}), ("dismiss", {"who": "a", "reason": "r"})):
-        refused = client.post(
-            f"/api/dead-letters/{letter}/{action}", json=body, headers={"Authorization": "Bearer "}
-        )
-        assert refused.status_code == 403
-        assert "RHUMBATRON_OPERATOR_TOKEN" in refused.json()["reason"]
-    assert client.get("/api/info").json()["mutations_enabled"] is False
+    with _client(p) as client:
+        for action, body in (("retry", {"who": "a"}), ("dismiss", {"who": "a", "reason": "r"})):
+            refused = client.post(
+                f"/api/dead-letters/{letter}/{action}",
+                json=body,
+                headers={"Authorization": "Bearer any-token"},
+            )
+            assert refused.status_code == 403
+            assert "RHUMBATRON_OPERATOR_TOKEN" in refused.json()["reason"]
+        assert client.get("/api/info").json()["mutations_enabled"] is False
     assert p.service.dead_letter(letter).status == "open" and not p.sent
 
 
@@ -407,10 +420,16 @@ def test_with_no_token_configured_every_change_is_refused() -> None:
     ],
 )
 def test_errors_are_json_with_a_reason(
-    parts: Parts, method: str, url: str, body: Any, status: int, field: str | None
+    parts: Parts,
+    http: httpx.Client,
+    method: str,
+    url: str,
+    body: Any,
+    status: int,
+    field: str | None,
 ) -> None:
     letter = parts.service.list_dead_letters(kind="event-batch").items[0].id
-    response = _client(parts).request(
+    response = http.request(
         method.upper(),
         url.replace("{id}", letter),
         json=body,
@@ -425,9 +444,8 @@ def test_errors_are_json_with_a_reason(
     assert parts.service.dead_letter(letter).status == "open"
 
 
-def test_the_openapi_document_and_the_page(parts: Parts) -> None:
-    client = _client(parts)
-    document = client.get("/openapi.json").json()
+def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
+    document = http.get("/openapi.json").json()
     paths = document["paths"]
     assert set(paths) == {
         "/api/info",
@@ -453,11 +471,11 @@ def test_the_openapi_document_and_the_page(parts: Parts) -> None:
         ("/api/dead-letters/{letter_id}/retry", "post"),
         ("/api/dead-letters/{letter_id}/dismiss", "post"),
     }
-    page = client.get("/")
+    page = http.get("/")
     assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_POLICY
     html = page.text
     assert 'id="dl-rows"' in html and "sessionStorage" in html
     # One file, nothing loaded from elsewhere.
     for marker in ("http://", "https://", "<script src", "<link"):
         assert marker not in html, marker
-    assert client.get("/docs").status_code == 404  # the interactive docs would load a CDN
+    assert http.get("/docs").status_code == 404  # the interactive docs would load a CDN
