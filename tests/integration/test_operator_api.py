@@ -318,6 +318,14 @@ def test_command_retry_lands_on_its_origin_queue_once(world: World) -> None:
     assert shown["last_action"]["why"] == "agent host back"
     retried = world.get("/api/dead-letters", status="retried", kind="command").json()
     assert [d["id"] for d in retried["items"]] == [world.command.id]
+    # The queue's worker runs it; its group shows as a command worker, caught up on the queue.
+    cli(world.s, "worker", "--queue", "integration", "--handler", "drill", "--until-idle", "3")
+    groups = {g["subscription"]: g for g in world.get("/api/lag").json()["subscriptions"]}
+    worker = groups["worker-integration"]
+    assert worker["kind"] == "command-worker"
+    on_queue = [p for p in worker["partitions"] if p["topic"] == queue]
+    assert len(on_queue) == world.s.queue_partitions
+    assert sum(p["end"] for p in on_queue) == 1 and sum(p["lag"] for p in on_queue) == 0
 
 
 def test_dismiss_is_recorded_and_visible_afterwards(world: World) -> None:
