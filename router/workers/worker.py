@@ -41,15 +41,7 @@ from consumers.runtime.transport import Output, Transport
 from consumers.runtime.types import TP, OutRecord, Record
 from router.workers.model import (
     ATTEMPT,
-    ATTEMPTS,
     DUE_MS,
-    ERROR,
-    ERROR_TYPE,
-    ORIGIN_OFFSET,
-    ORIGIN_PARTITION,
-    ORIGIN_QUEUE,
-    ORIGIN_TOPIC,
-    REASON,
     REASON_EXPIRED,
     REASON_FAILED,
     REASON_UNDECODABLE,
@@ -60,6 +52,7 @@ from router.workers.model import (
     WorkerPolicy,
     header_int,
 )
+from router.workers.outgoing import dead_letter_record, next_delivery, retry_record
 from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
@@ -67,10 +60,6 @@ from streams.envelopes import Command, decode_command
 from streams.errors import EnvelopeError
 
 log = logging.getLogger("rhumbatron.worker")
-
-# Headers of ours a record does not carry into its retry, next delivery or dead letter (they are
-# written afresh); the operator-retry marker ``rh.dead_letter`` itself is carried.
-_REWRITTEN = ("rh.retry.", "rh.error", "rh.origin_", "rh.dead_letter_", "record_id")
 
 
 @dataclass
@@ -339,7 +328,9 @@ class Worker:
             label = self.handler.handle(command, ctx)
         except MoreWork:
             if attempt < self.policy.max_deliveries:
-                return _Settled(record, "more_work", [self._again(record, command, attempt + 1)])
+                return _Settled(
+                    record, "more_work", [next_delivery(self.policy, record, command, attempt + 1)]
+                )
             log.info(
                 "%s: %s asked for more work on its last delivery (%d); acknowledged",
                 self.policy.purpose,
@@ -349,7 +340,7 @@ class Worker:
             return _Settled(record, "more_work_last_delivery", done=command.command_id)
         except Exception as exc:
             if attempt < self.policy.attempts:
-                retry = self._retry(record, command, attempt + 1, exc)
+                retry = retry_record(self.policy, record, command, attempt + 1, exc, self._now_ms())
                 return _Settled(record, "retried", [retry], failed=True)
             settled = self._exhausted(record, command, ctx, exc, expired=False)
             settled.failed = True
@@ -369,7 +360,9 @@ class Worker:
             return _Settled(record, "expired_recorded" if expired else "exhausted_recorded")
         reason = REASON_EXPIRED if expired else REASON_FAILED
         if self.policy.dead_letter_topic is not None:
-            letter = self._dead_letter(record, command.project_id, ctx.attempt, error, reason)
+            letter = dead_letter_record(
+                self.policy, record, command.project_id, ctx.attempt, error, reason
+            )
             return _Settled(record, "expired" if expired else "dead_lettered", [letter])
         self._drop(record, f"command {command.command_id} ({command.command_type})", error, ctx)
         return _Settled(record, "dropped")
@@ -379,7 +372,9 @@ class Worker:
             return _Settled(record, "undecodable_recorded")
         if self.policy.dead_letter_topic is not None:
             key = record.key.decode("utf-8", "replace") if record.key else ""
-            letter = self._dead_letter(record, key, attempt, error, REASON_UNDECODABLE)
+            letter = dead_letter_record(
+                self.policy, record, key, attempt, error, REASON_UNDECODABLE
+            )
             return _Settled(record, "undecodable", [letter])
         self._drop(record, "a record that is not a command", error, None)
         return _Settled(record, "dropped")
@@ -398,61 +393,4 @@ class Worker:
             attempts,
             type(error).__name__,
             error,
-        )
-
-    # -- records it sends ------------------------------------------------------------------------
-    def _carried(self, record: Record) -> list[tuple[str, bytes]]:
-        return [(k, v) for k, v in record.headers if not k.startswith(_REWRITTEN)]
-
-    def _error_headers(self, error: BaseException) -> list[tuple[str, bytes]]:
-        text = str(error).encode("utf-8", "replace")[: self.policy.error_max_bytes]
-        return [(ERROR, text), (ERROR_TYPE, type(error).__name__.encode())]
-
-    def _retry(
-        self, record: Record, command: Command, attempt: int, error: BaseException
-    ) -> OutRecord:
-        due_ms = self._now_ms() + int(self.policy.retry_delay_s * 1000)
-        headers = self._carried(record) + [
-            (ATTEMPT, str(attempt).encode()),
-            (DUE_MS, str(due_ms).encode()),
-            *self._error_headers(error),
-        ]
-        return OutRecord(
-            topic=self.policy.retry_topic,
-            key=command.project_id,
-            value=record.value or b"",
-            record_id=f"{command.command_id}:attempt:{attempt}",
-            headers=tuple(headers),
-        )
-
-    def _again(self, record: Record, command: Command, delivery: int) -> OutRecord:
-        headers = self._carried(record) + [(ATTEMPT, str(delivery).encode())]
-        return OutRecord(
-            topic=self.policy.queue_topic,
-            key=command.project_id,
-            value=record.value or b"",
-            record_id=f"{command.command_id}:delivery:{delivery}",
-            headers=tuple(headers),
-        )
-
-    def _dead_letter(
-        self, record: Record, key: str, attempts: int, error: BaseException, reason: str
-    ) -> OutRecord:
-        topic = self.policy.dead_letter_topic
-        assert topic is not None
-        headers = self._carried(record) + [
-            (ATTEMPTS, str(attempts).encode()),
-            *self._error_headers(error),
-            (ORIGIN_QUEUE, self.policy.purpose.encode()),
-            (ORIGIN_TOPIC, record.topic.encode()),
-            (ORIGIN_PARTITION, str(record.partition).encode()),
-            (ORIGIN_OFFSET, str(record.offset).encode()),
-            (REASON, reason.encode()),
-        ]
-        return OutRecord(
-            topic=topic,
-            key=key,
-            value=record.value or b"",
-            record_id=f"dead-letter:{record.topic}:{record.partition}:{record.offset}",
-            headers=tuple(headers),
         )
