@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import redis
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pydantic import TypeAdapter, ValidationError
 
@@ -63,6 +65,7 @@ STATUSES = (Status.OPEN, Status.RETRYING, Status.RETRIED, Status.DISMISSED)
 KINDS = ("event-batch", "poison", "command")
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
+T = TypeVar("T")
 
 
 class OperatorError(RhumbatronError):
@@ -332,9 +335,11 @@ class OperatorService:
         queues = [queue_name(p, env) for p in QUEUE_PURPOSES]
         topics = [*streams, *queues, *(retry_topic(p, env) for p in QUEUE_PURPOSES)]
         out = []
-        for group in list_groups(admin, "rhumbatron-", f"-{env}", timeout):
+        ensure_reachable(admin, base, timeout)
+        listing = (admin, "rhumbatron-", f"-{env}", timeout)
+        for group in _kafka(base, "listing consumer groups", list_groups, *listing):
             slug = group.removeprefix("rhumbatron-").removesuffix(f"-{env}")
-            parts = group_lag(admin, base, group, topics, timeout)
+            parts = _kafka(base, f"lag of {group}", group_lag, admin, base, group, topics, timeout)
             read = {p.topic for p in parts if p.committed is not None}
             if slug in BUILDERS or not read.isdisjoint(streams):
                 kind = "subscription"
@@ -415,6 +420,14 @@ class OperatorService:
             mutations_enabled=token is not None and bool(token.get_secret_value()),
             page_size=self.settings.operator_page_size,
         )
+
+
+def _kafka(base: dict[str, Any], what: str, call: Callable[..., T], *args: Any) -> T:
+    """A failed admin request becomes Unreachable, naming the address and the request."""
+    try:
+        return call(*args)
+    except KafkaException as exc:
+        raise Unreachable("Kafka", bootstrap_of(base), f"{what}: {exc}") from exc
 
 
 def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:

@@ -205,6 +205,7 @@ def create_app(service: OperatorService) -> FastAPI:
     @app.get(
         "/api/health",
         tags=["service"],
+        response_model=Health,
         responses={503: {"model": Health, "description": "Kafka or Redis is unreachable"}},
     )
     def health() -> Any:

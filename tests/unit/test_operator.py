@@ -29,6 +29,7 @@ from router.runtime import policy
 from router.settings import Settings
 from streams.clock import ManualClock
 from streams.envelopes import Command, build, encode, format_time
+from streams.errors import Unreachable
 from streams.outbox.store import RowState, RowUpdate
 from streams.topology import queue_name, redelivery_topic
 from tests.conftest import make_settings
@@ -479,3 +480,24 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
     for marker in ("http://", "https://", "<script src", "<link"):
         assert marker not in html, marker
     assert http.get("/docs").status_code == 404  # the interactive docs would load a CDN
+
+
+# -- Kafka and Redis out of reach -------------------------------------------------------------------
+def test_out_of_reach_kafka_and_redis_are_named_not_hidden() -> None:
+    # Port 1 on loopback: nothing listens, every connection is refused at once.
+    s = make_settings(
+        kafka_bootstrap="127.0.0.1:1",
+        redis_url="redis://127.0.0.1:1/0",
+        connect_timeout_s=1.0,
+        operator_health_timeout_s=1.0,
+    )
+    service = OperatorService(s)
+    health = service.health()
+    assert not health.ok and not health.kafka.ok and not health.redis.ok
+    assert health.reason is not None and health.reason.count("127.0.0.1:1") >= 2
+    with pytest.raises(Unreachable, match="Kafka at 127.0.0.1:1"):
+        service.lag()
+    with pytest.raises(Unreachable, match="Redis at 127.0.0.1:1"):
+        service.list_dead_letters()
+    with pytest.raises(Unreachable, match="Redis at 127.0.0.1:1"):
+        service.project_view("proj-1")
