@@ -166,7 +166,7 @@ class OperatorService:
             except TopologyError as exc:
                 raise BadInput("subscription", str(exc)) from exc
         scan = self.settings.operator_dead_letter_scan_limit
-        fetched = self.letters().list(status=status, limit=scan)
+        fetched = self.letters().list(status=status, limit=scan, newest_first=True)
         matched = [
             d
             for d in fetched
@@ -191,7 +191,8 @@ class OperatorService:
         why = self._text("reason", reason, required=False) or "operator retry"
         with self._acting:
             letter = self._letter(letter_id)
-            _must_be_open(letter, "retried")
+            if not self.actions().is_stale_retry(letter):
+                _must_be_open(letter, "retried")
             if letter.kind == "poison":
                 raise Conflict(
                     f"dead letter {letter_id} holds bytes that are not a valid event; it can only "

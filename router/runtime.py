@@ -128,6 +128,7 @@ def dead_letter_actions(
         lambda slug: redelivery_topic(slug, settings.env),
         run_policy.redelivery_partition,
         lambda purpose: queue_name(purpose, settings.env),
+        stale_retry_s=settings.operator_stale_retry_s,
     )
 
 

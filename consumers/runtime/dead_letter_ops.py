@@ -9,13 +9,17 @@ one dead-letter store: **retry** and **dismiss**, both audited on the letter (wh
 Retry is two-phase so a double click sends once and a failed send loses nothing: the letter moves
 open → retrying (check-and-set: one click wins, the other is refused), the record is sent and
 acknowledged, then retrying → retried. If the send fails the letter goes back to open and the
-error is raised; the operator can simply retry again.
+error is raised; the operator can simply retry again. A letter left in retrying by a process that
+died mid-send may be retried again once ``stale_retry_s`` passed since that retry began (the
+send is then repeated: at worst the record goes out twice, which claims and command-id dedupe
+absorb).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
 from consumers.runtime.types import TP
@@ -42,6 +46,7 @@ class DeadLetterActions:
     redelivery_topic: Callable[[str], str]  # subscription slug -> its redelivery topic
     redelivery_partition: Callable[[TP], int | None]
     queue_topic: Callable[[str], str]  # queue purpose -> its topic
+    stale_retry_s: float = 300.0  # a retry stuck in "retrying" this long may be taken over
 
     def get(self, letter_id: str) -> DeadLetter:
         letter = self.store.get(letter_id)
@@ -51,13 +56,18 @@ class DeadLetterActions:
 
     def retry(self, letter_id: str, *, who: str, why: str = "operator retry") -> DeadLetter:
         letter = self.get(letter_id)
-        if letter.status != Status.OPEN:
+        frm = Status.OPEN
+        if self.is_stale_retry(letter):
+            frm = Status.RETRYING  # its sender died mid-send: take the retry over
+        elif letter.status != Status.OPEN:
             raise DeadLetterActionRefused(
                 f"dead letter {letter_id} is {letter.status}, not open: it was already handled"
             )
         sends = self._plan(letter)
         now = self.clock.now()
-        if not self.store.transition(letter_id, to=Status.RETRYING, who=who, why=why, now=now):
+        if not self.store.transition(
+            letter_id, to=Status.RETRYING, who=who, why=why, now=now, frm=frm
+        ):
             raise DeadLetterActionRefused(
                 f"dead letter {letter_id} was already handled by someone else meanwhile"
             )
@@ -85,6 +95,13 @@ class DeadLetterActions:
             frm=Status.RETRYING,
         )
         return self.get(letter_id)
+
+    def is_stale_retry(self, letter: DeadLetter) -> bool:
+        if letter.status != Status.RETRYING or not letter.audit:
+            return False
+        began = datetime.strptime(letter.audit[-1]["at"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        age = self.clock.now() - began.replace(tzinfo=UTC)
+        return age.total_seconds() >= self.stale_retry_s
 
     def _plan(self, letter: DeadLetter) -> list[Callable[[], None]]:
         if letter.kind == "poison":

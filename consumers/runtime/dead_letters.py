@@ -137,7 +137,9 @@ class DeadLetterStore(Protocol):
 
     def get(self, letter_id: str) -> DeadLetter | None: ...
 
-    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]: ...
+    def list(
+        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+    ) -> list[DeadLetter]: ...
 
     def transition(
         self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
@@ -165,9 +167,14 @@ class MemoryDeadLetters:
     def get(self, letter_id: str) -> DeadLetter | None:
         return self.letters.get(letter_id)
 
-    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+    def list(
+        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+    ) -> list[DeadLetter]:
         out = [d for d in self.letters.values() if status is None or d.status == status]
-        return sorted(out, key=lambda d: d.created_at)[:limit]
+        out.sort(key=lambda d: d.created_at)  # stable: ties keep the order they were written in
+        if newest_first:
+            out.reverse()
+        return out[:limit]
 
     def transition(
         self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
@@ -236,8 +243,16 @@ class KafkaRedisDeadLetters:
         raw = self.client.get(self._record_key(letter_id))
         return DeadLetter.from_json(orjson.loads(raw)) if raw else None
 
-    def list(self, *, status: str | None = None, limit: int = 1000) -> list[DeadLetter]:
-        ids = [i.decode() for i in self.client.zrange(self.prefix + "index", 0, -1)]
+    def list(
+        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+    ) -> list[DeadLetter]:
+        index = self.prefix + "index"
+        found = (
+            self.client.zrevrange(index, 0, -1)
+            if newest_first
+            else self.client.zrange(index, 0, -1)
+        )
+        ids = [i.decode() for i in found]
         out: list[DeadLetter] = []
         for chunk in range(0, len(ids), 200):
             part = ids[chunk : chunk + 200]

@@ -490,3 +490,33 @@ def test_a_new_fold_starts_from_the_archive_when_the_stream_lost_its_history() -
     assert world.states()["alpha"] == {"count": 6, "seen": [1, 2, 3, 4, 5, 6]}  # history folded
     assert sorted(r["n"] for r in world.out_records()) == [4, 5, 6]  # effects only for the stream
     assert any(e["action"] == "first_fold" for e in world.audit.entries())
+
+
+def test_a_retry_left_in_retrying_by_a_dead_sender_can_be_taken_over_once_stale() -> None:
+    world = World()
+    world.publish(event("alpha", 1, fail=True))
+    world.drain(world.runner())
+    letter = world.dead.list()[0]
+    actions = world.actions()
+    assert world.dead.transition(
+        letter.id, to=Status.RETRYING, who="a", why="x", now=world.clock.now()
+    )
+    with pytest.raises(Exception, match="already handled"):
+        actions.retry(letter.id, who="b", why="too early")
+    world.clock.advance(actions.stale_retry_s)
+    done = actions.retry(letter.id, who="b", why="the first sender died")
+    assert done.status == Status.RETRIED
+    assert [a["who"] for a in done.audit] == ["a", "b", "b"]
+    assert len(world.log.all("redeliver")) == 1
+
+
+def test_dead_letters_list_newest_first_on_request() -> None:
+    world = World()
+    tp = world.tp_of("alpha")
+    for raw in (b"one", b"two", b"three"):
+        world.publish_raw(tp, raw)
+        world.drain(world.runner())
+        world.clock.advance(1)
+    oldest = [d.entries[0].value for d in world.dead.list()]
+    newest = [d.entries[0].value for d in world.dead.list(newest_first=True)]
+    assert oldest == [b"one", b"two", b"three"] and newest == oldest[::-1]
