@@ -255,6 +255,11 @@ class Settings(BaseSettings):
     operator_page_size: int = Field(
         200, ge=1, description="most dead letters one listing returns (newest first)"
     )
+    operator_stale_retry_s: float = Field(
+        300.0,
+        gt=0,
+        description="a dead letter stuck in 'retrying' this long (its sender died) may be retried again",
+    )
     operator_dead_letter_scan_limit: int = Field(
         10_000,
         ge=1,
