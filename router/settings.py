@@ -209,6 +209,35 @@ class Settings(BaseSettings):
         3600, ge=1, description="how long a started tick keeps other processes from repeating it"
     )
 
+    # -- analytics --
+    metrics_retention_ms: int = Field(
+        30 * DAY_MS, ge=1, description="retention of the metric points topic (its own dataset)"
+    )
+    analytics_window_s: int = Field(
+        60, ge=1, description="the rollup's tumbling window (per-minute by default)"
+    )
+    analytics_window_retention_s: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="how long the rollup keeps a window (by wall-clock time) before it expires",
+    )
+    analytics_rollup_guarantee: Literal["exactly_once", "at_least_once"] = Field(
+        "exactly_once",
+        description="faust's processing guarantee for the rollup; at_least_once also reads "
+        "uncommitted points (docs/analytics.md)",
+    )
+    analytics_rollup_host: str = Field("127.0.0.1", description="the rollup's web view address")
+    analytics_rollup_port: int = Field(6067, ge=1, le=65535, description="the rollup's web port")
+    analytics_rollup_dir: str = Field(
+        ".local/analytics", description="the rollup worker's data directory (one per env)"
+    )
+    analytics_query_timeout_s: float = Field(
+        5.0, gt=0, description="bound on one request of `rhumbatron analytics` to the rollup"
+    )
+    analytics_count_timeout_s: float = Field(
+        30.0, gt=0, description="bound on reading the points topic to count its points"
+    )
+
     # -- command queues (DESIGN.md §9) -------------------------------------------------------
     queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
     max_command_deliveries: int = 4
@@ -299,5 +328,6 @@ class Settings(BaseSettings):
             queue_retention_ms=self.queue_retention_ms,
             queue_partitions=self.queue_partitions,
             dead_letter_retention_ms=self.dead_letter_retention_ms,
+            metrics_retention_ms=self.metrics_retention_ms,
             max_streams=self.max_streams_per_env,
         )

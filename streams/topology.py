@@ -151,6 +151,7 @@ class Topology:
     queue_partitions: int
     dead_letter_retention_ms: int
     max_streams: int
+    metrics_retention_ms: int = 30 * 86_400_000
 
     def __post_init__(self) -> None:
         check_env(self.env)
@@ -206,6 +207,14 @@ class Topology:
                     "retention.ms": str(self.dead_letter_retention_ms),
                     "cleanup.policy": "compact,delete",
                 },
+                "internal",
+            ),
+            # The analytics projector's points (one per fresh lifecycle event), keyed by project.
+            TopicSpec(
+                metrics_topic(self.env),
+                self.partitions,
+                rf,
+                {"retention.ms": str(self.metrics_retention_ms), "cleanup.policy": "delete"},
                 "internal",
             ),
         ]
