@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from router import (
+    analytics_cli,
     archive_cli,
     commands,
     operator_cli,
@@ -28,6 +29,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     runtime_cli.register,
     outbox_cli.register,
     view_cli.register,
+    analytics_cli.register,
     operator_cli.register,
     workers_cli.register,
 )
