@@ -44,6 +44,7 @@ CASE_MODULES = (
     "bench.archive_cases",
     "bench.router_cases",
     "bench.worker_cases",
+    "bench.analytics_cases",
 )
 
 

@@ -281,6 +281,8 @@ def build_app(config: RollupConfig) -> faust.App:
                     "partitions": local_partitions(),
                     "partitionsTotal": config.partitions,
                     "invalidPoints": {k: v for k, v in invalid.items()},
+                    # every point folded so far by this worker (its partitions, all windows)
+                    "pointsCounted": sum(by_metric.table.data.values()),
                     "metrics": sorted(METRIC_NAMES),
                 }
             )
