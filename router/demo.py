@@ -1,29 +1,81 @@
-"""The main job, end to end on the real broker: provision, write a workload over many projects
-through the outbox (concurrent writers), publish it, consume it back, and print what went where
-and whether every project arrived in slot order."""
+"""The main job, end to end on the real broker and Redis.
+
+1. provision the environment's streams, queues and internal topics;
+2. write a workload over many projects through the outbox with concurrent writers (plus a few
+   drill events), and publish it;
+3. run the subscriptions — project-view-projector, causal-router, audit-archiver,
+   analytics-projector, and the ledger — each as its own consumer process, until idle;
+4. run the command workers on the router's queues (one drill command is made to fail for good)
+   and the dead-letter consumer;
+5. print the figures, and leave the operator page running with the dead letters to look at.
+
+Retry delays are shortened for the demo (a dead letter after seconds, not minutes); every other
+setting is the environment's.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import orjson
 from confluent_kafka import Message
 
 from consumers.kafka_consumer import drain
 from consumers.redis_conn import connect
+from consumers.subscriptions.projector_view import count_views
 from router.outbox_cli import build_publisher, open_outbox, write_workload
-from router.settings import Settings
+from router.settings import QueuePolicy, Settings
 from streams.admin import admin_client, provision
-from streams.envelopes import Event
+from streams.envelopes import Command, Event, build, encode
 from streams.errors import EnvelopeError
 from streams.outbox.store import RowState
-from streams.topology import group_id
-from streams.workload import workload
+from streams.producer import Producer
+from streams.topology import group_id, queue_name
+from streams.workload import Draft, workload
+
+SUBSCRIPTIONS = (
+    "project-view-projector",
+    "causal-router",
+    "audit-archiver",
+    "analytics-projector",
+    "ledger",
+)
+# The router's queues, each with the handler its demo worker runs.
+WORKERS = {"integration": "drill", "indexing": "ok", "agent-wakeups": "flaky"}
+DRILL_EVENTS = 3
+IDLE_S = "5"
+RETRY_DELAY_S = 1.0
+
+
+def demo_settings(settings: Settings) -> Settings:
+    """The environment's settings with retry delays short enough to watch."""
+    queues = {
+        purpose: QueuePolicy(**{**policy.model_dump(), "retry_delay_s": RETRY_DELAY_S})
+        for purpose, policy in settings.queues.items()
+    }
+    return settings.model_copy(
+        update={
+            "queues": queues,
+            "batch_retry_backoff_s": 0.2,
+            "batch_retry_backoff_max_s": 1.0,
+            "maintenance_enabled": False,
+        }
+    )
 
 
 def run_demo(settings: Settings, *, projects: int, events: int) -> int:
+    settings = demo_settings(settings)
     base = settings.kafka_config()
     topology = settings.topology
     connect(settings.redis_url, timeout=settings.connect_timeout_s).close()
@@ -37,60 +89,60 @@ def run_demo(settings: Settings, *, projects: int, events: int) -> int:
     print(f"provision: {report.summary()} in environment '{settings.env}'")
 
     run = secrets.token_hex(4)
-    produced, expected = publish_through_outbox(settings, run=run, projects=projects, events=events)
-
-    prefix = f"proj-{run}-"
-    slots: dict[str, list[int]] = defaultdict(list)
-    consumed: dict[str, int] = defaultdict(int)
-    seen = 0
-    rejected: list[str] = []
-
-    def handle(event: Event, message: Message) -> None:
-        nonlocal seen
-        if event.project_id.startswith(prefix):
-            slots[event.project_id].append(event.slot or 0)
-            consumed[message.topic() or "?"] += 1
-            seen += 1
-
-    def reject(message: Message, error: EnvelopeError) -> None:
-        rejected.append(f"{message.topic()}[{message.partition()}]@{message.offset()}: {error}")
+    drafts = workload(run, projects, events) + drill_drafts(run)
+    produced, expected = publish_through_outbox(settings, run=run, drafts=drafts, projects=projects)
+    ordered = check_slot_order(settings, run=run, expected=expected, produced=produced)
 
     started = time.perf_counter()
-    drain(
-        base,
-        group_id=group_id("demo", settings.env),
-        topics=topology.stream_names(),
-        handle=handle,
-        reject=reject,
-        protocol=settings.group_protocol,
-        session_timeout_ms=settings.session_timeout_ms,
-        max_envelope_bytes=settings.max_envelope_bytes,
-        batch_size=settings.batch_size,
-        until_idle_s=10.0,
-        until=lambda: seen >= expected,
-        max_wait_s=300.0,
+    outcomes = run_all(
+        settings, [["consume", "--subscription", s, "--until-idle", IDLE_S] for s in SUBSCRIPTIONS]
     )
-    consume_s = time.perf_counter() - started
-
-    in_order = [p for p, s in slots.items() if s == list(range(1, len(s) + 1))]
-    print()
-    print(f"{'stream':<32}{'produced':>10}{'consumed':>10}")
-    for name in topology.stream_names():
-        print(f"{name:<32}{produced.get(name, 0):>10}{consumed.get(name, 0):>10}")
-    print(f"{'total':<32}{sum(produced.values()):>10}{sum(consumed.values()):>10}")
-    print()
-    print(f"consume: {seen} events in {consume_s:.2f}s; {len(rejected)} rejected records")
-    ok = len(in_order) == projects and seen == expected
     print(
-        f"slot order: {len(in_order)}/{projects} projects arrived complete and in slot order: {'yes' if ok else 'NO'}"
+        f"subscriptions: {len(SUBSCRIPTIONS)} consumer processes done in {time.perf_counter() - started:.1f}s"
     )
-    for line in rejected[:5]:
-        print(f"  rejected {line}")
-    return 0 if ok else 1
+    for slug, (code, tail) in zip(SUBSCRIPTIONS, outcomes, strict=True):
+        print(f"  {slug:<24} {'ok' if code == 0 else f'exit {code}'}  {tail}")
+
+    send_drill_command(settings, run)
+    started = time.perf_counter()
+    worker_runs = [
+        ["worker", "--queue", q, "--handler", h, "--until-idle", IDLE_S] for q, h in WORKERS.items()
+    ]
+    worker_outcomes = run_all(settings, worker_runs)
+    dlc = run_all(settings, [["dead-letter-consumer", "--until-idle", IDLE_S]])
+    print(
+        f"command workers: {len(WORKERS)} workers and the dead-letter consumer done in {time.perf_counter() - started:.1f}s"
+    )
+    for (queue, handler), (code, tail) in zip(WORKERS.items(), worker_outcomes, strict=True):
+        print(
+            f"  {queue + ' (' + handler + ')':<24} {'ok' if code == 0 else f'exit {code}'}  {tail}"
+        )
+    print(
+        f"  {'dead-letter-consumer':<24} {'ok' if dlc[0][0] == 0 else f'exit {dlc[0][0]}'}  {dlc[0][1]}"
+    )
+
+    print()
+    print_figures(settings)
+    print()
+    serve_operator_page(settings)
+    failed = [c for c, _ in outcomes + worker_outcomes + dlc if c != 0]
+    return 0 if ordered and not failed else 1
+
+
+def drill_drafts(run: str) -> list[Draft]:
+    """A drill project whose last events the ledger refuses every time, so they end as dead
+    letters an operator can look at (and retry or dismiss)."""
+    drafts = workload(f"{run}-drill", 1, 5 + DRILL_EVENTS)
+    return [
+        replace(draft, payload={**draft.payload, "drill": "fail"})
+        if n >= len(drafts) - DRILL_EVENTS
+        else draft
+        for n, draft in enumerate(drafts)
+    ]
 
 
 def publish_through_outbox(
-    settings: Settings, *, run: str, projects: int, events: int
+    settings: Settings, *, run: str, drafts: list[Draft], projects: int
 ) -> tuple[dict[str, int], int]:
     """Write the workload through an outbox with concurrent writers, then run the publisher until
     the outbox is empty. Prints the write and publish figures; returns the rows published per
@@ -102,7 +154,7 @@ def publish_through_outbox(
     try:
         written = write_workload(
             store,
-            workload(run, projects, events),
+            drafts,
             writers=settings.produce_writers,
             events_per_write=settings.produce_events_per_write,
         )
@@ -125,3 +177,160 @@ def publish_through_outbox(
     finally:
         store.close()
     return dict(per_stream), len(published)
+
+
+def check_slot_order(
+    settings: Settings, *, run: str, expected: int, produced: dict[str, int]
+) -> bool:
+    """Read the run's events back from the streams and check every project's slots arrived
+    complete and in order."""
+    prefix = f"proj-{run}-"
+    slots: dict[str, list[int]] = defaultdict(list)
+    consumed: dict[str, int] = defaultdict(int)
+    seen = 0
+    rejected: list[str] = []
+
+    def handle(event: Event, message: Message) -> None:
+        nonlocal seen
+        if event.project_id.startswith(prefix):
+            slots[event.project_id].append(event.slot or 0)
+            consumed[message.topic() or "?"] += 1
+            seen += 1
+
+    def reject(message: Message, error: EnvelopeError) -> None:
+        rejected.append(f"{message.topic()}[{message.partition()}]@{message.offset()}: {error}")
+
+    drain(
+        settings.kafka_config(),
+        group_id=group_id("demo", settings.env),
+        topics=settings.topology.stream_names(),
+        handle=handle,
+        reject=reject,
+        protocol=settings.group_protocol,
+        session_timeout_ms=settings.session_timeout_ms,
+        max_envelope_bytes=settings.max_envelope_bytes,
+        batch_size=settings.batch_size,
+        until_idle_s=10.0,
+        until=lambda: seen >= expected,
+        max_wait_s=300.0,
+    )
+    in_order = [p for p, s in slots.items() if s == list(range(1, len(s) + 1))]
+    print()
+    print(f"{'stream':<32}{'produced':>10}{'consumed':>10}")
+    for name in settings.topology.stream_names():
+        print(f"{name:<32}{produced.get(name, 0):>10}{consumed.get(name, 0):>10}")
+    print(f"{'total':<32}{sum(produced.values()):>10}{sum(consumed.values()):>10}")
+    ok = len(in_order) == len(slots) and seen == expected
+    print(
+        f"slot order: {len(in_order)}/{len(slots)} projects arrived complete and in slot order: "
+        f"{'yes' if ok else 'NO'}; {len(rejected)} rejected records"
+    )
+    print()
+    return ok
+
+
+def send_drill_command(settings: Settings, run: str) -> None:
+    """One integration command that fails every attempt: after its retries it is dead-lettered,
+    and the dead-letter consumer blocks its task through the router's outbox."""
+    now = datetime.now(UTC)
+    command = build(
+        Command,
+        command_id=f"cmd_drill_{run}",
+        command_type="change.dispatch",
+        project_id=f"proj-{run}-drill-00000",
+        change_id=f"proj-{run}-drill-00000-chg1",
+        task_id=f"proj-{run}-drill-00000-chg1-t0",
+        created_at=now,
+        deadline=now + timedelta(hours=1),
+        payload={"drill": "fail", "reason": "demo drill"},
+    )
+    producer = Producer(settings.kafka_config())
+    producer.produce(
+        queue_name("integration", settings.env),
+        encode(command, max_bytes=settings.max_envelope_bytes),
+        key=command.project_id,
+    )
+    producer.flush(settings.connect_timeout_s * 3)
+
+
+def run_all(settings: Settings, commands: list[list[str]]) -> list[tuple[int, str]]:
+    """Run ``rhumbatron`` subcommands as parallel processes; return each exit code and the last
+    line it printed on stderr (its summary)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env.update(settings.as_environment())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "router.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in commands
+    ]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        lines = [
+            line
+            for line in (stderr.strip().splitlines() + stdout.strip().splitlines())
+            if line.strip()
+        ]
+        out.append((proc.returncode, lines[-1][:150] if lines else ""))
+    return out
+
+
+def print_figures(settings: Settings) -> None:
+    from router.analytics_cli import count_points
+    from router.archive import archived_events, count_parts
+    from router.causal_queues import commands_by_type
+    from router.runtime import dead_letters
+    from router.workers.wiring import worker_figures
+
+    client = connect(settings.redis_url, timeout=settings.connect_timeout_s)
+    letters = dead_letters(settings, client).list()
+    figures: dict[str, Any] = {
+        "project views built": count_views(client, settings.env),
+        "commands by type": commands_by_type(settings),
+        "archive parts": count_parts(settings),
+        "events archived today": archived_events(settings),
+        "metric points": count_points(settings),
+        "dead letters": dict(Counter(f"{d.kind} ({d.status})" for d in letters)),
+        "workers": worker_figures(settings, client)["queues"],
+    }
+    print("figures")
+    for name, value in figures.items():
+        text = value if isinstance(value, int) else orjson.dumps(value).decode()
+        print(f"  {name:<24} {text}")
+
+
+def serve_operator_page(settings: Settings) -> None:
+    """Leave the operator page running in the background (it outlives this command)."""
+    state = Path(".local")
+    state.mkdir(exist_ok=True)
+    pid_file = state / "operator.pid"
+    token_file = state / "operator-token"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    token = (
+        settings.operator_token.get_secret_value()
+        if settings.operator_token
+        else secrets.token_urlsafe(16)
+    )
+    token_file.write_text(token + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env.update(settings.as_environment())
+    env["RHUMBATRON_OPERATOR_TOKEN"] = token
+    log = open(state / "operator.log", "w")  # noqa: SIM115 - the server keeps it open after we exit
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pid_file.write_text(str(proc.pid))
+    address = f"http://{settings.operator_host}:{settings.operator_port}/"
+    print(f"operator page: {address}  (token: {token}, also in {token_file})")
+    print(f"  stop it with: kill $(cat {pid_file})   log: {state / 'operator.log'}")

@@ -8,6 +8,7 @@ arguments, built here (``kafka_config``, ``topology``).
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from typing import Any, Literal
 
@@ -306,6 +307,22 @@ class Settings(BaseSettings):
     )
 
     # -- derived -----------------------------------------------------------------------------
+    def as_environment(self) -> dict[str, str]:
+        """These settings as ``RHUMBATRON_*`` variables, for a child process to read back the same
+        (complex fields as JSON, as pydantic-settings reads them; secrets revealed)."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            out[f"RHUMBATRON_{name.upper()}"] = (
+                json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            )
+        for name in ("classifier_key", "operator_token"):
+            secret = getattr(self, name)
+            if secret is not None:
+                out[f"RHUMBATRON_{name.upper()}"] = secret.get_secret_value()
+        return out
+
     def kafka_config(self, **overrides: Any) -> dict[str, Any]:
         """Base librdkafka settings every client shares; role-specific ones are added where the
         client is built (streams.producer.producer_config, the consumer loop)."""

@@ -7,7 +7,6 @@ gets its own environment name, so its topics, groups and Redis keys never meet a
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -79,15 +78,6 @@ def subprocess_env(s: Settings, **extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith("RHUMBATRON_") or k.startswith("RHUMBATRON_TEST_")
     }
-    for name, value in s.model_dump(mode="json").items():
-        if value is None:
-            continue
-        # pydantic-settings reads complex fields (lists, dicts, nested models) as JSON.
-        text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-        env[f"RHUMBATRON_{name.upper()}"] = text
-    for name in ("classifier_key", "operator_token"):
-        secret = getattr(s, name)
-        if secret is not None:
-            env[f"RHUMBATRON_{name.upper()}"] = secret.get_secret_value()
+    env.update(s.as_environment())
     env.update(extra)
     return env
