@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     archive_retention_days_dev: int = 30
     archive_retention_days_prod: int = 365
 
+    # -- project-view-projector --
+    project_view_missing_cap: int = Field(
+        1000,
+        ge=1,
+        description="most missing slots a project's view records; past it the view says "
+        "missingOverflow instead of growing",
+    )
+
     # -- audit-archiver --
     archive_store: Literal["local", "s3", "none"] = Field(
         "local",
@@ -165,14 +173,6 @@ class Settings(BaseSettings):
     archive_s3_secret_key: SecretStr | None = None
     archive_progress_step_pct: int = Field(
         10, ge=1, le=100, description="archive expire/verify print progress every this many %"
-    )
-
-    # -- project-view-projector --
-    project_view_missing_cap: int = Field(
-        1000,
-        ge=1,
-        description="most missing slots a project's view records; past it the view says "
-        "missingOverflow instead of growing",
     )
 
     # -- causal-router --
