@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 import orjson
+from confluent_kafka import KafkaException
 
 from router.settings import Settings
 from streams.admin import admin_client
@@ -227,7 +228,7 @@ def _check_streams(settings: Settings) -> None:
     base = settings.kafka_config()
     try:
         topics = admin_client(base).list_topics(timeout=settings.connect_timeout_s).topics
-    except Exception:  # unreachable: the publisher's outage handling takes over
+    except KafkaException:  # unreachable: the publisher's outage handling takes over
         return
     if not set(settings.topology.stream_names()) & set(topics):
         raise OutboxError(
@@ -254,13 +255,23 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    last: list[tuple[int, int, int]] = []
+
+    def progress(totals: PublisherTotals) -> None:
+        # A line when something moved since the last one: an idle publisher stays quiet.
+        now = (totals.published, totals.retries, totals.failed)
+        if last and last[0] == now:
+            return
+        last[:] = [now]
+        print(_progress_line(store, totals), file=sys.stderr, flush=True)
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with build_publisher(settings, store) as publisher:
             totals = publisher.run(
                 until_empty=args.until_empty,
                 stop=stop,
-                progress=lambda t: print(_progress_line(store, t), file=sys.stderr, flush=True),
+                progress=progress,
                 progress_interval_s=settings.outbox_progress_interval_s,
             )
         stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
