@@ -378,3 +378,32 @@ def test_a_pass_cut_short_by_the_cap_lets_the_next_projects_go_first(rigs) -> No
     for n in range(30):
         first = rig.row(items[f"proj-{n:02d}"][0].event_id)
         assert first.state is RowState.PUBLISHED, n
+
+
+def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
+    """With an hour-long poll interval, only the commit signal can make the publisher look."""
+    import threading
+    import time
+
+    store = sqlite_outbox()
+    kafka = SimulatedKafka()
+    stop = threading.Event()
+    with Publisher(
+        store, lambda: kafka, stream_for=_stream_for, policy=policy(poll_interval_s=3600)
+    ) as publisher:
+        runner = threading.Thread(target=publisher.run, kwargs={"stop": stop}, daemon=True)
+        runner.start()
+        try:
+            time.sleep(0.2)  # let its first, empty pass finish and the wait begin
+            items = drafts("proj-a", 2)
+            append_all(store, items)
+            deadline = time.monotonic() + 60  # far below the poll interval
+            while store.counts()[RowState.PUBLISHED] < 2:
+                assert time.monotonic() < deadline, "the commit did not wake the publisher"
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            store.commits.notify()  # let it see the stop at once
+            runner.join(30)
+    assert not runner.is_alive()
+    store.close()
