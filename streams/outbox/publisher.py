@@ -49,7 +49,7 @@ AFTER_ACK = "publisher.after_ack"
 class PublisherTotals:
     """Running figures of one publisher."""
 
-    passes: int = 0
+    passes: int = 0  # passes that sent rows (idle polls are not counted)
     published: int = 0
     row_faults: int = 0  # sends refused because of the row itself
     deferred: int = 0  # sends that failed for other reasons (outage, producer rebuilt)
