@@ -25,8 +25,10 @@ demo: up
 browser:
 	infra/local.sh browser
 
+# Tests run in three worker processes: most of their time is spent waiting on real servers and
+# subprocesses, not on the CPU, and each test has its own environment on the shared broker.
 test: up browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

@@ -216,7 +216,7 @@ def check_slot_order(
     )
     in_order = [p for p, s in slots.items() if s == list(range(1, len(s) + 1))]
     print()
-    print(f"{'stream':<32}{'produced':>10}{'consumed':>10}")
+    print(f"{'stream':<32}{'published':>10}{'consumed':>10}")
     for name in settings.topology.stream_names():
         print(f"{name:<32}{produced.get(name, 0):>10}{consumed.get(name, 0):>10}")
     print(f"{'total':<32}{sum(produced.values()):>10}{sum(consumed.values()):>10}")

@@ -7,6 +7,7 @@ the address tried, so a command never hangs on an unreachable broker.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,7 @@ def provision(
                         f"could not create topic {name}: {exc.args[0].str()}"
                     ) from exc
                 report.existing.append(name)  # another provisioner won the race
+        _await_leaders(admin, base, [s.name for s in missing], timeout)
     present = [s for s in specs if s.name in existing]
     for spec in present:
         report.existing.append(spec.name)
@@ -137,6 +139,33 @@ def provision(
             )
     report.reconfigured = _align_configs(admin, base, present, timeout)
     return report
+
+
+def _await_leaders(
+    admin: AdminClient, base: Mapping[str, Any], topics: list[str], timeout: float
+) -> None:
+    """Return once every partition of ``topics`` has a leader in the broker's metadata: a topic
+    is usable only then (a producer that races ahead gets UNKNOWN_TOPIC_OR_PART)."""
+    deadline = time.monotonic() + timeout
+    waiting = set(topics)
+    while waiting:
+        metadata = ensure_reachable(admin, base, timeout)
+        waiting = {
+            t
+            for t in waiting
+            if t not in metadata.topics
+            or metadata.topics[t].error is not None
+            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
+        }
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise Unreachable(
+                "Kafka",
+                bootstrap_of(base),
+                f"topics {sorted(waiting)} were created but have no leader after {timeout:g}s",
+            )
+        time.sleep(0.05)
 
 
 def _align_configs(
