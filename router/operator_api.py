@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import redis
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -254,6 +254,13 @@ def create_app(service: OperatorService) -> FastAPI:
     def held_projects() -> list[HeldProject]:
         """Projects whose next row failed to publish, in every configured outbox."""
         return service.held_projects()
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        """Prometheus scrape: lag, outbox depth and held projects, dead letters, workers."""
+        from router.metrics import render
+
+        return PlainTextResponse(render(service), media_type="text/plain; version=0.0.4")
 
     @app.get("/api/lag", tags=["consumers"], responses=_ERRORS)
     def lag() -> LagReport:

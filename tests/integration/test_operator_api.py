@@ -402,3 +402,32 @@ def test_every_endpoint_answers_as_its_openapi_document_says(world: World) -> No
             case.call_and_validate(base_url=base)
 
         check()
+
+
+def test_the_prometheus_scrape_agrees_with_the_api(world: World) -> None:
+    text = world.get("/metrics").text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    letters = world.get("/api/dead-letters", limit=100).json()["items"]
+    open_batches = sum(1 for d in letters if d["kind"] == "event-batch" and d["status"] == "open")
+    assert (
+        samples.get('rhumbatron_dead_letters{kind="event-batch",status="open"}', 0) == open_batches
+    )
+    outbox = str(world.outbox)
+    assert samples[f'rhumbatron_outbox_rows{{outbox="{outbox}",state="failed"}}'] == 1
+    assert samples[f'rhumbatron_outbox_held_projects{{outbox="{outbox}"}}'] == 1
+    lag = world.get("/api/lag").json()["subscriptions"]
+    ledger = next(s for s in lag if s["subscription"] == "flaky-ledger")
+    scraped = sum(
+        v
+        for k, v in samples.items()
+        if k.startswith("rhumbatron_consumer_lag{") and 'subscription="flaky-ledger"' in k
+    )
+    assert scraped == ledger["total_lag"]
+    assert {k: v for k, v in samples.items() if k.startswith("rhumbatron_scrape_error")} == {
+        f'rhumbatron_scrape_error{{source="{s}"}}': 0
+        for s in ("kafka-lag", "outboxes", "dead-letters", "workers")
+    }
