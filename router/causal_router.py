@@ -5,8 +5,8 @@ The router's consume process (``rhumbatron consume --subscription causal-router`
 threads besides the consume loop — the subscription's *companion*, started by ``consume`` once
 the processor is built and stopped when the loop ends:
 
-- the **publisher** of the router's outbox (``router_outbox_path``, by default
-  ``.local/router-outbox-<env>.sqlite``): it sends the events the router
+- the **publisher** of the router's outbox (``router_outbox_path``, by default the environment's
+  outbox ``.local/outbox-<env>.sqlite``): it sends the events the router
   decided (``candidate.stale``) to the streams. Router processes on one host share the file; the
   outbox's publisher lease lets one of them publish at a time (a kernel lock, freed however its
   holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
@@ -80,11 +80,14 @@ def classifier(settings: Settings) -> Classifier:
 
 
 def router_outbox_path(settings: Settings) -> Path:
-    """One outbox per environment: its rows carry no environment, and the publisher sends each to
-    the stream of its project in the publishing process's environment."""
+    """One outbox per environment (its rows carry no environment; the publisher sends each to the
+    stream of its project in the publishing process's environment). By default it is the
+    environment's outbox the services write to as well: slots are allocated per outbox, and a
+    project's log must be one dense sequence, so the router's events take their slots from the
+    same counter as every other event of the project."""
     if settings.router_outbox_path:
         return Path(settings.router_outbox_path)
-    return Path(".local") / f"router-outbox-{settings.env}.sqlite"
+    return Path(".local") / f"outbox-{settings.env}.sqlite"
 
 
 def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:

@@ -34,6 +34,7 @@ from confluent_kafka import Message
 from consumers.kafka_consumer import drain
 from consumers.redis_conn import connect
 from consumers.subscriptions.projector_view import count_views
+from router.causal_router import router_outbox_path
 from router.outbox_cli import build_publisher, open_outbox, write_workload
 from router.settings import QueuePolicy, Settings
 from streams.admin import admin_client, provision
@@ -147,9 +148,10 @@ def publish_through_outbox(
     """Write the workload through an outbox with concurrent writers, then run the publisher until
     the outbox is empty. Prints the write and publish figures; returns the rows published per
     stream and in all."""
-    folder = Path(settings.demo_outbox_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"outbox-{run}.db"
+    # The environment's outbox, which the router writes its own decisions to as well: one slot
+    # sequence per project.
+    path = router_outbox_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
     store = open_outbox(settings, path, create=True)
     try:
         written = write_workload(

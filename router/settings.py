@@ -111,7 +111,6 @@ class Settings(BaseSettings):
     produce_events_per_write: int = Field(
         5, ge=1, description="events one synthetic writer transaction appends"
     )
-    demo_outbox_dir: str = Field(".local/demo", description="where the demo keeps its outboxes")
 
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
@@ -181,9 +180,10 @@ class Settings(BaseSettings):
     )
     router_outbox_path: str | None = Field(
         None,
-        description="the router's own outbox (candidate.stale events), published by a thread of "
-        "its consume process; processes on one host may share it. Default: "
-        ".local/router-outbox-<env>.sqlite (one per environment: rows do not name their env)",
+        description="the outbox the router writes its decisions to (candidate.stale), published "
+        "by a thread of its consume process. Default: the environment's outbox, "
+        ".local/outbox-<env>.sqlite, which the demo's writers use too, so each project's slots "
+        "stay one dense sequence (slots are allocated per outbox)",
     )
     router_fold_history: int = Field(
         50, ge=1, description="finished changes and retired candidates one project's fold keeps"
