@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from consumers.runtime.parts import OpenPart, part_record
 from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
-from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects
+from consumers.runtime.store import Commit
 from consumers.runtime.types import (
     EffectKind,
     Progress,
@@ -52,18 +52,7 @@ class FilesMixin(RunnerBase):
             claims=open_part.claims,
             pending=pending,
         )
-        self.failpoint("runtime.before_store_commit")
-        try:
-            self.store.commit(commit)
-        except Fenced as exc:
-            self.stats.fenced += 1
-            log.warning("%s: %s", self.processor.slug, exc)
-            self._drop(part)
-            return
-        except (CursorMoved, PendingEffects) as exc:
-            log.warning("%s: %s; reloading", self.processor.slug, exc)
-            self._reload(part)
-            part.needs_recovery = part.progress.pending_effects
+        if not self._store_commit(part, commit):
             return
         part.progress = new
         self.failpoint("runtime.after_store_commit")

@@ -39,7 +39,7 @@ from consumers.runtime.runner_base import (
     RuntimePolicy,
     Stats,
 )
-from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
+from consumers.runtime.store import Commit, Store
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, Redelivery, Transport
 from consumers.runtime.types import (
@@ -389,18 +389,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 else:
                     self._fill_part(part, outcome)
                 continue
-            self.failpoint("runtime.before_store_commit")
-            try:
-                self.store.commit(outcome.commit)
-            except Fenced as exc:
-                self.stats.fenced += 1
-                log.warning("%s: %s", self.processor.slug, exc)
-                self._drop(part)
-                continue
-            except (CursorMoved, PendingEffects) as exc:
-                log.warning("%s: %s; reloading", self.processor.slug, exc)
-                self._reload(part)
-                part.needs_recovery = part.progress.pending_effects
+            if not self._store_commit(part, outcome.commit):
                 continue
             part.progress = outcome.commit.progress
             part.states.update(outcome.commit.states)

@@ -10,7 +10,7 @@ from typing import cast
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
 from consumers.runtime.parts import Line, OpenPart, PartWriter
-from consumers.runtime.store import Commit, Fenced, Store
+from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
 from consumers.runtime.transport import Output, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
@@ -150,6 +150,24 @@ class RunnerBase:
         self.transport.resume([part.tp])
         self.transport.seek(part.tp, part.progress.acked_through + 1)
         self._rewind_redelivery(part)
+
+    def _store_commit(self, part: PartitionState, commit: Commit) -> bool:
+        """Commit one partition's batch to the store. False when refused: fenced (the partition
+        is dropped) or the cursor moved under us (reloaded; pending effects recovered first)."""
+        self.failpoint("runtime.before_store_commit")
+        try:
+            self.store.commit(commit)
+        except Fenced as exc:
+            self.stats.fenced += 1
+            log.warning("%s: %s", self.processor.slug, exc)
+            self._drop(part)
+            return False
+        except (CursorMoved, PendingEffects) as exc:
+            log.warning("%s: %s; reloading", self.processor.slug, exc)
+            self._reload(part)
+            part.needs_recovery = part.progress.pending_effects
+            return False
+        return True
 
     def _drop(self, part: PartitionState) -> None:
         """We were fenced: another process owns this partition now. Stop touching it; the group
