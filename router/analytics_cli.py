@@ -10,18 +10,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import confluent_kafka
 import orjson
 
 from consumers.subscriptions.analytics import METRIC_NAMES
+from consumers.topic_reader import read_committed
 from router.settings import Settings
-from streams.admin import admin_client, client_config, ensure_reachable, provision
+from streams.admin import admin_client, provision
 from streams.errors import ConfigurationError, Unreachable
 from streams.topology import metrics_topic
 
@@ -219,53 +218,12 @@ def analytics(settings: Settings, args: argparse.Namespace) -> int:
 def scan_points(settings: Settings, visit: Callable[[bytes], None]) -> int:
     """Read the points topic from its start to its end as a ``read_committed`` reader (points of
     aborted transactions are not seen), calling ``visit`` with each value; returns the count."""
-    base = settings.kafka_config()
-    topic = metrics_topic(settings.env)
-    metadata = ensure_reachable(admin_client(base), base, settings.connect_timeout_s)
-    if topic not in metadata.topics:
-        return 0
-    partitions = list(metadata.topics[topic].partitions)
-    consumer = confluent_kafka.Consumer(
-        client_config(
-            base,
-            **{
-                "group.id": f"rhumbatron-count-points-{uuid.uuid4().hex[:12]}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            },
-        )
+    return read_committed(
+        settings.kafka_config(),
+        [metrics_topic(settings.env)],
+        lambda message: visit(message.value() or b""),
+        timeout_s=settings.analytics_count_timeout_s,
     )
-    count = 0
-    try:
-        consumer.assign(
-            [
-                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                for p in partitions
-            ]
-        )
-        open_partitions = set(partitions)
-        deadline = time.monotonic() + settings.analytics_count_timeout_s
-        while open_partitions:
-            if time.monotonic() > deadline:
-                raise Unreachable(
-                    "Kafka",
-                    settings.kafka_bootstrap,
-                    f"reading {topic} did not reach its end within "
-                    f"{settings.analytics_count_timeout_s:g}s (analytics_count_timeout_s)",
-                )
-            for message in consumer.consume(1000, timeout=0.5):
-                error = message.error()
-                if error is None:
-                    visit(message.value() or b"")
-                    count += 1
-                elif error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    open_partitions.discard(message.partition())
-                else:
-                    raise Unreachable("Kafka", settings.kafka_bootstrap, error.str())
-    finally:
-        consumer.close()
-    return count
 
 
 def count_points(settings: Settings) -> int:
