@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-import confluent_kafka
-
+from bench import raw
 from bench.harness import BenchEnv, case
 from consumers.kafka_consumer import drain
 from streams.admin import admin_client, provision
@@ -41,26 +40,7 @@ def raw_produce(env: BenchEnv) -> int:
         )
         for e in env.scratch["events"]
     ]
-    producer = confluent_kafka.Producer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "compression.type": "lz4",
-        }
-    )
-    for n, (topic, key, value) in enumerate(records):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if n % 1000 == 0:
-            producer.poll(0)
-    assert producer.flush(60) == 0
-    return len(records)
+    return raw.raw_produce(s.kafka_bootstrap, records)
 
 
 @case(
@@ -84,23 +64,7 @@ def our_produce(env: BenchEnv) -> int:
 @case("consume: raw confluent-kafka", setup=_provisioned)
 def raw_consume(env: BenchEnv) -> int:
     s = env.settings
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe(s.topology.stream_names())
-    seen = 0
-    idle = 0
-    while seen < 2 * env.size and idle < 20:
-        batch = consumer.consume(1000, timeout=0.5)
-        idle = 0 if batch else idle + 1
-        seen += sum(1 for m in batch if m.error() is None)
-    consumer.close()
-    return seen
+    return raw.raw_consume(s.kafka_bootstrap, s.topology.stream_names(), 2 * env.size)
 
 
 @case(

@@ -15,8 +15,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-import confluent_kafka
-
+from bench import raw
 from bench.harness import BenchEnv, case
 from router.outbox_cli import build_publisher, open_outbox, publisher_policy, write_workload
 from streams.admin import admin_client, provision
@@ -51,26 +50,7 @@ def raw_producer(env: BenchEnv) -> int:
     rows = conn.execute("SELECT project_id, envelope FROM outbox ORDER BY seq").fetchall()
     conn.close()
     records = [(s.topology.stream_for(p), p, bytes(v)) for p, v in rows]
-    producer = confluent_kafka.Producer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "linger.ms": 5,
-            "compression.type": "lz4",
-        }
-    )
-    for n, (topic, key, value) in enumerate(records):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if n % 1000 == 0:
-            producer.poll(0)
-    assert producer.flush(60) == 0
+    raw.raw_produce(s.kafka_bootstrap, records)
     shutil.rmtree(env.scratch["folder"], ignore_errors=True)
     return len(records)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-import confluent_kafka
-
+from bench import raw
 from bench.harness import BenchEnv, case
 from consumers.redis_conn import connect
 from router.runtime import open_subscription
@@ -33,20 +32,7 @@ def _published(env: BenchEnv) -> None:
 @case("runtime: raw confluent-kafka consume", setup=_published)
 def raw_consume(env: BenchEnv) -> int:
     s = env.settings
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe(s.topology.stream_names())
-    seen = 0
-    while seen < env.size:
-        seen += sum(1 for m in consumer.consume(1000, timeout=1.0) if m.error() is None)
-    consumer.close()
-    return seen
+    return raw.raw_consume(s.kafka_bootstrap, s.topology.stream_names(), env.size)
 
 
 @case(

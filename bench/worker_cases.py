@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import confluent_kafka
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from bench import raw
 from bench.harness import BenchEnv, case
 from router.settings import QueuePolicy, Settings
 from router.workers.drills import FlakyHandler, OkHandler
@@ -68,21 +69,7 @@ def _settings(env: BenchEnv) -> Settings:
 @case(RAW, setup=_filled, unit="commands")
 def raw_queue_consume(env: BenchEnv) -> int:
     s = _settings(env)
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([queue_name(QUEUE, s.env)])
-    seen = 0
-    while seen < env.size:
-        seen += sum(1 for m in consumer.consume(1000, timeout=1.0) if m.error() is None)
-    consumer.commit(asynchronous=False)
-    consumer.close()
-    return seen
+    return raw.raw_consume(s.kafka_bootstrap, [queue_name(QUEUE, s.env)], env.size)
 
 
 @case("workers: share-group consume, explicit ACCEPT", baseline=RAW, setup=_filled, unit="commands")
