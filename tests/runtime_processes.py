@@ -95,3 +95,50 @@ def wait_stopped(proc: subprocess.Popen[str], timeout: float = 60) -> None:
             )
         time.sleep(0.1)
     raise AssertionError("process did not stop itself")
+
+
+def consume_args(slug: str, until_idle: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "router.cli",
+        "consume",
+        "--subscription",
+        slug,
+        "--until-idle",
+        str(until_idle),
+    ]
+
+
+def consume_cli(
+    s: Settings,
+    slug: str,
+    *,
+    until_idle: float = 4,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``rhumbatron consume --subscription SLUG --until-idle S`` to the end."""
+    return subprocess.run(
+        consume_args(slug, until_idle),
+        cwd=ROOT,
+        env=subprocess_env(s, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_consume_cli(
+    s: Settings, slug: str, *, until_idle: float = 4, **env: str
+) -> subprocess.Popen[str]:
+    """The same, started in the background."""
+    return subprocess.Popen(
+        consume_args(slug, until_idle),
+        cwd=ROOT,
+        env=subprocess_env(s, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

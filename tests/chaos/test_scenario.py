@@ -29,7 +29,13 @@ from streams.ids import stable_event_id
 from tests.conftest import subprocess_env
 from tests.kafka_helpers import read_all
 from tests.projector_oracle import expected_view
-from tests.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.runtime_processes import (
+    ROOT,
+    cli,
+    consume_cli,
+    publish,
+    runtime_settings,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -141,23 +147,7 @@ def expected_commands(events: list[Event]) -> Counter[tuple[str, str | None]]:
 
 
 def _consume(s: Settings, slug: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router.cli",
-            "consume",
-            "--subscription",
-            slug,
-            "--until-idle",
-            "4",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(s, **env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return consume_cli(s, slug, env=env)
 
 
 def test_a_change_run_through_release_with_duplicates_and_a_killed_consumer(

@@ -37,7 +37,13 @@ from streams.topology import metrics_topic
 from streams.workload import slotted_events, workload
 from tests.conftest import subprocess_env
 from tests.kafka_helpers import read_all
-from tests.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.runtime_processes import (
+    ROOT,
+    cli,
+    consume_cli,
+    publish,
+    runtime_settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,23 +76,7 @@ def rs(settings: Settings, tmp_path: Path) -> Iterator[Settings]:
 
 
 def _consume(s: Settings, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router.cli",
-            "consume",
-            "--subscription",
-            SLUG,
-            "--until-idle",
-            "4",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(s, **env),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return consume_cli(s, SLUG, timeout=240, env=env)
 
 
 def _points(s: Settings, expect: int) -> list[dict[str, Any]]:

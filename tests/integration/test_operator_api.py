@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,11 +33,17 @@ from streams.envelopes import Event
 from streams.outbox.store import RowState, RowUpdate
 from streams.topology import queue_name
 from streams.workload import slotted_events, workload
-from tests.conftest import cleanup_environment, make_settings, subprocess_env
+from tests.conftest import cleanup_environment, make_settings
 from tests.kafka_helpers import read_all
 from tests.operator_helpers import running_server, write_command_letter
 from tests.outbox_helpers import append_all, drafts, outbox_for
-from tests.runtime_processes import ROOT, cli, publish, run, runtime_settings
+from tests.runtime_processes import (
+    cli,
+    publish,
+    run,
+    runtime_settings,
+    start_consume_cli,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -88,23 +93,7 @@ def _drilled(s: Settings) -> tuple[list[Event], list[Event]]:
 
 
 def _consume_with_cli(s: Settings, slug: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "router.cli",
-            "consume",
-            "--subscription",
-            slug,
-            "--until-idle",
-            "3",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(s),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_consume_cli(s, slug, until_idle=3)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import orjson
 import pytest
@@ -22,9 +21,13 @@ from consumers.subscriptions.projector_view import (
 from router.settings import Settings
 from streams.envelopes import Event
 from streams.workload import project_events, slotted_events, workload
-from tests.conftest import subprocess_env
 from tests.projector_oracle import expected_feed, expected_view
-from tests.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.runtime_processes import (
+    cli,
+    consume_cli,
+    publish,
+    runtime_settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,24 +52,7 @@ def _arrivals() -> tuple[list[Event], list[Event], int]:
 
 
 def _consume(s: Settings, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "router.cli",
-            "consume",
-            "--subscription",
-            SLUG,
-            "--until-idle",
-            "4",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(s, **env),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    return consume_cli(s, SLUG, timeout=180, env=env)
 
 
 def _check_views(s: Settings, arrived: list[Event], gaps: int) -> None:
