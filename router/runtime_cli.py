@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import signal
 import sys
-import threading
 from typing import Any
 
 import orjson
@@ -22,6 +20,7 @@ from router.runtime import (
     tp_of,
 )
 from router.settings import Settings
+from router.signals import stop_on_signals
 from streams.clock import SystemClock
 from streams.topology import QUEUE_PURPOSES
 
@@ -35,10 +34,8 @@ def _who(args: argparse.Namespace) -> str:
 
 
 def consume(settings: Settings, args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
     subscription = open_subscription(settings, args.subscription)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         stats = subscription.runner.run(
             until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick

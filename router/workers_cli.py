@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 
@@ -11,6 +10,7 @@ import orjson
 
 from router.runtime import redis_client
 from router.settings import Settings
+from router.signals import stop_on_signals
 from router.workers.drills import HANDLERS
 from router.workers.wiring import (
     WorkerProcess,
@@ -22,10 +22,7 @@ from streams.errors import ConfigurationError
 from streams.topology import QUEUE_PURPOSES
 
 
-def _run(process: WorkerProcess, name: str, until_idle: float | None) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+def _run(process: WorkerProcess, name: str, until_idle: float | None, stop: threading.Event) -> int:
     try:
         stats = process.worker.run(
             until_idle_s=until_idle, should_stop=stop.is_set, tick=process.tick
@@ -45,15 +42,17 @@ def worker(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"unknown handler {name!r}; built-in handlers: {', '.join(sorted(HANDLERS))}"
         )
+    stop = stop_on_signals()
     client = redis_client(settings)
     handler = HANDLERS[name](client, settings.env, args.queue)
     process = open_worker(settings, args.queue, handler, client=client)
-    return _run(process, f"worker {args.queue} ({name})", args.until_idle)
+    return _run(process, f"worker {args.queue} ({name})", args.until_idle, stop)
 
 
 def dead_letter_consumer(settings: Settings, args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
     process = open_dead_letter_consumer(settings)
-    return _run(process, "dead-letter-consumer", args.until_idle)
+    return _run(process, "dead-letter-consumer", args.until_idle, stop)
 
 
 def worker_stats(settings: Settings, args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import orjson
 
 from router.settings import Settings
 from streams.envelopes import Event
+from streams.errors import DeliveryFailed
 from streams.producer import Producer, send_to_streams
 from tests.conftest import subprocess_env
 
@@ -32,14 +33,27 @@ def runtime_settings(base: Settings, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def publish(s: Settings, events: list[Event]) -> None:
-    send_to_streams(
-        Producer(s.kafka_config()),
-        events,
-        stream_for=s.topology.stream_for,
-        max_bytes=s.max_envelope_bytes,
-        flush_timeout=60,
-    )
+def publish(s: Settings, events: list[Event], *, attempts: int = 5) -> None:
+    """Send events to their streams, at least once. A broker loaded by many tests at once can
+    refuse a whole produce request with a retriable error (seen: UNKNOWN_TOPIC_OR_PART for every
+    topic of a batch); the batch is then sent again, as the outbox publisher would. Duplicates
+    are what the subscriptions are built to absorb, and order per project is kept: a batch is
+    sent again before any later one."""
+    for attempt in range(1, attempts + 1):
+        try:
+            send_to_streams(
+                Producer(s.kafka_config()),
+                events,
+                stream_for=s.topology.stream_for,
+                max_bytes=s.max_envelope_bytes,
+                flush_timeout=60,
+            )
+            return
+        except DeliveryFailed as exc:
+            transient = all(f.retriable or "UNKNOWN_TOPIC_OR_PART" in f.error for f in exc.failures)
+            if attempt == attempts or not transient:
+                raise
+            time.sleep(0.5 * attempt)
 
 
 def start(

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 from typing import ClassVar
 
 import orjson
@@ -30,6 +28,7 @@ from consumers.runtime.types import (
 from consumers.subscriptions.ledger import Ledger
 from router.runtime import open_subscription
 from router.settings import Settings
+from router.signals import stop_on_signals
 from streams.envelopes import Event
 
 
@@ -79,9 +78,8 @@ def main() -> int:
     processor: Processor = {"ledger": Ledger, "flaky-ledger": FlakyLedger}.get(args.name, Ledger)()
     if args.name == "kafka-counter":
         processor = KafkaCounter(settings.env)
+    stop = stop_on_signals()
     subscription = open_subscription(settings, processor.slug, processor=processor)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stats = subscription.runner.run(
             until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
