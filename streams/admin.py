@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
 )
 
 from streams.errors import TopologyError, Unreachable
@@ -158,14 +159,36 @@ def _await_leaders(
             or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
         }
         if not waiting:
+            waiting = _not_serving(admin, metadata, topics, timeout)
+        if not waiting:
             return
         if time.monotonic() > deadline:
             raise Unreachable(
                 "Kafka",
                 bootstrap_of(base),
-                f"topics {sorted(waiting)} were created but have no leader after {timeout:g}s",
+                f"topics {sorted(waiting)} were created but are not served after {timeout:g}s",
             )
         time.sleep(0.05)
+
+
+def _not_serving(admin: AdminClient, metadata: Any, topics: list[str], timeout: float) -> set[str]:
+    """Topics some partition of which the leader does not serve yet: a ListOffsets request goes
+    to the partition's log itself, which a broker creates after it announced the leader (a
+    produce in between is refused with UNKNOWN_TOPIC_OR_PART)."""
+    request = {
+        TopicPartition(t, p): OffsetSpec.latest()
+        for t in topics
+        for p in metadata.topics[t].partitions
+    }
+    if not request:
+        return set()
+    failing: set[str] = set()
+    for tp, future in admin.list_offsets(request, request_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException:
+            failing.add(tp.topic)
+    return failing
 
 
 def _align_configs(
