@@ -36,9 +36,11 @@ from typing import Any, cast
 
 import faust
 import orjson
+from faust.exceptions import ConsumerNotStarted
 from faust.tables.wrappers import WindowWrapper
 from faust.types import EventT, StreamT
 from faust.web import Request, Response, View
+from faust.web.exceptions import ServiceUnavailable
 
 from consumers.subscriptions.analytics import METRIC_NAMES
 
@@ -205,9 +207,13 @@ def build_app(config: RollupConfig) -> faust.App:
             by_metric[metric_shard(point.metric, partition)] += 1
 
     def local_partitions() -> list[int]:
-        return sorted(
-            tp.partition for tp in app.consumer.assignment() if tp.topic == config.points_topic
-        )
+        try:
+            assigned = app.consumer.assignment()
+        except ConsumerNotStarted as exc:
+            # The web view starts before the consumer thread: answer "not ready" (503), which
+            # `rhumbatron analytics` reports as such, rather than an internal error.
+            raise ServiceUnavailable("the rollup's consumer is still starting") from exc
+        return sorted(tp.partition for tp in assigned if tp.topic == config.points_topic)
 
     @app.page("/analytics/metric/{metric}/")
     class MetricView(View):
