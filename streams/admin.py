@@ -215,6 +215,21 @@ def _align_configs(
     if resources:
         for future in admin.incremental_alter_configs(resources, request_timeout=timeout).values():
             _result(future, "altering topic configs", base, timeout)
+        # The broker applies a config change to its metadata asynchronously: return once it shows,
+        # so whoever provisions next (or describes the topology) sees what was set.
+        wanted = {s.name: s.config for s in specs if s.name in changed}
+        deadline = time.monotonic() + timeout
+        while True:
+            now = describe_configs(admin, base, list(wanted), timeout)
+            if all(now.get(t, {}).get(k) == v for t, cfg in wanted.items() for k, v in cfg.items()):
+                break
+            if time.monotonic() > deadline:
+                raise Unreachable(
+                    "Kafka",
+                    bootstrap_of(base),
+                    f"config changes of {sorted(wanted)} not applied after {timeout:g}s",
+                )
+            time.sleep(0.05)
     return changed
 
 
