@@ -122,7 +122,9 @@ class Settings(BaseSettings):
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     control_check_interval_s: float = 1.0
-    worker_slot_ttl_s: int = 15
+    # Longer than any single blocking call of the loop (broker calls are bounded at 10 s, a
+    # transaction's commit at 30 s), so only a truly stalled worker loses its slot.
+    worker_slot_ttl_s: int = 60
     transaction_timeout_ms: int = 30_000
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
     failure_policies: dict[str, str] = Field(default_factory=dict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -156,3 +157,18 @@ def start_consume_cli(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def wait_ready(proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait until a tests.subscription_main process says it is subscribed."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if ready:
+            line = proc.stderr.readline()
+            if line.strip() == "ready":
+                return
+            if not line and proc.poll() is not None:
+                raise AssertionError(f"process exited ({proc.returncode}) before it was ready")
+    raise AssertionError("process did not get ready in time")

@@ -80,6 +80,7 @@ def main() -> int:
         processor = KafkaCounter(settings.env)
     stop = stop_on_signals()
     subscription = open_subscription(settings, processor.slug, processor=processor)
+    print("ready", file=sys.stderr, flush=True)  # subscribed: a test may now stop it
     try:
         stats = subscription.runner.run(
             until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick

@@ -55,7 +55,12 @@ class KafkaTransport:
     ) -> None:
         self.group_id = group_id
         self._bootstrap = bootstrap_of(base)
-        extra: dict[str, Any] = {"max.poll.interval.ms": max_poll_interval_ms}
+        # Partition EOF events tell when a partition has been read to its end (librdkafka knows
+        # about transaction markers and the last stable offset; a position does not).
+        extra: dict[str, Any] = {
+            "max.poll.interval.ms": max_poll_interval_ms,
+            "enable.partition.eof": True,
+        }
         self.consumer = confluent_kafka.Consumer(
             consumer_config(
                 base,
@@ -67,6 +72,7 @@ class KafkaTransport:
         )
         self._assigned: set[TP] = set()
         self._seeks: dict[TP, int] = {}
+        self._at_end: set[TP] = set()  # partitions read to their end since their last record
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -83,13 +89,18 @@ class KafkaTransport:
                     )
                 )
             consumer.incremental_assign(out)
+            # librdkafka keeps a partition's pause flag across unassign/assign: a partition we
+            # paused in an earlier assignment (e.g. after being fenced) must fetch again.
+            consumer.resume(out)
             self._assigned.update(tps)
+            self._at_end.difference_update(tps)
 
         def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
             tps = [TP(p.topic, p.partition) for p in partitions]
             on_revoke(tps)
             consumer.incremental_unassign(partitions)
             self._assigned.difference_update(tps)
+            self._at_end.difference_update(tps)
             for tp in tps:
                 self._seeks.pop(tp, None)
 
@@ -104,15 +115,19 @@ class KafkaTransport:
         out = []
         for message in messages:
             error = message.error()
+            tp = TP(message.topic() or "", message.partition() or 0)
             if error is not None:
                 if error.fatal():
                     raise KafkaException(error)
-                if error.code() != KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if tp not in self._seeks:
+                        self._at_end.add(tp)
+                else:
                     log.warning("consumer error on %s: %s", message.topic(), error.str())
                 continue
-            tp = TP(message.topic() or "", message.partition() or 0)
             if tp in self._seeks:
                 continue  # fetched before a pending seek took effect; it will come again
+            self._at_end.discard(tp)
             out.append(_record(message))
         return out
 
@@ -141,6 +156,7 @@ class KafkaTransport:
 
     def seek(self, tp: TP, offset: int) -> None:
         if tp in self._assigned:
+            self._at_end.discard(tp)
             self._seeks[tp] = offset
             self._apply_seeks()
 
@@ -180,6 +196,9 @@ class KafkaTransport:
         except KafkaException:
             return -1
         return int(high) if high is not None and high >= 0 else -1
+
+    def caught_up(self, tps: Iterable[TP]) -> bool:
+        return all(tp in self._at_end for tp in tps)
 
     def log_start(self, tp: TP) -> int:
         try:

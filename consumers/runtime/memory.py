@@ -166,6 +166,9 @@ class MemoryTransport:
     def log_start(self, tp: TP) -> int:
         return self.retention_start.get(tp, 0)
 
+    def caught_up(self, tps: Iterable[TP]) -> bool:
+        return all(self._assigned.get(tp, 0) >= self.log.end(tp) for tp in tps)
+
     def group_metadata(self) -> Any:
         return self.group
 

@@ -200,8 +200,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         return len(records)
 
     def idle(self) -> bool:
-        """Nothing paused for a retry and nothing pending."""
-        return all(p.retry_at is None and not p.needs_recovery for p in self.parts.values())
+        """Nothing paused for a retry, nothing pending, and every partition read to its end (a
+        consumer that merely got nothing for a while, on a loaded broker, is not idle)."""
+        if not all(p.retry_at is None and not p.needs_recovery for p in self.parts.values()):
+            return False
+        return self.transport.caught_up(self.parts)
 
     def run(
         self,

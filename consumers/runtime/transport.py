@@ -53,6 +53,10 @@ class Transport(Protocol):
         """End offset of the partition; -1 when unknown. ``cached`` may answer from the last
         fetch instead of asking the broker."""
 
+    def caught_up(self, tps: Iterable[TP]) -> bool:
+        """These partitions have been read up to their end (as far as this reader may read: for
+        read_committed, up to the last stable offset)."""
+
     def log_start(self, tp: TP) -> int:
         """The partition's first retained offset (0 until retention deleted something)."""
 

@@ -18,7 +18,15 @@ from router.settings import Settings
 from streams.admin import admin_client
 from streams.workload import project_events, slotted_events, workload
 from tests.kafka_helpers import read_all
-from tests.runtime_processes import cli, publish, run, runtime_settings, start, wait_stopped
+from tests.runtime_processes import (
+    cli,
+    publish,
+    run,
+    runtime_settings,
+    start,
+    wait_ready,
+    wait_stopped,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -139,6 +147,7 @@ def test_a_second_consumer_joining_and_leaving_ten_times_leaves_no_gap_and_no_du
     try:
         for _ in range(10):
             joiner = start(rs, "ledger")
+            wait_ready(joiner)  # it joins the group from here on
             time.sleep(1.5)
             joiner.send_signal(signal.SIGTERM)
             _, err = joiner.communicate(timeout=60)
