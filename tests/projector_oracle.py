@@ -72,7 +72,7 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
             if e.event_type == "task.started":
                 t["agent"] = e.payload["agentId"]
                 open_tasks[e.payload["agentId"]] += 1
-            if e.event_type in ("task.completed", "task.failed"):
+            if e.event_type in ("task.completed", "task.failed") and "agentId" in e.payload:
                 open_tasks[e.payload["agentId"]] -= 1
         if e.event_type in CHANGE and e.change_id is not None:
             changes[e.change_id] = CHANGE[e.event_type]

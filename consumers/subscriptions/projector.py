@@ -48,9 +48,10 @@ opened a gap to count it exactly (the view's ``gapsRecorded`` and the partition'
 price: like any fold, a ``re_reduce`` or ``reprocess_from`` replays the partition from its start
 (the stream, then the archive past its retention).
 
-Bad input (a task event without ``taskId``, a start without ``agentId``, a ``canonical.advanced``
-without a generation) raises :class:`ProjectorInputError` naming the event, the field and the
-value: the runtime retries and then dead-letters it, never dropping it silently.
+Bad input (a task event without ``taskId``, a start or completion without ``agentId`` — a
+``task.failed`` may name no agent — a ``canonical.advanced`` without a generation) raises
+:class:`ProjectorInputError` naming the event, the field and the value: the runtime retries and
+then dead-letters it, never dropping it silently.
 """
 
 from __future__ import annotations
@@ -182,8 +183,12 @@ def feed_entry(event: Event) -> bytes:
     return orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
 
 
-def _agent_id(event: Event) -> str:
+def _agent_id(event: Event) -> str | None:
+    """The agent a task event names. ``task.failed`` may name none: the dead-letter path writes
+    it for a task whose command never reached an agent (a dispatch), so no agent is freed."""
     agent = event.payload.get("agentId")
+    if agent is None and event.event_type == "task.failed":
+        return None
     if not isinstance(agent, str) or not agent:
         raise ProjectorInputError(
             event, "payload.agentId", agent, "must be a non-empty string (the task's agent)"
@@ -284,8 +289,10 @@ class ProjectViewProjector(BaseProcessor):
                 ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
             if etype in AGENT_DELTA:
                 agent = _agent_id(event)
-                ops.append(RedisOp("HINCRBY", view_key(p, "agents"), (agent, AGENT_DELTA[etype])))
-                if etype == "task.started":
+                if agent is not None:
+                    delta = AGENT_DELTA[etype]
+                    ops.append(RedisOp("HINCRBY", view_key(p, "agents"), (agent, delta)))
+                if agent is not None and etype == "task.started":
                     ops.append(
                         RedisOp(
                             "HSET", view_key(p, "task_agent"), (agent_field(order, task), agent)

@@ -12,11 +12,15 @@ import pytest
 
 from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
 from consumers.runtime.dead_letters import MemoryDeadLetters, Status, command_letter_id
+from consumers.subscriptions.projector import ProjectViewProjector
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.model import CommandContext
-from streams.envelopes import Command, encode
+from streams.envelopes import Command, Event, build, decode_event, encode
+from streams.ids import new_event_id
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
+from tests.projector_oracle import expected_view, memory_view
+from tests.runtime_harness import World as RuntimeWorld
 from tests.unit.test_workers import MAX, Scripted, World, policy
 
 
@@ -161,3 +165,49 @@ def test_a_dead_lettered_record_that_is_not_a_command_becomes_a_poison_letter(
     [letter] = p.store.list()
     assert letter.kind == "poison" and letter.origin_queue == "agent-wakeups"
     assert letter.entries[0].value == b"\x00garbage"
+
+
+def test_what_the_dead_letter_path_writes_for_an_unstarted_task_is_valid_input_to_the_view(
+    outbox: SqliteOutbox,
+) -> None:
+    # A dispatch names no agent: the task never reached one, so its task.failed names none and
+    # the project view must take it as it is, not dead-letter it for lacking an agent.
+    p = Pipeline(outbox)
+    p.world.send(p.world.command("cmd_dispatch_t1", taskId="t1"))
+    p.run(40)
+    with sqlite3.connect(outbox.path) as conn:
+        rows = conn.execute("SELECT envelope FROM outbox ORDER BY slot").fetchall()
+    written = [decode_event(bytes(r[0]), max_bytes=MAX) for r in rows]
+    assert [e.event_type for e in written] == ["task.blocked", "task.failed"]
+    assert "agentId" not in written[1].payload
+
+    def before(slot: int, event_type: str, payload: dict[str, object]) -> Event:
+        return build(
+            Event,
+            event_id=new_event_id(),
+            event_type=event_type,
+            tenant_id="tenant-x",
+            project_id="p1",
+            change_id="chg1",
+            task_id="t1",
+            actor="test",
+            timestamp=written[0].timestamp,
+            payload=payload,
+            slot=slot,
+        )
+
+    events = [
+        before(1, "task.created", {"dependsOn": [], "resources": []}),
+        before(2, "task.ready", {}),
+        *(e.model_copy(update={"slot": 3 + n}) for n, e in enumerate(written)),
+    ]
+    world = RuntimeWorld()
+    for e in events:
+        world.publish(e)
+    runner = world.runner(ProjectViewProjector(feed_length=50, missing_cap=1000))
+    world.drain(runner)
+    assert runner.stats.dead_lettered == 0 and runner.stats.failures == 0
+    v = memory_view(world.store, world.tp_of("p1"), "p1")
+    assert v is not None and v["tasks"]["t1"]["state"] == "failed"
+    assert v["activeAgents"] == {}
+    assert v == expected_view("p1", world.tp_of("p1"), events)
