@@ -74,21 +74,44 @@ def _change_lifecycle(project_id: str, change_no: int, generation: int) -> Itera
     yield draft(
         "change.created", None, {"clientRequestId": f"req-{change}", "title": f"change {change_no}"}
     )
+    # A chain t0 -> t1 that fans out: the last two tasks both depend on t1, run at the same time
+    # on two agents, and touch one shared file, so the second agent's intent overlaps what the
+    # first one holds (the router wakes the first agent).
     tasks = [f"{change}-t{i}" for i in range(TASKS_PER_CHANGE)]
+    fan = TASKS_PER_CHANGE - 2  # tasks before this index form the chain
+    deps = [[tasks[min(i, fan) - 1]] if i else [] for i in range(len(tasks))]
+    files = [
+        [f"src/mod{i}.py"] + (["src/shared.py"] if i >= fan else []) for i in range(len(tasks))
+    ]
+    agents = [f"agent-{i % 3}" for i in range(len(tasks))]
     for i, task in enumerate(tasks):
-        deps = [tasks[i - 1]] if i else []
-        yield draft("task.created", task, {"dependsOn": deps, "resources": [f"src/mod{i}.py"]})
-    for i, task in enumerate(tasks):
-        agent = f"agent-{i % 3}"
-        yield draft("task.ready", task, {})
-        yield draft("task.started", task, {"agentId": agent}, actor=f"agent:{agent}")
+        yield draft("task.created", task, {"dependsOn": deps[i], "resources": files[i]})
+
+    def start(i: int) -> Iterator[Draft]:
+        agent = agents[i]
+        yield draft("task.started", tasks[i], {"agentId": agent}, actor=f"agent:{agent}")
         yield draft(
             "intent.declared",
-            task,
-            {"agentId": agent, "resources": [f"src/mod{i}.py"]},
+            tasks[i],
+            {"agentId": agent, "resources": files[i]},
             actor=f"agent:{agent}",
         )
-        yield draft("task.completed", task, {"agentId": agent}, actor=f"agent:{agent}")
+
+    def complete(i: int) -> Draft:
+        agent = agents[i]
+        return draft("task.completed", tasks[i], {"agentId": agent}, actor=f"agent:{agent}")
+
+    for i in range(fan):
+        yield draft("task.ready", tasks[i], {})
+        yield from start(i)
+        yield complete(i)
+    concurrent = range(fan, len(tasks))
+    for i in concurrent:
+        yield draft("task.ready", tasks[i], {})
+    for i in concurrent:
+        yield from start(i)
+    for i in concurrent:
+        yield complete(i)
     candidate = f"cand-{change}"
     yield draft(
         "verification.started", None, {"candidateId": candidate, "workGraphCompleted": True}

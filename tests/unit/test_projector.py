@@ -192,19 +192,19 @@ def test_task_agent_and_change_states_through_a_realistic_lifecycle() -> None:
     assert {t["state"] for k, t in v["tasks"].items() if k != f"{chg1}-t0"} == {"created"}
     assert v["activeAgents"] == {"agent-0": 1} and v["generation"] is None
 
-    for e in events[9:20]:  # through t3's start
+    for e in events[9:20]:  # t1 done; t2 and t3 (both after t1) started and declared at once
         world.publish(e)
     world.drain(runner)
     v = view(world, "alpha")
     assert [v["tasks"][f"{chg1}-t{i}"]["state"] for i in range(4)] == [
         "completed",
         "completed",
-        "completed",
+        "started",
         "started",
     ]
-    assert v["activeAgents"] == {"agent-0": 1}  # t3 runs on agent-0 (3 % 3)
+    assert v["activeAgents"] == {"agent-2": 1, "agent-0": 1}  # t3 runs on agent-0 (3 % 3)
 
-    for e in events[20:28]:  # t3 done; verification, candidate, promotion, canonical, release
+    for e in events[20:28]:  # t2, t3 done; verification, candidate, promotion, canonical, release
         world.publish(e)
     world.drain(runner)
     v = view(world, "alpha")
@@ -264,8 +264,8 @@ def test_several_tasks_on_one_agent_keep_it_active_until_the_last_ends() -> None
     runner = world.runner(projector())
     for e in events[:8]:  # t0 started by agent-0
         world.publish(e)
-    assert events[19].event_type == "task.started" and events[19].payload["agentId"] == "agent-0"
-    t3_start = events[19].model_copy(update={"slot": 9})
+    assert events[18].event_type == "task.started" and events[18].payload["agentId"] == "agent-0"
+    t3_start = events[18].model_copy(update={"slot": 9})
     world.publish(t3_start)
     world.drain(runner)
     assert view(world, "alpha")["activeAgents"] == {"agent-0": 2}
@@ -279,6 +279,7 @@ def test_several_tasks_on_one_agent_keep_it_active_until_the_last_ends() -> None
     [
         ({"event_type": "task.started", "payload": {}}, "payload.agentId"),
         ({"event_type": "task.completed", "payload": {"agentId": ""}}, "payload.agentId"),
+        ({"event_type": "task.failed", "payload": {"agentId": 7}}, "payload.agentId"),
         ({"event_type": "task.ready", "task_id": None}, "taskId"),
         ({"event_type": "change.created", "change_id": None}, "changeId"),
         ({"event_type": "canonical.advanced", "payload": {}}, "canonicalGeneration"),
