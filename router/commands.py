@@ -135,7 +135,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 def demo(settings: Settings, args: argparse.Namespace) -> int:
     from router.demo import run_demo
 
-    return run_demo(settings, projects=args.projects, events=args.events)
+    return run_demo(settings, projects=args.projects, events=args.events, serve=args.serve)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,4 +167,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="the main job: provision, produce, consume, print the figures")
     p.add_argument("--projects", type=int, default=200)
     p.add_argument("--events", type=int, default=10_000)
+    p.add_argument(
+        "--no-serve",
+        dest="serve",
+        action="store_false",
+        help="do not leave the operator page running afterwards",
+    )
     p.set_defaults(handler=demo)

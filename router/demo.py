@@ -75,7 +75,7 @@ def demo_settings(settings: Settings) -> Settings:
     )
 
 
-def run_demo(settings: Settings, *, projects: int, events: int) -> int:
+def run_demo(settings: Settings, *, projects: int, events: int, serve: bool = True) -> int:
     settings = demo_settings(settings)
     base = settings.kafka_config()
     topology = settings.topology
@@ -124,8 +124,9 @@ def run_demo(settings: Settings, *, projects: int, events: int) -> int:
 
     print()
     print_figures(settings)
-    print()
-    serve_operator_page(settings)
+    if serve:
+        print()
+        serve_operator_page(settings)
     failed = [c for c, _ in outcomes + worker_outcomes + dlc if c != 0]
     return 0 if ordered and not failed else 1
 
@@ -300,7 +301,7 @@ def print_figures(settings: Settings) -> None:
         "dead letters": dict(Counter(f"{d.kind} ({d.status})" for d in letters)),
         "workers": worker_figures(settings, client)["queues"],
     }
-    print("figures")
+    print(f"figures for environment '{settings.env}' (totals so far, this run included)")
     for name, value in figures.items():
         text = value if isinstance(value, int) else orjson.dumps(value).decode()
         print(f"  {name:<24} {text}")
