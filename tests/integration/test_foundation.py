@@ -78,6 +78,13 @@ def test_provisioning_refuses_a_plan_over_the_stream_limit(settings: Settings) -
     extra = [NewTopic(f"rhumbatron_events_{i:02d}_{settings.env}", 1, 1) for i in range(8, 21)]
     for f in admin.create_topics(extra).values():
         f.result()
+    # A created topic shows in metadata a moment later on a loaded broker; provisioning can only
+    # count what metadata shows, so wait until it shows all of them.
+    names = {t.topic for t in extra}
+    deadline = time.monotonic() + 30
+    while not names <= set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, "created topics never showed in metadata"
+        time.sleep(0.2)
     with pytest.raises(TopologyError, match="21 streams .* over the limit of 20"):
         _provision(settings)
     existing = admin.list_topics(timeout=10).topics
