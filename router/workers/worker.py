@@ -152,13 +152,18 @@ class Worker:
         tick: Callable[[], None] = lambda: None,
     ) -> WorkerStats:
         """Work until ``should_stop()``, or until nothing arrived and nothing waited for
-        ``until_idle_s`` (counted from the first assignment)."""
+        ``until_idle_s`` (counted from the first assignment), every partition read to its end."""
         idle_since = self.clock.monotonic()
         while not should_stop():
             tick()
             handled = self.step()
             now = self.clock.monotonic()
-            if handled or self._waiting or not self._ever_assigned:
+            if (
+                handled
+                or self._waiting
+                or not self._ever_assigned
+                or not self.transport.caught_up(self.transport.assignment())
+            ):
                 idle_since = now
             elif until_idle_s is not None and now - idle_since >= until_idle_s:
                 break

@@ -100,9 +100,10 @@ def test_a_retry_waiting_while_its_worker_leaves_is_run_by_the_next_exactly_as_c
         send(s, [waiting])
         wait_for(lambda: read_drill(client, s.env, QUEUE)["runs"].get(waiting.command_id) == 1)
         # The retry now waits (8 s) in the first worker, its partition paused. A second worker
-        # joins (a rebalance), then the first leaves while the retry is still not due.
+        # joins (a rebalance), then the first leaves while the retry is still not due. Until the
+        # first has left, the second may own nothing: its idle limit must outlast that.
         second = start_worker(
-            s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "4"
+            s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "15"
         )
         time.sleep(1.0)
         first.terminate()
