@@ -122,7 +122,26 @@ def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
             )
             continue
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    remove_run(env_name)
     return results
+
+
+def remove_run(env_name: str) -> None:
+    """Delete the run's topics and Redis keys (every case environment's name starts with the
+    run's), so repeated runs do not fill the local broker."""
+    from consumers.redis_conn import connect
+    from streams.admin import admin_client, delete_topics
+
+    s = Settings(env=env_name)
+    base = s.kafka_config()
+    admin = admin_client(base)
+    topics = [t for t in admin.list_topics(timeout=10).topics if env_name in t]
+    delete_topics(admin, base, topics, timeout=60)
+    client = connect(s.redis_url, timeout=5)
+    keys = list(client.scan_iter(match=f"*{env_name}*", count=1000))
+    for start in range(0, len(keys), 1000):
+        client.delete(*keys[start : start + 1000])
+    print(f"  removed the run's {len(topics)} topics and {len(keys)} Redis keys", file=sys.stderr)
 
 
 def table(results: list[dict[str, Any]]) -> str:

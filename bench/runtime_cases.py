@@ -9,14 +9,19 @@ from bench import raw
 from bench.harness import BenchEnv, case
 from consumers.redis_conn import connect
 from router.runtime import open_subscription
+from router.settings import Settings
 from streams.admin import admin_client, provision
 from streams.producer import Producer, send_to_streams
 from streams.workload import slotted_events, workload
 
 
 def _published(env: BenchEnv) -> None:
-    """A fresh set of streams holding env.size events (each case gets its own environment)."""
-    s = env.settings
+    """A fresh set of streams holding env.size events. The case gets an environment of its own:
+    the run's shared one also holds what the produce and outbox cases sent (the same ids more
+    than once), which would make a subscription's figure partly a dedupe figure."""
+    s = env.settings = Settings(
+        **{**env.settings.model_dump(), "env": f"{env.settings.env}_{uuid.uuid4().hex[:6]}"}
+    )
     base = s.kafka_config()
     provision(admin_client(base), base, s.topology.all_specs(), topology=s.topology, timeout=30)
     events = slotted_events(workload(uuid.uuid4().hex[:6], 500, env.size), tenant_id="tenant-bench")
