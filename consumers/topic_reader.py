@@ -12,14 +12,14 @@ everything written before the call.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import confluent_kafka
 from confluent_kafka import Message
 
-from streams.admin import bootstrap_of, client_config
+from consumers.runtime.kafka_transport import assign_only_consumer
+from streams.admin import bootstrap_of
 from streams.errors import RhumbatronError, Unreachable
 
 # How often to ask whether open transactions have ended: a cheap watermark request.
@@ -31,16 +31,8 @@ class TransactionsOpen(RhumbatronError):
 
 
 def _consumer(base: Mapping[str, Any], isolation: str) -> confluent_kafka.Consumer:
-    return confluent_kafka.Consumer(
-        client_config(
-            base,
-            **{
-                "group.id": f"rhumbatron-reader-{uuid.uuid4().hex[:12]}",
-                "enable.auto.commit": False,
-                "isolation.level": isolation,
-                "enable.partition.eof": True,
-            },
-        )
+    return assign_only_consumer(
+        base, "reader", **{"isolation.level": isolation, "enable.partition.eof": True}
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,29 +145,31 @@ def provision(
 def _await_leaders(
     admin: AdminClient, base: Mapping[str, Any], topics: list[str], timeout: float
 ) -> None:
-    """Return once every partition of ``topics`` has a leader in the broker's metadata: a topic
-    is usable only then (a producer that races ahead gets UNKNOWN_TOPIC_OR_PART)."""
-    deadline = time.monotonic() + timeout
-    waiting = set(topics)
-    while waiting:
+    """Return once every partition of ``topics`` has a leader in the broker's metadata and that
+    leader serves it: a topic is usable only then (a producer that races ahead gets
+    UNKNOWN_TOPIC_OR_PART)."""
+
+    def not_served() -> str | None:
         metadata = ensure_reachable(admin, base, timeout)
         waiting = {
             t
-            for t in waiting
+            for t in topics
             if t not in metadata.topics
             or metadata.topics[t].error is not None
             or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
-        }
-        if not waiting:
-            waiting = _not_serving(admin, metadata, topics, timeout)
-        if not waiting:
-            return
+        } or _not_serving(admin, metadata, topics, timeout)
+        return f"topics {sorted(waiting)} were created but are not served" if waiting else None
+
+    _wait_until(not_served, base, timeout)
+
+
+def _wait_until(pending: Callable[[], str | None], base: Mapping[str, Any], timeout: float) -> None:
+    """Ask ``pending`` until it answers None (done); raise Unreachable with its last answer (what
+    is still pending) once ``timeout`` has passed."""
+    deadline = time.monotonic() + timeout
+    while (what := pending()) is not None:
         if time.monotonic() > deadline:
-            raise Unreachable(
-                "Kafka",
-                bootstrap_of(base),
-                f"topics {sorted(waiting)} were created but are not served after {timeout:g}s",
-            )
+            raise Unreachable("Kafka", bootstrap_of(base), f"{what} after {timeout:g}s")
         time.sleep(0.05)
 
 
@@ -218,18 +220,15 @@ def _align_configs(
         # The broker applies a config change to its metadata asynchronously: return once it shows,
         # so whoever provisions next (or describes the topology) sees what was set.
         wanted = {s.name: s.config for s in specs if s.name in changed}
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def not_applied() -> str | None:
             now = describe_configs(admin, base, list(wanted), timeout)
-            if all(now.get(t, {}).get(k) == v for t, cfg in wanted.items() for k, v in cfg.items()):
-                break
-            if time.monotonic() > deadline:
-                raise Unreachable(
-                    "Kafka",
-                    bootstrap_of(base),
-                    f"config changes of {sorted(wanted)} not applied after {timeout:g}s",
-                )
-            time.sleep(0.05)
+            done = all(
+                now.get(t, {}).get(k) == v for t, cfg in wanted.items() for k, v in cfg.items()
+            )
+            return None if done else f"config changes of {sorted(wanted)} not applied"
+
+        _wait_until(not_applied, base, timeout)
     return changed
 
 

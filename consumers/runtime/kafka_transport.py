@@ -258,8 +258,12 @@ class KafkaOutput:
         self.producer.close()
 
 
-def _assign_only_consumer(base: Mapping[str, Any], purpose: str) -> confluent_kafka.Consumer:
-    # librdkafka wants a group id even for manual assignment; nothing is ever committed with it.
+def assign_only_consumer(
+    base: Mapping[str, Any], purpose: str, **config: Any
+) -> confluent_kafka.Consumer:
+    """A consumer for manual assignment: read_committed from the earliest offset unless
+    ``config`` says otherwise. librdkafka wants a group id even then; nothing is ever committed
+    with it."""
     return confluent_kafka.Consumer(
         client_config(
             base,
@@ -269,6 +273,7 @@ def _assign_only_consumer(base: Mapping[str, Any], purpose: str) -> confluent_ka
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
+                **config,
             },
         )
     )
@@ -277,7 +282,7 @@ def _assign_only_consumer(base: Mapping[str, Any], purpose: str) -> confluent_ka
 class KafkaRedelivery:
     def __init__(self, base: Mapping[str, Any], topic: str) -> None:
         self.topic = topic
-        self.consumer = _assign_only_consumer(base, "redelivery")
+        self.consumer = assign_only_consumer(base, "redelivery")
         self._assigned: set[int] = set()
 
     def assign(self, partition: int, offset: int | None) -> None:
@@ -310,7 +315,7 @@ class KafkaReader:
         self.base = base
 
     def log_start(self, tp: TP) -> int:
-        consumer = _assign_only_consumer(self.base, "reader")
+        consumer = assign_only_consumer(self.base, "reader")
         try:
             low, _ = consumer.get_watermark_offsets(
                 TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
@@ -322,7 +327,7 @@ class KafkaReader:
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         if end < start:
             return
-        consumer = _assign_only_consumer(self.base, "reader")
+        consumer = assign_only_consumer(self.base, "reader")
         try:
             _, high = consumer.get_watermark_offsets(
                 TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S

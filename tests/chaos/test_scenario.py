@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,15 +25,14 @@ from router.causal_queues import read_commands
 from router.settings import Settings
 from streams.envelopes import Event, build
 from streams.ids import stable_event_id
-from tests.conftest import subprocess_env
 from tests.kafka_helpers import read_all
 from tests.projector_oracle import expected_view
 from tests.runtime_processes import (
-    ROOT,
     cli,
     consume_cli,
     publish,
     runtime_settings,
+    start_consume_cli,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -171,26 +169,7 @@ def test_a_change_run_through_release_with_duplicates_and_a_killed_consumer(
     # One process of each subscription; the router's dies by SIGKILL in the middle of its run.
     killed = _consume(s, "causal-router", RHUMBATRON_FAILPOINTS="runtime.after_store_commit@2")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "router.cli",
-                "consume",
-                "--subscription",
-                slug,
-                "--until-idle",
-                "4",
-            ],
-            cwd=ROOT,
-            env=subprocess_env(s),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for slug in slugs
-    ]
+    procs = [start_consume_cli(s, slug, until_idle=4) for slug in slugs]
     for slug, proc in zip(slugs, procs, strict=True):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{slug}: {err[-2000:]}"
