@@ -41,6 +41,8 @@ PARTITIONS = 2
 REDELIVERY = "redeliver"
 OUT = "out"
 LIMIT = 1 << 20
+# Two projects that land on the same stream partition (World.tp_of).
+PROJECTS_SHARING = ("alpha", "beta")
 
 
 class Crash(BaseException):
