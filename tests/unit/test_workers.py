@@ -35,7 +35,7 @@ from router.workers.model import (
 from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
 from router.workers.worker import Worker
 from streams.clock import ManualClock
-from streams.envelopes import Command, build, encode
+from streams.envelopes import Command, build, decode_command, encode
 from streams.topology import queue_name
 
 ENV = "unit"
@@ -435,3 +435,42 @@ def test_the_worker_command_refuses_an_unknown_handler(capsys: pytest.CaptureFix
     assert main(["worker", "--queue", "agent-wakeups", "--handler", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown handler 'nope'" in err and "drill, flaky, ok" in err
+
+
+def test_an_aborted_transaction_ends_the_step_so_no_command_starts_a_second_retry_chain() -> None:
+    # Defect 7 of issue 9: a step settles its records in chunks of ``batch``; when one chunk's
+    # transaction aborted, later chunks of the same step went on and committed offsets past the
+    # rewound records, which were then read and retried a second time.
+    world = World(policy(batch=3))
+    handler = Scripted(fail_for("cmd_a", "cmd_b", "cmd_c"), world.clock)
+    worker = world.worker(handler)
+    output = worker.output
+    assert isinstance(output, MemoryOutput)
+    world.send(*(world.command(c) for c in ("cmd_a", "cmd_b", "cmd_c")))
+    worker.step()  # three first attempts fail: three retries, on one retry partition
+    worker.step()  # the retries are fetched and wait
+    assert worker.waiting() == 3
+    world.send(world.command("cmd_q"))
+    world.clock.advance(30)
+    fail = {"n": 1}
+
+    def fail_once() -> bool:
+        if fail["n"]:
+            fail["n"] -= 1
+            return True
+        return False
+
+    output.fail_commit = fail_once
+    worker.step()  # chunks [cmd_q, retry a, retry b] (aborted) and [retry c]
+    world.run_for(worker, 300)
+
+    assert worker.stats.transaction_failures == 1
+    for command_id in ("cmd_a", "cmd_b"):  # their attempt 2 was in the aborted transaction
+        assert handler.attempts_of(command_id) == [1, 2, 2, 3, 4]
+    assert handler.attempts_of("cmd_c") == [1, 2, 3, 4]
+    assert handler.attempts_of("cmd_q") == [1, 1]
+    lettered = sorted(
+        decode_command(r.value, max_bytes=MAX).command_id for r in world.dead_letters()
+    )
+    assert lettered == ["cmd_a", "cmd_b", "cmd_c"]  # one dead letter each
+    assert worker.waiting() == 0 and worker.paused() == set()
