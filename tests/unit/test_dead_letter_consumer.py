@@ -19,6 +19,7 @@ from streams.envelopes import Command, Event, build, decode_event, encode
 from streams.ids import new_event_id
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
+from tests.causal_router_helpers import History, drive, make_router, open_test_outbox
 from tests.projector_oracle import expected_view, memory_view
 from tests.runtime_harness import World as RuntimeWorld
 from tests.unit.test_workers import MAX, Scripted, World, policy
@@ -211,3 +212,71 @@ def test_what_the_dead_letter_path_writes_for_an_unstarted_task_is_valid_input_t
     assert v is not None and v["tasks"]["t1"]["state"] == "failed"
     assert v["activeAgents"] == {}
     assert v == expected_view("p1", world.tp_of("p1"), events)
+
+
+def _router_commands(tmp_path: Path) -> dict[str, Command]:
+    """Commands as the causal router builds them: a resource-overlap wake and a canonical wake
+    (both naming the woken agent's smallest in-flight task), and a change.dispatch."""
+    router = make_router(open_test_outbox(tmp_path / "router-own-outbox.sqlite"))
+    h = History()
+    for agent, task, path in (("agent-a", "t1", "src/a.py"), ("agent-b", "t2", "src/b.py")):
+        h.add("task.created", task=task, resources=[path])
+        h.add("task.ready", task=task)
+        h.add("task.started", task=task, agentId=agent)
+    h.add("task.created", task="t3", dependsOn=["t2"])
+    h.add("intent.declared", task="t2", agentId="agent-b", resources=["src/a.py"])
+    h.add("canonical.advanced", change=None, generation=1)
+    h.add("task.completed", task="t2", agentId="agent-b")
+    out: dict[str, Command] = {}
+    for c in drive(router, h.events):
+        if c.command_type == "agent.wake":
+            out[f"wake:{c.payload['reason']}:{c.payload['agentId']}"] = c
+        elif c.command_type == "change.dispatch":
+            out["dispatch"] = c
+    assert sorted(out) == [
+        "dispatch",
+        "wake:canonical-advanced:agent-a",
+        "wake:canonical-advanced:agent-b",
+        "wake:resource-overlap:agent-a",
+    ]
+    assert out["wake:resource-overlap:agent-a"].task_id == "t1"  # a task it did not fail
+    return out
+
+
+def _task_events_of(outbox: SqliteOutbox) -> list[tuple[str, str | None, object]]:
+    return [(str(e["eventType"]), e.get("taskId"), e["payload"]) for e in outbox_events(outbox)]  # type: ignore[misc]
+
+
+def test_a_dead_lettered_notification_wake_is_recorded_but_changes_no_task(
+    outbox: SqliteOutbox, tmp_path: Path
+) -> None:
+    # The router's resource-overlap and canonical wakes name the agent's smallest in-flight
+    # task only to place the command; the task is not theirs to block or fail.
+    commands = _router_commands(tmp_path)
+    wakes = [c for name, c in sorted(commands.items()) if name.startswith("wake:")]
+    p = Pipeline(outbox)
+    p.world.send(*wakes)
+    p.run(40)
+    assert sorted(d.command_id or "" for d in p.store.list()) == sorted(c.command_id for c in wakes)
+    assert all(d.status == Status.OPEN for d in p.store.list())  # shown to operators
+    assert _task_events_of(outbox) == []
+
+
+def test_a_dead_lettered_dispatch_and_task_ready_wake_block_and_fail_their_task(
+    outbox: SqliteOutbox, tmp_path: Path
+) -> None:
+    dispatch = _router_commands(tmp_path)["dispatch"]
+    assert dispatch.task_id == "t3"
+    p = Pipeline(outbox)
+    ready = p.world.command("cmd_t1_ready", agentId="agent-7")
+    assert ready.task_id == "t1"
+    p.world.send(dispatch, ready)
+    p.run(40)
+    assert len(p.store.list()) == 2
+    events = _task_events_of(outbox)
+    assert sorted((kind, task) for kind, task, _ in events) == [
+        ("task.blocked", "t1"),
+        ("task.blocked", "t3"),
+        ("task.failed", "t1"),
+        ("task.failed", "t3"),
+    ]
