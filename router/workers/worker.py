@@ -19,7 +19,10 @@ A worker is a member of the queue's consumer group reading two topics: the queue
 **Exact across crashes.** The records a batch sends (retries, dead letters, further deliveries)
 and the offsets it consumed commit in **one Kafka transaction** (transactional id per worker
 slot). A crash before the commit leaves neither: the batch is read again from the committed
-offsets, with the same attempt numbers, so an attempt is never counted twice nor skipped. A
+offsets, with the same attempt numbers, so an attempt is never counted twice nor skipped. A step
+settles what it holds in chunks of ``batch``, one transaction each; when one aborts, the step ends
+there and every partition of that chunk and of the chunks after it is rewound, so nothing behind an
+aborted record is committed before it and no due retry taken from its buffer is lost. A
 handler's own side effects are at least once: a completed command id is recorded in Redis before
 the transaction, so a redelivered batch skips what completed; a crash between the handler and
 that record re-runs the handler at the same attempt number.
@@ -182,9 +185,18 @@ class Worker:
             else:
                 ready.append(record)
         ready.extend(self._due())
+        settled = 0
         for start in range(0, len(ready), self.policy.batch):
-            self._settle(ready[start : start + self.policy.batch])
-        return len(ready)
+            chunk = ready[start : start + self.policy.batch]
+            if not self._settle(chunk):
+                # Nothing after an aborted transaction may commit in this step: a later chunk's
+                # offsets would pass the rewound records of a partition it shares with this one
+                # (read again, they would start a second retry chain), and the due retries it
+                # holds were already taken from their buffer. All of the rest is read again.
+                self._rewind(ready[start:])
+                break
+            settled += len(chunk)
+        return settled
 
     def close(self) -> None:
         try:
@@ -224,7 +236,9 @@ class Worker:
         return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
 
     # -- one batch -------------------------------------------------------------------------------
-    def _settle(self, chunk: list[Record]) -> None:
+    def _settle(self, chunk: list[Record]) -> bool:
+        """Runs the chunk and commits it in one transaction; False when the transaction
+        failed (nothing of it is committed)."""
         decoded: list[Command | EnvelopeError] = []
         for record in chunk:
             try:
@@ -261,9 +275,9 @@ class Worker:
             # What completed is recorded even if a later record's hook raised: its redelivery
             # must find it done.
             self.ledger.mark_done(s.done for s in settled if s.done)
-        self._commit(chunk, settled)
+        return self._commit(chunk, settled)
 
-    def _commit(self, chunk: list[Record], settled: list[_Settled]) -> None:
+    def _commit(self, chunk: list[Record], settled: list[_Settled]) -> bool:
         offsets: dict[TP, int] = {}
         for record in chunk:
             offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
@@ -284,8 +298,7 @@ class Worker:
                 len(chunk),
                 exc,
             )
-            self._rewind(chunk)
-            return
+            return False
         self.failpoint("worker.after_transaction_commit")
         self.stats.transactions += 1
         self.stats.records += len(chunk)
@@ -297,13 +310,15 @@ class Worker:
                 self.metrics.add(self.policy.purpose, counts)
             except Exception as exc:  # counters only; the work itself is committed
                 log.warning("%s: worker counters not recorded: %s", self.policy.purpose, exc)
+        return True
 
     def _rewind(self, chunk: Iterable[Record]) -> None:
         first: dict[TP, int] = {}
         for record in chunk:
             first[record.tp] = min(first.get(record.tp, record.offset), record.offset)
         for tp, offset in first.items():
-            # The buffer holds records after this chunk; they are fetched again after the seek.
+            # A retry partition's buffer holds only records after those taken from it (it is
+            # taken from its head); they are fetched again after the seek.
             self._waiting.pop(tp, None)
             if tp in self._paused:
                 self.transport.resume([tp])

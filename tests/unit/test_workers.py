@@ -468,9 +468,45 @@ def test_an_aborted_transaction_ends_the_step_so_no_command_starts_a_second_retr
     for command_id in ("cmd_a", "cmd_b"):  # their attempt 2 was in the aborted transaction
         assert handler.attempts_of(command_id) == [1, 2, 2, 3, 4]
     assert handler.attempts_of("cmd_c") == [1, 2, 3, 4]
-    assert handler.attempts_of("cmd_q") == [1, 1]
+    assert handler.attempts_of("cmd_q") == [1]  # completed before the loss: not run again
     lettered = sorted(
         decode_command(r.value, max_bytes=MAX).command_id for r in world.dead_letters()
     )
     assert lettered == ["cmd_a", "cmd_b", "cmd_c"]  # one dead letter each
+    assert worker.waiting() == 0 and worker.paused() == set()
+
+
+def test_due_retries_after_an_aborted_chunk_are_read_again_not_lost() -> None:
+    world = World(policy(batch=2))
+    once: set[str] = set()
+
+    def fail_once(command: Command, ctx: CommandContext) -> str | None:
+        if command.command_id.startswith("cmd_r") and command.command_id not in once:
+            once.add(command.command_id)
+            raise RuntimeError("first attempt fails")
+        return None
+
+    handler = Scripted(fail_once, world.clock)
+    worker = world.worker(handler)
+    output = worker.output
+    assert isinstance(output, MemoryOutput)
+    world.send(world.command("cmd_r1"), world.command("cmd_r2"))
+    worker.step()
+    worker.step()  # both retries wait in the buffer
+    world.send(world.command("cmd_n1"), world.command("cmd_n2"), partition=1)
+    world.clock.advance(30)
+    fail = {"n": 1}
+
+    def fail_once_commit() -> bool:
+        if fail["n"]:
+            fail["n"] -= 1
+            return True
+        return False
+
+    output.fail_commit = fail_once_commit
+    worker.step()  # chunks [cmd_n1, cmd_n2] (aborted) and the two due retries, taken from the buffer
+    world.run_for(worker, 100)
+    assert handler.attempts_of("cmd_r1") == [1, 2]
+    assert handler.attempts_of("cmd_r2") == [1, 2]
+    assert handler.attempts_of("cmd_n1") == [1] and handler.attempts_of("cmd_n2") == [1]
     assert worker.waiting() == 0 and worker.paused() == set()
