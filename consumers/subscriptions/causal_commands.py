@@ -6,6 +6,8 @@ event can only re-emit the same id:
 - a rule's command: ``derived_command_id(cause event id, command type, target)`` — the target is
   the task (``change.dispatch``), the agent (``agent.wake``), the candidate
   (``candidate.create``) or the generation (``index.build``);
+- a task-ready wake (sent by the integration worker when it starts a task, not by the router):
+  ``cmd_<task>_ready`` (:func:`task_ready_command_id`);
 - a maintenance command: ``derived_command_id("maintenance-<day>", type, "<project>:<last fact
   seq>")`` — one per project, type and day, and a different id only if the tick found more work.
 
@@ -63,6 +65,27 @@ class Planned:
 
 def rule_command_id(cause_event_id: str, command_type: str, target: str) -> str:
     return derived_command_id(cause_event_id, command_type, target)
+
+
+def task_ready_command_id(task_id: str) -> str:
+    return f"cmd_{task_id}_ready"
+
+
+def own_task(command: Command) -> str | None:
+    """The task whose own work ``command`` is, or None. Only such a command may block or fail a
+    task when it is dead-lettered: a ``change.dispatch`` (its target task) and a task-ready
+    ``agent.wake`` (``cmd_<task>_ready``). The router's resource-overlap and canonical wakes name
+    the woken agent's smallest in-flight task only to place the command; their ids are derived
+    from the causing event (``cmd_evt_…_agent.wake_<agent>``), never ``cmd_<task>_ready``."""
+    if command.change_id is None or command.task_id is None:
+        return None
+    if command.command_type == CHANGE_DISPATCH:
+        return command.task_id
+    if command.command_type == AGENT_WAKE and command.command_id == task_ready_command_id(
+        command.task_id
+    ):
+        return command.task_id
+    return None
 
 
 def maintenance_command_id(day: str, command_type: str, project_id: str, last_seq: int) -> str:

@@ -4,12 +4,17 @@ command:
 
 1. writes a record in the runtime's one dead-letter store (kind ``command``, origin queue, the
    original command bytes and headers, error, attempts), idempotent on ``command_id``;
-2. when the command names a change and a task, records the task as blocked and failed —
+2. when the command is a task's own work — a ``change.dispatch`` (its target task) or a
+   task-ready ``agent.wake`` (``cmd_<task>_ready``; see ``causal_commands.own_task``) — records
+   that task as blocked and failed —
    ``task.blocked`` (``blockedLimit: "dead_letter"``, ``commandId``) and ``task.failed`` — as
    events appended to the **router's outbox**, with stable event ids, so a redelivered dead
    letter appends nothing new (the outbox ignores a repeated id); the router's publisher (in the
    router's consume process, and in this process too — the outbox lease lets one publish) sends
-   them to the streams.
+   them to the streams. Any other command — notably the router's resource-overlap and
+   canonical wakes, which name the woken agent's smallest in-flight task only to place the
+   command — changes no task: its letter is recorded and shown to operators, nothing more (an
+   agent that missed a notification still holds its task and ends it itself).
 
 It never re-sends a command: only the operator's retry or dismiss acts on a letter. A command the
 operator retried that fails again arrives carrying ``rh.dead_letter`` = its letter's id: the
@@ -33,6 +38,7 @@ from consumers.runtime.dead_letters import (
     command_letter_id,
 )
 from consumers.runtime.types import Record
+from consumers.subscriptions.causal_commands import own_task
 from router.workers.model import (
     ATTEMPTS,
     ERROR,
@@ -165,8 +171,9 @@ class DeadLetterRecorder(QueueHandler):
         )
 
     def _task_events(self, command: Command, record: Record, round_no: int) -> None:
-        # The router's fold needs both to place a task; a command without them blocks no task.
-        if command.change_id is None or command.task_id is None:
+        # Only a task's own work may block or fail it; a notification failing says nothing about
+        # the task it names (DESIGN.md §9).
+        if own_task(command) is None:
             return
         key = f"{command.command_id}#{round_no}"
         error = header_text(record, ERROR) or "(no error recorded)"

@@ -174,7 +174,8 @@ def test_what_the_dead_letter_path_writes_for_an_unstarted_task_is_valid_input_t
     # A dispatch names no agent: the task never reached one, so its task.failed names none and
     # the project view must take it as it is, not dead-letter it for lacking an agent.
     p = Pipeline(outbox)
-    p.world.send(p.world.command("cmd_dispatch_t1", taskId="t1"))
+    dispatch = p.world.command("cmd_dispatch_t1", taskId="t1")
+    p.world.send(dispatch.model_copy(update={"command_type": "change.dispatch"}))
     p.run(40)
     with sqlite3.connect(outbox.path) as conn:
         rows = conn.execute("SELECT envelope FROM outbox ORDER BY slot").fetchall()
