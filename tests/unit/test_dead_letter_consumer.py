@@ -210,7 +210,9 @@ def test_what_the_dead_letter_path_writes_for_an_unstarted_task_is_valid_input_t
     world.drain(runner)
     assert runner.stats.dead_lettered == 0 and runner.stats.failures == 0
     v = memory_view(world.store, world.tp_of("p1"), "p1")
-    assert v is not None and v["tasks"]["t1"]["state"] == "failed"
+    # Blocked, then failed by the dead-letter path: the view shows it blocked, with its limit.
+    assert v is not None and v["tasks"]["t1"]["state"] == "blocked"
+    assert v["tasks"]["t1"]["blockedLimit"] == "dead_letter"
     assert v["activeAgents"] == {}
     assert v == expected_view("p1", world.tp_of("p1"), events)
 

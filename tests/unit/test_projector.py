@@ -257,6 +257,61 @@ def test_a_failed_task_frees_its_agent_and_a_rejected_candidate_shows_on_the_cha
     assert v == expected(world, "alpha", events)
 
 
+def _dead_letter_pair(t0: str, change: str | None, first: int) -> list[Event]:
+    """What the dead-letter path writes for a dead-lettered ``cmd_<t0>_ready`` wake: the block
+    (slot ``first``) and the failure that follows it (slot ``first + 1``)."""
+    command = f"cmd_{t0}_ready"
+    payloads = [
+        ("task.blocked", {"blockedLimit": "dead_letter", "commandId": command}),
+        (
+            "task.failed",
+            {
+                "reason": "dead_letter: failed: agent down",
+                "commandId": command,
+                "blockedLimit": "dead_letter",
+                "agentId": "agent-0",
+            },
+        ),
+    ]
+    return [
+        build(
+            Event,
+            event_id=new_event_id(),
+            event_type=etype,
+            tenant_id="t",
+            project_id="alpha",
+            change_id=change,
+            task_id=t0,
+            actor="service:dead-letter-consumer",
+            timestamp=START + timedelta(seconds=first + n),
+            payload=payload,
+            slot=first + n,
+        )
+        for n, (etype, payload) in enumerate(payloads)
+    ]
+
+
+@pytest.mark.parametrize("failed_first", [False, True])
+def test_a_task_blocked_then_failed_by_the_dead_letter_path_shows_blocked_with_its_limit(
+    failed_first: bool,
+) -> None:
+    base = lifecycle("alpha", 9)  # t0 started by agent-0 at slot 8, intent at 9
+    t0, change = base[7].task_id, base[7].change_id
+    assert t0 is not None
+    pair = _dead_letter_pair(t0, change, 10)
+    events = [*base, *(reversed(pair) if failed_first else pair)]
+    world = consume(World(), events)
+    v = view(world, "alpha")
+    assert v["tasks"][t0] == {
+        "state": "blocked",
+        "agent": "agent-0",
+        "changeId": change,
+        "blockedLimit": "dead_letter",
+    }
+    assert v["activeAgents"] == {}
+    assert v == expected(world, "alpha", events)
+
+
 def test_several_tasks_on_one_agent_keep_it_active_until_the_last_ends() -> None:
     events = lifecycle("alpha", 28)
     # agent-0 runs t0 and t3: start t3 before t0 completes (slots renumbered to stay dense).
