@@ -65,8 +65,16 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
     for e in replay:
         if e.event_type in TASK:
             assert e.task_id is not None
-            t = tasks.setdefault(e.task_id, {"state": None, "agent": None, "changeId": None})
-            t["state"] = TASK[e.event_type]
+            t = tasks.setdefault(
+                e.task_id, {"state": None, "agent": None, "changeId": None, "blockedLimit": None}
+            )
+            # The dead-letter path's failure (it carries blockedLimit) follows its block: the
+            # task stays blocked, with the limit of the latest blocking event.
+            blocking = e.event_type == "task.blocked" or (
+                e.event_type == "task.failed" and "blockedLimit" in e.payload
+            )
+            t["state"] = "blocked" if blocking else TASK[e.event_type]
+            t["blockedLimit"] = e.payload.get("blockedLimit") if blocking else None
             if e.event_type == "task.created" and e.change_id is not None:
                 t["changeId"] = e.change_id
             if e.event_type == "task.started":

@@ -10,12 +10,14 @@ State (a JSON object per project)::
     retired         [[seq, ms, candidate], ...]  candidates stale or rejected (project.cleanup)
     finishedSeq, retiredSeq                      counters numbering those two lists
 
-    Task = {deps: [task], resources: [path], status, agent, by, why}
+    Task = {deps: [task], resources: [path], status, agent, by, why, blockedLimit}
 
 Task status: ``created`` (some dependency not completed) → ``waiting`` (every dependency
 completed, held at the agent limit) → ``ready`` (dispatched: by the router's ``change.dispatch``,
 or seen as ``task.ready``) → ``started`` → ``completed`` | ``failed``; ``blocked`` from the
-dead-letter path. A change's agent slots are its tasks in flight (``ready`` or ``started``): a task
+dead-letter path, with ``blockedLimit`` (``dead_letter``) saying why. The dead-letter path writes
+``task.blocked`` then ``task.failed`` (marked with the same ``blockedLimit``): the failure that
+follows a block keeps the task ``blocked``, so the reason stays visible. A change's agent slots are its tasks in flight (``ready`` or ``started``): a task
 dispatched but not yet started already holds the agent it will get, so the router never dispatches
 more than ``agents_per_change`` at once. ``by``/``why`` on a task name the event whose fold
 dispatched it and why; ``by`` on a candidate the event that made it stale. ``process`` reads these
@@ -128,6 +130,7 @@ def task_of(s: JSON, change: str, task: str) -> JSON:
             "agent": None,
             "by": None,
             "why": None,
+            "blockedLimit": None,
         }
     entry: JSON = tasks[task]
     return entry
@@ -218,7 +221,15 @@ def _task_finished(s: JSON, event: Event, limits: FoldLimits) -> None:
     named = optional_text(event, "agentId")
     task = task_of(s, change, name)
     completed = event.event_type == "task.completed"
-    task["status"] = COMPLETED if completed else FAILED
+    limit = None if completed else optional_text(event, "blockedLimit")
+    if completed:
+        task["status"], task["blockedLimit"] = COMPLETED, None
+    elif limit is not None or task["status"] == BLOCKED:
+        # The dead-letter path's failure, following its block: the task stays blocked.
+        task["status"] = BLOCKED
+        task["blockedLimit"] = limit or task.get("blockedLimit")
+    else:
+        task["status"] = FAILED
     _unwait(change_of(s, change), name)
     _release_agent(s, task["agent"] or named, change, name)
     newly_ready: list[str] = []
@@ -241,6 +252,7 @@ def _task_blocked(s: JSON, event: Event, limits: FoldLimits) -> None:
     _unwait(change_of(s, change), name)
     if task["status"] != COMPLETED:
         task["status"] = BLOCKED
+        task["blockedLimit"] = optional_text(event, "blockedLimit")
         _release_agent(s, task["agent"], change, name)
 
 

@@ -125,7 +125,8 @@ class CausalRouter(BaseProcessor):
     # Everything the rules or the fold need; purely informational types (project.created,
     # change.created, release.completed, agent.woken, model.routed) are not even claimed.
     consumes: ClassVar[frozenset[str] | None] = frozenset(FOLDERS)
-    reducer_version: ClassVar[str] = "1"
+    # 2: a task's blockedLimit, and a failure after a block keeps the task blocked.
+    reducer_version: ClassVar[str] = "2"
     effect_kind: ClassVar[EffectKind] = EffectKind.KAFKA
 
     def __init__(

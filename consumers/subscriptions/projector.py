@@ -17,6 +17,8 @@ What a view holds, and the op that keeps each part right whatever the order even
   without a slot has order 0 and overwrites (HSET): it counts as the latest thing known;
 - each task's agent: the agent of its latest ``task.started`` (same ordering, kept as the start's
   order in one hash and the agent under ``<order>:<task>`` in another);
+- each blocked task's limit (``blockedLimit``, e.g. ``dead_letter``): the limit of its latest
+  blocking event, kept the same way as the agent;
 - active agents: per agent, started tasks not yet completed or failed (HINCRBY +1 / -1, which
   commutes, so arrival order does not matter); an agent is active while its count is above 0;
 - the feed: a summary of each applied event, newest applied first (LPUSHTRIM, ``feed_length``).
@@ -27,6 +29,12 @@ Task states (the ``task.*`` event that moved it there)::
                   ▲         │
                   │         ├────► failed ──► (ready again, on a retry)
                   └─────────┴────► blocked  (written by the dead-letter path)
+
+*Blocking* events are ``task.blocked`` and a ``task.failed`` that carries ``blockedLimit``: the
+dead-letter path writes the pair (block, then failure) and marks both, so the failure that follows
+a block leaves the task ``blocked`` with its limit, in whatever order the two slots arrive. A
+plain ``task.failed`` (an agent's) is ``failed``; a later start (an operator's retry) moves a
+blocked task on like any other.
 
 Change states::
 
@@ -112,6 +120,8 @@ CHANGE_CODES: Mapping[str, int] = {
     "released": 8,
 }
 
+BLOCKED = "blocked"
+
 # Events that make an agent active (+1) or free it (-1).
 AGENT_DELTA: Mapping[str, int] = {"task.started": 1, "task.completed": -1, "task.failed": -1}
 
@@ -138,13 +148,14 @@ def metrics_key() -> str:
 
 def view_key(project_id: str, part: str) -> str:
     """One part of a project's view: meta, missing, counts, changes, tasks, task_change,
-    task_agent_at, task_agent, agents, feed."""
+    task_agent_at, task_agent, task_blocked_at, task_blocked, agents, feed."""
     return f"view:{project_id}:{part}"
 
 
 def agent_field(order: int, task_id: str) -> str:
-    """Field of ``task_agent`` holding the agent of the start at ``order``; ``order`` is digits,
-    so the first ``:`` ends it whatever the task id holds."""
+    """Field of ``task_agent`` holding the agent of the start at ``order`` (and of
+    ``task_blocked`` holding the limit of the block at ``order``); ``order`` is digits, so the
+    first ``:`` ends it whatever the task id holds."""
     return f"{order}:{task_id}"
 
 
@@ -194,6 +205,27 @@ def _agent_id(event: Event) -> str | None:
             event, "payload.agentId", agent, "must be a non-empty string (the task's agent)"
         )
     return agent
+
+
+def blocked_limit(event: Event) -> str | None:
+    """The limit a blocking event names; None when it names none. Refuses one that is not a
+    non-empty string."""
+    limit = event.payload.get("blockedLimit")
+    if limit is None:
+        return None
+    if not isinstance(limit, str) or not limit:
+        raise ProjectorInputError(
+            event, "payload.blockedLimit", limit, "must be a non-empty string (why it is blocked)"
+        )
+    return limit
+
+
+def task_state(event: Event) -> str:
+    """The state a ``task.*`` event puts its task in: a failure that carries ``blockedLimit`` is
+    the dead-letter path's, following its block, and keeps the task blocked."""
+    if event.event_type == "task.failed" and blocked_limit(event) is not None:
+        return BLOCKED
+    return TASK_STATES[event.event_type]
 
 
 def _task_id(event: Event) -> str:
@@ -283,8 +315,15 @@ class ProjectViewProjector(BaseProcessor):
 
         if etype in TASK_STATES:
             task = _task_id(event)
-            code = TASK_CODES[TASK_STATES[etype]]
-            ops.append(self._ordered(view_key(p, "tasks"), task, order, code))
+            state_name = task_state(event)
+            ops.append(self._ordered(view_key(p, "tasks"), task, order, TASK_CODES[state_name]))
+            if state_name == BLOCKED:
+                # "" for a block that names no limit, so an older block's limit cannot show.
+                limit = blocked_limit(event) or ""
+                field = agent_field(order, task)
+                ops.append(RedisOp("HSET", view_key(p, "task_blocked"), (field, limit)))
+                at = view_key(p, "task_blocked_at")
+                ops.append(RedisOp("HMAX" if order else "HSET", at, (task, order)))
             if etype == "task.created" and event.change_id is not None:
                 ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
             if etype in AGENT_DELTA:

@@ -16,6 +16,7 @@ import redis
 from consumers.runtime.redis_store import DAY_MS, RedisStore
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector import (
+    BLOCKED,
     CHANGE_CODES,
     SLUG,
     TASK_CODES,
@@ -37,6 +38,8 @@ VIEW_PARTS = (
     "task_change",
     "task_agent_at",
     "task_agent",
+    "task_blocked_at",
+    "task_blocked",
     "agents",
 )
 
@@ -92,14 +95,23 @@ def view_from_parts(project_id: str, tp: TP, parts: Mapping[str, Any]) -> dict[s
     task_change: Mapping[str, str] = parts.get("task_change", {})
     agent_at: Mapping[str, str] = parts.get("task_agent_at", {})
     task_agent: Mapping[str, str] = parts.get("task_agent", {})
+    blocked_at: Mapping[str, str] = parts.get("task_blocked_at", {})
+    task_blocked: Mapping[str, str] = parts.get("task_blocked", {})
     tasks: dict[str, dict[str, Any]] = {}
     for task, value in sorted(parts.get("tasks", {}).items()):
         _, state = decode_state(int(value), TASK_CODES)
         at = agent_at.get(task)
+        block = blocked_at.get(task)
         tasks[task] = {
             "state": state,
             "agent": task_agent.get(agent_field(int(at), task)) if at is not None else None,
             "changeId": task_change.get(task),
+            # Only while blocked: a task that moved on (a retry) is no longer held by a limit.
+            "blockedLimit": (
+                task_blocked.get(agent_field(int(block), task)) or None
+                if state == BLOCKED and block is not None
+                else None
+            ),
         }
     changes = {
         change: decode_state(int(value), CHANGE_CODES)[1]

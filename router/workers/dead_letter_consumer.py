@@ -7,7 +7,8 @@ command:
 2. when the command is a task's own work — a ``change.dispatch`` (its target task) or a
    task-ready ``agent.wake`` (``cmd_<task>_ready``; see ``causal_commands.own_task``) — records
    that task as blocked and failed —
-   ``task.blocked`` (``blockedLimit: "dead_letter"``, ``commandId``) and ``task.failed`` — as
+   ``task.blocked`` (``blockedLimit: "dead_letter"``, ``commandId``) and ``task.failed`` (the
+   same ``blockedLimit`` and ``commandId``, so readers keep showing the task blocked) — as
    events appended to the **router's outbox**, with stable event ids, so a redelivered dead
    letter appends nothing new (the outbox ignores a repeated id); the router's publisher (in the
    router's consume process, and in this process too — the outbox lease lets one publish) sends
@@ -178,9 +179,12 @@ class DeadLetterRecorder(QueueHandler):
         key = f"{command.command_id}#{round_no}"
         error = header_text(record, ERROR) or "(no error recorded)"
         reason = header_text(record, REASON) or "failed"
+        # The failure carries the block's limit too: it is the same stop, and a reader that sees
+        # it without (or before) the task.blocked still shows the task blocked (docs/events.md).
         failed: dict[str, Any] = {
             "reason": f"dead_letter: {reason}: {error}",
             "commandId": command.command_id,
+            "blockedLimit": BLOCKED_LIMIT,
         }
         agent = command.payload.get("agentId")
         if isinstance(agent, str) and agent:

@@ -98,6 +98,7 @@ def test_a_late_slot_inside_a_recorded_gap_is_applied_and_closes_it() -> None:
         "state": "completed",
         "agent": "agent-0",
         "changeId": events[7].change_id,
+        "blockedLimit": None,
     }
     assert v["activeAgents"] == {}  # started +1 and completed -1, in either order
 
@@ -188,7 +189,12 @@ def test_task_agent_and_change_states_through_a_realistic_lifecycle() -> None:
     world.drain(runner)
     v = view(world, "alpha")
     assert v["changes"] == {chg1: "in_progress"}
-    assert v["tasks"][f"{chg1}-t0"] == {"state": "started", "agent": "agent-0", "changeId": chg1}
+    assert v["tasks"][f"{chg1}-t0"] == {
+        "state": "started",
+        "agent": "agent-0",
+        "changeId": chg1,
+        "blockedLimit": None,
+    }
     assert {t["state"] for k, t in v["tasks"].items() if k != f"{chg1}-t0"} == {"created"}
     assert v["activeAgents"] == {"agent-0": 1} and v["generation"] is None
 
@@ -252,7 +258,12 @@ def test_a_failed_task_frees_its_agent_and_a_rejected_candidate_shows_on_the_cha
     ]
     world = consume(World(), events)
     v = view(world, "alpha")
-    assert v["tasks"][t0] == {"state": "blocked", "agent": "agent-0", "changeId": change}
+    assert v["tasks"][t0] == {
+        "state": "blocked",
+        "agent": "agent-0",
+        "changeId": change,
+        "blockedLimit": "dead_letter",
+    }
     assert v["activeAgents"] == {} and v["changes"] == {change: "rejected"}
     assert v == expected(world, "alpha", events)
 
