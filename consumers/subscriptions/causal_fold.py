@@ -10,16 +10,20 @@ State (a JSON object per project)::
     retired         [[seq, ms, candidate], ...]  candidates stale or rejected (project.cleanup)
     finishedSeq, retiredSeq                      counters numbering those two lists
 
-    Task = {deps: [task], resources: [path], status, agent, by, why, blockedLimit}
+    Task = {deps: [task], resources: [path], status, agent, by, why, blockedLimit, held}
 
 Task status: ``created`` (some dependency not completed) → ``waiting`` (every dependency
 completed, held at the agent limit) → ``ready`` (dispatched: by the router's ``change.dispatch``,
 or seen as ``task.ready``) → ``started`` → ``completed`` | ``failed``; ``blocked`` from the
 dead-letter path, with ``blockedLimit`` (``dead_letter``) saying why. The dead-letter path writes
 ``task.blocked`` then ``task.failed`` (marked with the same ``blockedLimit``): the failure that
-follows a block keeps the task ``blocked``, so the reason stays visible. A change's agent slots are its tasks in flight (``ready`` or ``started``): a task
-dispatched but not yet started already holds the agent it will get, so the router never dispatches
-more than ``agents_per_change`` at once. ``by``/``why`` on a task name the event whose fold
+follows a block keeps the task ``blocked``, so the reason stays visible.
+
+A change's agent slots are its tasks in flight (``ready`` or ``started``): a task dispatched but
+not yet started already holds the agent it will get, so the router never dispatches more than
+``agents_per_change`` at once. A task blocked while in flight keeps its slot and its agent
+(``held``) until the ``task.failed`` that follows the block: the block alone frees nothing; the
+failure frees the slot and re-dispatches a task waiting at the limit, as any failure does. ``by``/``why`` on a task name the event whose fold
 dispatched it and why; ``by`` on a candidate the event that made it stale. ``process`` reads these
 marks to know what *this* event decided, so the decision lives in the fold and a retried batch
 decides exactly the same.
@@ -131,13 +135,18 @@ def task_of(s: JSON, change: str, task: str) -> JSON:
             "by": None,
             "why": None,
             "blockedLimit": None,
+            "held": False,
         }
     entry: JSON = tasks[task]
     return entry
 
 
+def holds_slot(task: JSON) -> bool:
+    return task["status"] in IN_FLIGHT or (task["status"] == BLOCKED and bool(task.get("held")))
+
+
 def in_flight(change: JSON) -> int:
-    return sum(1 for t in change["tasks"].values() if t["status"] in IN_FLIGHT)
+    return sum(1 for t in change["tasks"].values() if holds_slot(t))
 
 
 def active_agents(s: JSON) -> list[str]:
@@ -222,6 +231,7 @@ def _task_finished(s: JSON, event: Event, limits: FoldLimits) -> None:
     task = task_of(s, change, name)
     completed = event.event_type == "task.completed"
     limit = None if completed else optional_text(event, "blockedLimit")
+    task["held"] = False  # a completion or a failure always frees the slot
     if completed:
         task["status"], task["blockedLimit"] = COMPLETED, None
     elif limit is not None or task["status"] == BLOCKED:
@@ -251,9 +261,11 @@ def _task_blocked(s: JSON, event: Event, limits: FoldLimits) -> None:
     task = task_of(s, change, name)
     _unwait(change_of(s, change), name)
     if task["status"] != COMPLETED:
+        # The block alone frees nothing: the task keeps its slot and its agent until the
+        # task.failed the dead-letter path writes after it.
+        task["held"] = holds_slot(task)
         task["status"] = BLOCKED
         task["blockedLimit"] = optional_text(event, "blockedLimit")
-        _release_agent(s, task["agent"], change, name)
 
 
 def _declared(s: JSON, event: Event, limits: FoldLimits) -> None:
