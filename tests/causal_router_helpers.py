@@ -144,8 +144,9 @@ def delivery(offset: int = 0, revision: int = 0) -> Delivery:
 class Driver:
     """Folds and processes events in order as the runtime would (no transport, no claims)."""
 
-    def __init__(self, router: CausalRouter) -> None:
+    def __init__(self, router: CausalRouter, *, revision: int = 0) -> None:
         self.router = router
+        self.revision = revision  # the cursor revision every delivery carries
         self.states: dict[str, Any] = {}
         self.offset = 0
         self.effects: list[Effects] = []
@@ -157,7 +158,7 @@ class Driver:
             if self.router.consumes is not None and event.event_type not in self.router.consumes:
                 continue
             state = self.router.reduce(self.states.get(event.project_id), event)
-            effects = self.router.process(event, state, delivery(self.offset))
+            effects = self.router.process(event, state, delivery(self.offset, self.revision))
             self.states[event.project_id] = state
             self.effects.append(effects)
             out.extend(decode_command(r.value, max_bytes=MAX_BYTES) for r in effects.records)
