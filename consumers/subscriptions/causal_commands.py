@@ -5,7 +5,10 @@ event can only re-emit the same id:
 
 - a rule's command: ``derived_command_id(cause event id, command type, target)`` — the target is
   the task (``change.dispatch``), the agent (``agent.wake``), the candidate
-  (``candidate.create``) or the generation (``index.build``);
+  (``candidate.create``) or the generation (``index.build``) — with ``_r<revision>`` appended when
+  the delivery's cursor revision is above 0 (a ``reprocess_from`` re-run: new ids, so the work
+  really runs again; a crash retry at the same revision still gets the same ids). Payloads, and
+  so workflow instance ids (the candidate id), do not change with the revision;
 - a task-ready wake (sent by the integration worker when it starts a task, not by the router):
   ``cmd_<task>_ready`` (:func:`task_ready_command_id`);
 - a maintenance command: ``derived_command_id("maintenance-<day>", type, "<project>:<last fact
@@ -63,8 +66,16 @@ class Planned:
     payload: dict[str, Any]
 
 
-def rule_command_id(cause_event_id: str, command_type: str, target: str) -> str:
-    return derived_command_id(cause_event_id, command_type, target)
+def rule_command_id(
+    cause_event_id: str, command_type: str, target: str, cursor_revision: int = 0
+) -> str:
+    """At cursor revision 0, exactly the derived id; at a higher revision (after an operator's
+    ``reprocess_from``) the id ends in ``_r<revision>``: a re-run that kept the ids would be
+    dropped by the workers' dedupe on ``command_id`` and re-run nothing."""
+    if cursor_revision < 0:
+        raise ValueError(f"cursor revision must be >= 0, got {cursor_revision}")
+    base = derived_command_id(cause_event_id, command_type, target)
+    return f"{base}_r{cursor_revision}" if cursor_revision else base
 
 
 def task_ready_command_id(task_id: str) -> str:

@@ -24,6 +24,10 @@ effects: records and consumed offsets commit in one transaction, after their pen
 fold and the claims committed in Redis (docs/guarantees.md), so commands, offsets and fold agree
 across any crash.
 
+Command ids carry the delivery's cursor revision when it is above 0 (``rule_command_id``), so a
+``reprocess_from`` re-run sends commands the workers have not seen; the record id is the command
+id.
+
 The ``candidate.stale`` events are facts the router decides; it writes them to **its own outbox**
 (stable event ids: a retried batch writes them again and the outbox ignores the repeat), whose
 publisher gives them slots of that outbox and sends them to the project's stream like any other
@@ -155,7 +159,7 @@ class CausalRouter(BaseProcessor):
         ops: list[RedisOp] = []
         planned = list(self._plan(event, state, ops))
         now = self.clock.now()
-        records = self._admitted(event, planned, now, ops)
+        records = self._admitted(event, planned, now, ops, delivery.cursor_revision)
         drafts = self._stale_drafts(event, state)
         if drafts:
             # Last: nothing that can still fail comes after it (a failure before it writes
@@ -266,12 +270,17 @@ class CausalRouter(BaseProcessor):
 
     # -- budget, commands, events ----------------------------------------------------------------
     def _admitted(
-        self, event: Event, planned: list[Planned], now: datetime, ops: list[RedisOp]
+        self,
+        event: Event,
+        planned: list[Planned],
+        now: datetime,
+        ops: list[RedisOp],
+        cursor_revision: int,
     ) -> list[OutRecord]:
         day = now.strftime("%Y-%m-%d")
         records: list[OutRecord] = []
         for p in planned:
-            command_id = rule_command_id(event.event_id, p.command_type, p.target)
+            command_id = rule_command_id(event.event_id, p.command_type, p.target, cursor_revision)
             if not self.budget.admit(event.project_id, p.change_id, day, command_id):
                 self.stats.capped[p.command_type] += 1
                 ops.append(_metric(f"commands_capped:{p.command_type}"))
