@@ -283,3 +283,49 @@ def test_a_dead_lettered_dispatch_and_task_ready_wake_block_and_fail_their_task(
         ("task.failed", "t1"),
         ("task.failed", "t3"),
     ]
+
+
+def test_a_dead_lettered_ready_wake_the_agent_never_took_leaves_its_agent_count_right(
+    outbox: SqliteOutbox,
+) -> None:
+    # The wake failed, so the agent never started t1; the task.failed still names the agent
+    # the wake was for. The view must not count that as the agent ending a task it never had.
+    p = Pipeline(outbox)
+    p.world.send(p.world.command("cmd_t1_ready", agentId="agent-7"))
+    p.run(40)
+    with sqlite3.connect(outbox.path) as conn:
+        rows = conn.execute("SELECT envelope FROM outbox ORDER BY slot").fetchall()
+    written = [decode_event(bytes(r[0]), max_bytes=MAX) for r in rows]
+    assert [e.event_type for e in written] == ["task.blocked", "task.failed"]
+    assert written[1].payload["agentId"] == "agent-7"
+
+    def event(slot: int, event_type: str, task: str, payload: dict[str, object]) -> Event:
+        return build(
+            Event,
+            event_id=new_event_id(),
+            event_type=event_type,
+            tenant_id="tenant-x",
+            project_id="p1",
+            change_id="chg1",
+            task_id=task,
+            actor="test",
+            timestamp=written[0].timestamp,
+            payload=payload,
+            slot=slot,
+        )
+
+    events = [
+        event(1, "task.created", "t1", {"dependsOn": [], "resources": []}),
+        event(2, "task.created", "t2", {"dependsOn": [], "resources": []}),
+        event(3, "task.ready", "t1", {}),
+        *(e.model_copy(update={"slot": 4 + n}) for n, e in enumerate(written)),
+        event(6, "task.ready", "t2", {}),
+        event(7, "task.started", "t2", {"agentId": "agent-7"}),
+    ]
+    world = RuntimeWorld()
+    for e in events:
+        world.publish(e)
+    world.drain(world.runner(ProjectViewProjector(feed_length=50, missing_cap=1000)))
+    v = memory_view(world.store, world.tp_of("p1"), "p1")
+    assert v is not None and v["activeAgents"] == {"agent-7": 1}
+    assert v == expected_view("p1", world.tp_of("p1"), events)
