@@ -60,7 +60,6 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
         replay = list(events)
     changes: dict[str, str] = {}
     tasks: dict[str, dict[str, Any]] = {}
-    open_tasks: Counter[str] = Counter()
     generation: int | None = None
     for e in replay:
         if e.event_type in TASK:
@@ -79,9 +78,6 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
                 t["changeId"] = e.change_id
             if e.event_type == "task.started":
                 t["agent"] = e.payload["agentId"]
-                open_tasks[e.payload["agentId"]] += 1
-            if e.event_type in ("task.completed", "task.failed") and "agentId" in e.payload:
-                open_tasks[e.payload["agentId"]] -= 1
         if e.event_type in CHANGE and e.change_id is not None:
             changes[e.change_id] = CHANGE[e.event_type]
         g = e.canonical_generation
@@ -89,6 +85,8 @@ def expected_view(project_id: str, tp: TP, arrived: list[Event]) -> dict[str, An
             g = e.payload["generation"]
         if g is not None:
             generation = g if generation is None else max(generation, g)
+    # An agent is active with the tasks it started that are still started (latest fact).
+    open_tasks = Counter(t["agent"] for t in tasks.values() if t["state"] == "started")
     counts = Counter(e.event_type for e in events)
     return {
         "projectId": project_id,

@@ -19,8 +19,11 @@ What a view holds, and the op that keeps each part right whatever the order even
   order in one hash and the agent under ``<order>:<task>`` in another);
 - each blocked task's limit (``blockedLimit``, e.g. ``dead_letter``): the limit of its latest
   blocking event, kept the same way as the agent;
-- active agents: per agent, started tasks not yet completed or failed (HINCRBY +1 / -1, which
-  commutes, so arrival order does not matter); an agent is active while its count is above 0;
+- active agents: derived when the view is read, per agent the tasks whose state is ``started``
+  with it as their agent. Nothing is counted up and down: a ``task.failed`` naming an agent that
+  never started the task (the dead-letter path's failure of a wake the agent never took) cannot
+  push a count below zero and hide the agent's real work, and the answer follows the slot-ordered
+  states, so arrival order does not matter;
 - the feed: a summary of each applied event, newest applied first (LPUSHTRIM, ``feed_length``).
 
 Task states (the ``task.*`` event that moved it there)::
@@ -122,8 +125,8 @@ CHANGE_CODES: Mapping[str, int] = {
 
 BLOCKED = "blocked"
 
-# Events that make an agent active (+1) or free it (-1).
-AGENT_DELTA: Mapping[str, int] = {"task.started": 1, "task.completed": -1, "task.failed": -1}
+# Events that name the task's agent (checked; a start also records it as the task's agent).
+AGENT_EVENTS = frozenset({"task.started", "task.completed", "task.failed"})
 
 
 class ProjectorInputError(RhumbatronError, ValueError):
@@ -148,7 +151,7 @@ def metrics_key() -> str:
 
 def view_key(project_id: str, part: str) -> str:
     """One part of a project's view: meta, missing, counts, changes, tasks, task_change,
-    task_agent_at, task_agent, task_blocked_at, task_blocked, agents, feed."""
+    task_agent_at, task_agent, task_blocked_at, task_blocked, feed."""
     return f"view:{project_id}:{part}"
 
 
@@ -326,11 +329,8 @@ class ProjectViewProjector(BaseProcessor):
                 ops.append(RedisOp("HMAX" if order else "HSET", at, (task, order)))
             if etype == "task.created" and event.change_id is not None:
                 ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
-            if etype in AGENT_DELTA:
+            if etype in AGENT_EVENTS:
                 agent = _agent_id(event)
-                if agent is not None:
-                    delta = AGENT_DELTA[etype]
-                    ops.append(RedisOp("HINCRBY", view_key(p, "agents"), (agent, delta)))
                 if agent is not None and etype == "task.started":
                     ops.append(
                         RedisOp(

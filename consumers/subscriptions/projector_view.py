@@ -6,6 +6,7 @@ own store, so they cannot drift from where the effects were written.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,7 +41,6 @@ VIEW_PARTS = (
     "task_agent",
     "task_blocked_at",
     "task_blocked",
-    "agents",
 )
 
 
@@ -117,7 +117,9 @@ def view_from_parts(project_id: str, tp: TP, parts: Mapping[str, Any]) -> dict[s
         change: decode_state(int(value), CHANGE_CODES)[1]
         for change, value in sorted(parts.get("changes", {}).items())
     }
-    agents = {a: int(n) for a, n in sorted(parts.get("agents", {}).items()) if int(n) > 0}
+    # Active agents follow the task states (docs/events.md): an agent's started tasks.
+    running = Counter(t["agent"] for t in tasks.values() if t["state"] == "started" and t["agent"])
+    agents = dict(sorted(running.items()))
     last_ms = int(meta["last_ms"]) if "last_ms" in meta else None
     return {
         "projectId": project_id,

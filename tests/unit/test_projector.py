@@ -100,7 +100,7 @@ def test_a_late_slot_inside_a_recorded_gap_is_applied_and_closes_it() -> None:
         "changeId": events[7].change_id,
         "blockedLimit": None,
     }
-    assert v["activeAgents"] == {}  # started +1 and completed -1, in either order
+    assert v["activeAgents"] == {}  # the completion's slot wins, in either order
 
     for e in [events[8], *events[10:]]:
         world.publish(e)
