@@ -510,3 +510,28 @@ def test_due_retries_after_an_aborted_chunk_are_read_again_not_lost() -> None:
     assert handler.attempts_of("cmd_r2") == [1, 2]
     assert handler.attempts_of("cmd_n1") == [1] and handler.attempts_of("cmd_n2") == [1]
     assert worker.waiting() == 0 and worker.paused() == set()
+
+
+def test_a_raising_hook_in_a_threaded_chunk_still_records_what_completed_beside_it() -> None:
+    # Found by the adversarial suite: with concurrency, results were collected in order and the
+    # first failure stopped the collection, so a command completed in another thread after it
+    # was not recorded done, and ran again when the chunk was read again.
+    world = World(policy(concurrency=2, retries=0, batch=2))
+    broken = {"n": 1}
+
+    class Recording(Scripted):
+        def on_exhausted(self, command: Command, ctx: CommandContext, error: BaseException) -> bool:
+            if broken["n"]:
+                broken["n"] -= 1
+                raise ConnectionError("the failure record's store is unreachable")
+            return False
+
+    handler = Recording(fail_for("cmd_x"), world.clock)
+    first = world.worker(handler)
+    world.send(world.command("cmd_x"), world.command("cmd_y"))
+    with pytest.raises(ConnectionError):
+        first.step()  # the worker process ends here; a new one takes over
+    world.run_for(world.worker(handler), 2)
+    assert handler.attempts_of("cmd_y") == [1]
+    assert handler.attempts_of("cmd_x") == [1, 1]
+    assert len(world.dead_letters()) == 1
