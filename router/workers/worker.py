@@ -267,7 +267,16 @@ class Worker:
         try:
             if self._pool is not None:
                 futures = [self._pool.submit(self._one, r, c, done_before) for r, c in pairs]
-                settled.extend(f.result() for f in futures)
+                # Every thread is waited for before the first error is raised: a command that
+                # completed beside a failing one is recorded done like the others.
+                error: BaseException | None = None
+                for future in futures:
+                    try:
+                        settled.append(future.result())
+                    except BaseException as exc:
+                        error = error or exc
+                if error is not None:
+                    raise error
             else:
                 for record, command in pairs:
                     settled.append(self._one(record, command, done_before))
