@@ -3,11 +3,51 @@ the counters summed across processes, the index states, the workflow-instance re
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterator
+
+import pytest
+import redis
+
 from consumers.redis_conn import connect
 from router.settings import Settings
 from router.workers.helpers import STARTING, WorkflowInstance
-from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
+from router.workers.stores import (
+    CommandLedger,
+    RedisCommandLedger,
+    RedisWorkerMetrics,
+    WorkerMetrics,
+    prefix,
+    read_metrics,
+)
 from router.workers.wiring import index_states, workflow_registry
+from tests.conftest import TEST_REDIS
+from tests.contracts.worker_ledgers import WorkerLedgersContract
+
+pytestmark = pytest.mark.integration
+
+LEDGER_TTL_MS = 3_600_000
+
+
+class TestRedisWorkerLedgers(WorkerLedgersContract):
+    """Each test has an environment of its own; its keys are removed afterwards."""
+
+    @pytest.fixture(autouse=True)
+    def _environment(self) -> Iterator[None]:
+        self.client: redis.Redis[bytes] = connect(TEST_REDIS, timeout=5)
+        self.env = "t" + secrets.token_hex(5)
+        yield
+        for key in self.client.scan_iter(match=prefix(self.env) + "*", count=1000):
+            self.client.delete(key)
+
+    def make_ledger(self) -> CommandLedger:
+        return RedisCommandLedger(self.client, env=self.env, ttl_ms=LEDGER_TTL_MS)
+
+    def make_metrics(self) -> WorkerMetrics:
+        return RedisWorkerMetrics(self.client, env=self.env)
+
+    def read_metrics(self) -> dict[str, dict[str, int]]:
+        return read_metrics(self.client, self.env)
 
 
 def test_the_ledger_remembers_completed_ids_past_the_queue_retention(settings: Settings) -> None:

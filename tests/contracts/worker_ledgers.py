@@ -1,0 +1,115 @@
+"""One contract for the workers' ledgers (STYLE: shared test classes per interface): the
+completed-command ledger (``CommandLedger``) and the per-queue counters (``WorkerMetrics``).
+Subclasses provide the factories; the in-memory twins run it in unit tests, the Redis ledgers
+against real Redis. Two objects a subclass makes within one test stand for two worker processes
+of one environment: what one records, the other sees."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from router.workers.stores import CommandLedger, WorkerMetrics
+
+WAKES = "agent-wakeups"
+INDEXING = "indexing"
+
+
+def once(*ids: str) -> Iterator[str]:
+    """The ids as a generator, as the worker passes them: it can be read only once."""
+    yield from ids
+
+
+class WorkerLedgersContract:
+    def make_ledger(self) -> CommandLedger:
+        raise NotImplementedError
+
+    def make_metrics(self) -> WorkerMetrics:
+        raise NotImplementedError
+
+    def read_metrics(self) -> dict[str, dict[str, int]]:
+        """Every queue that counted anything: ``{queue: {counter: value}}``."""
+        raise NotImplementedError
+
+    # pytest rewrites asserts in test modules only, not here: each check names what it saw.
+    def expect_metrics(self, want: dict[str, dict[str, int]]) -> None:
+        got = self.read_metrics()
+        assert got == want, f"counters read {got}, expected {want}"
+
+    @staticmethod
+    def expect_done(ledger: CommandLedger, asked: list[str], want: set[str]) -> None:
+        got = ledger.done_among(asked)
+        assert got == want, f"done among {asked}: {got}, expected {want}"
+
+    # -- the completed-command ledger --------------------------------------------------------
+    def test_unknown_ids_are_not_done(self) -> None:
+        ledger = self.make_ledger()
+        self.expect_done(ledger, ["cmd_a", "cmd_b"], set())
+
+    def test_done_ids_are_found_among_unknown_ones_and_repeats(self) -> None:
+        ledger = self.make_ledger()
+        ledger.mark_done(["cmd_a", "cmd_c"])
+        self.expect_done(ledger, ["cmd_b", "cmd_a", "cmd_a", "cmd_c", "cmd_d"], {"cmd_a", "cmd_c"})
+
+    def test_marking_done_again_is_idempotent(self) -> None:
+        ledger = self.make_ledger()
+        ledger.mark_done(["cmd_a", "cmd_a"])
+        ledger.mark_done(["cmd_a"])
+        self.expect_done(ledger, ["cmd_a", "cmd_b"], {"cmd_a"})
+
+    def test_empty_inputs_are_answered_and_change_nothing(self) -> None:
+        ledger = self.make_ledger()
+        ledger.mark_done([])
+        ledger.mark_done(once())
+        self.expect_done(ledger, [], set())
+        got = ledger.done_among(once())
+        assert got == set(), f"done among no ids: {got}"
+        self.expect_done(ledger, ["cmd_a"], set())
+
+    def test_ids_may_come_as_generators(self) -> None:
+        ledger = self.make_ledger()
+        ledger.mark_done(once("cmd_a", "cmd_b"))
+        got = ledger.done_among(once("cmd_b", "cmd_c", "cmd_a"))
+        assert got == {"cmd_a", "cmd_b"}, f"done among a generator of ids: {got}"
+
+    def test_ids_match_exactly_whatever_characters_they_hold(self) -> None:
+        ledger = self.make_ledger()
+        odd = ["cmd_a:attempt:2", "cmd_{tag}*?[x]", "cmd_ü ✓", ""]
+        ledger.mark_done(["cmd_a", *odd])
+        self.expect_done(ledger, ["cmd_", "cmd_ab", "CMD_A", "cmd_a:attempt"], set())
+        self.expect_done(ledger, ["cmd_a", *odd], {"cmd_a", *odd})
+
+    def test_another_worker_finds_what_one_marked_done(self) -> None:
+        first, second = self.make_ledger(), self.make_ledger()
+        first.mark_done(["cmd_a"])
+        second.mark_done(["cmd_b"])
+        self.expect_done(second, ["cmd_a", "cmd_b"], {"cmd_a", "cmd_b"})
+        self.expect_done(first, ["cmd_a", "cmd_b"], {"cmd_a", "cmd_b"})
+
+    # -- the counters ------------------------------------------------------------------------
+    def test_nothing_counted_reads_as_no_queues(self) -> None:
+        self.make_metrics()
+        self.expect_metrics({})
+
+    def test_counts_accumulate_per_queue_and_counter(self) -> None:
+        metrics = self.make_metrics()
+        metrics.add(WAKES, {"ok": 3, "false_wakeup": 1})
+        metrics.add(WAKES, {"ok": 2, "retried": 4})
+        metrics.add(INDEXING, {"ok": 1})
+        self.expect_metrics(
+            {INDEXING: {"ok": 1}, WAKES: {"false_wakeup": 1, "ok": 5, "retried": 4}}
+        )
+
+    def test_zero_counts_are_not_recorded(self) -> None:
+        # The worker reports every batch's ``failed`` count, zero or not; a counter that never
+        # counted anything is not shown, and a queue that only counted zeros is not either.
+        metrics = self.make_metrics()
+        metrics.add(WAKES, {"ok": 2, "failed": 0})
+        metrics.add(INDEXING, {"failed": 0})
+        metrics.add(INDEXING, {})
+        self.expect_metrics({WAKES: {"ok": 2}})
+
+    def test_counts_of_two_workers_add_up(self) -> None:
+        first, second = self.make_metrics(), self.make_metrics()
+        first.add(WAKES, {"ok": 3, "dead_lettered": 1})
+        second.add(WAKES, {"ok": 2, "dead_lettered": 1})
+        self.expect_metrics({WAKES: {"dead_lettered": 2, "ok": 5}})

@@ -1,0 +1,31 @@
+"""The workers' ledgers contract against the in-memory twins the worker unit tests use."""
+
+from __future__ import annotations
+
+from router.workers.stores import (
+    CommandLedger,
+    MemoryCommandLedger,
+    MemoryWorkerMetrics,
+    WorkerMetrics,
+)
+from tests.contracts.worker_ledgers import WorkerLedgersContract
+
+
+class TestMemoryWorkerLedgers(WorkerLedgersContract):
+    """One process: every "worker" of a test shares the same twin."""
+
+    def setup_method(self) -> None:
+        self.ledger = MemoryCommandLedger()
+        self.metrics = MemoryWorkerMetrics()
+
+    def make_ledger(self) -> CommandLedger:
+        return self.ledger
+
+    def make_metrics(self) -> WorkerMetrics:
+        return self.metrics
+
+    def read_metrics(self) -> dict[str, dict[str, int]]:
+        return {
+            queue: dict(sorted(counts.items()))
+            for queue, counts in sorted(self.metrics.counts.items())
+        }
