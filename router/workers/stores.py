@@ -55,6 +55,9 @@ class RedisCommandLedger:
 
 
 class MemoryCommandLedger:
+    """The ledger in one process, without expiry: a unit test never outlives the retention the
+    Redis ledger's TTL covers."""
+
     def __init__(self) -> None:
         self.done: set[str] = set()
 
@@ -88,8 +91,13 @@ class MemoryWorkerMetrics:
         self._lock = threading.Lock()
 
     def add(self, queue: str, counts: Mapping[str, int]) -> None:
+        # As in Redis (HINCRBY is skipped for a zero): a counter that only counted zeros, and a
+        # queue with nothing else, do not appear.
+        live = {k: v for k, v in counts.items() if v}
+        if not live:
+            return
         with self._lock:
-            self.counts.setdefault(queue, Counter()).update(counts)
+            self.counts.setdefault(queue, Counter()).update(live)
 
 
 def read_metrics(client: redis.Redis[bytes], env: str) -> dict[str, dict[str, int]]:
