@@ -4,7 +4,7 @@ same partition, operator moves) that once lost or doubled an effect."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,7 +25,7 @@ def _two_projects(world: World) -> tuple[str, str, TP]:
     return x, y, world.tp_of(x)
 
 
-def _crash_at(boundary: str, nth: int = 1):  # type: ignore[no-untyped-def]
+def _crash_at(boundary: str, nth: int = 1) -> Callable[[str], None]:
     hits = {"n": 0}
 
     def failpoint(name: str) -> None:
