@@ -14,6 +14,7 @@ from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import KafkaRedisDeadLetters
 from consumers.runtime.kafka_transport import (
     KafkaOutput,
+    KafkaOutputLog,
     KafkaReader,
     KafkaRedelivery,
     KafkaTransport,
@@ -217,6 +218,7 @@ def open_subscription(
         policy(settings, processor.slug),
         clock,
         output=output,
+        output_log=KafkaOutputLog(base) if output is not None else None,
         redelivery=KafkaRedelivery(base, redelivery_topic(processor.slug, settings.env)),
         controls=controls(settings, processor, client, clock),
     )

@@ -15,6 +15,7 @@ from consumers.runtime.dead_letters import MemoryDeadLetters
 from consumers.runtime.memory import (
     MemoryLog,
     MemoryOutput,
+    MemoryOutputLog,
     MemoryReader,
     MemoryRedelivery,
     MemoryTransport,
@@ -175,6 +176,7 @@ class World:
             self.policy(**policy),
             self.clock,
             output=output,
+            output_log=MemoryOutputLog(self.log) if output is not None else None,
             redelivery=MemoryRedelivery(self.log, REDELIVERY),
             controls=self.controls(processor),
             failpoint=failpoint,

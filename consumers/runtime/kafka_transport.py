@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import confluent_kafka
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers.kafka_consumer import consumer_config
-from consumers.runtime.transport import AssignCallback, CommittedUnknown, RevokeCallback
+from consumers.runtime.transport import (
+    AssignCallback,
+    Committed,
+    CommittedUnknown,
+    RevokeCallback,
+)
 from consumers.runtime.types import TP, OutRecord, Record
 from streams.admin import bootstrap_of, client_config
 from streams.errors import Unreachable
@@ -174,7 +179,7 @@ class KafkaTransport:
             # Group offsets only feed lag tooling here; the cursor in the store is authoritative.
             log.warning("offset commit failed (lag figures may trail): %s", exc.args[0].str())
 
-    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+    def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
         if not parts:
             return {}
@@ -184,7 +189,12 @@ class KafkaTransport:
             # Typically a transaction of a dead producer is still open (the broker answers
             # "unstable" until it aborts on its timeout): we cannot know yet whether it landed.
             raise CommittedUnknown(exc.args[0].str()) from exc
-        return {TP(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in result}
+        return {
+            TP(p.topic, p.partition): (
+                Committed(p.offset, p.metadata or "") if p.offset >= 0 else None
+            )
+            for p in result
+        }
 
     def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
         """The partition's end offset; ``cached`` answers from the last fetch response (no round
@@ -242,9 +252,19 @@ class KafkaOutput:
             headers=[*record.headers, ("record_id", record.record_id.encode())],
         )
 
-    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None:
+    def send_offsets(
+        self,
+        offsets: Mapping[TP, int],
+        group_metadata: Any,
+        metadata: Mapping[TP, str] | None = None,
+    ) -> None:
+        marks = metadata or {}
         self.producer.send_offsets(
-            [TopicPartition(tp.topic, tp.partition, o) for tp, o in offsets.items()], group_metadata
+            [
+                TopicPartition(tp.topic, tp.partition, o, metadata=marks.get(tp) or None)
+                for tp, o in offsets.items()
+            ],
+            group_metadata,
         )
 
     def commit(self) -> None:
@@ -306,6 +326,66 @@ class KafkaRedelivery:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class KafkaOutputLog:
+    """OutputLog on the broker: reads each output topic ``read_committed`` from the offsets of
+    ``since_ms`` to the last stable offset, looking for the records' ids (the ``record_id``
+    header every Kafka effect carries)."""
+
+    def __init__(self, base: Mapping[str, Any]) -> None:
+        self.base = base
+
+    def find(self, records: Sequence[OutRecord], since_ms: int) -> set[str]:
+        wanted = {r.record_id for r in records}
+        found: set[str] = set()
+        for topic in sorted({r.topic for r in records}):
+            found |= self._scan(topic, since_ms, wanted - found)
+            if found >= wanted:
+                break
+        return found
+
+    def _scan(self, topic: str, since_ms: int, wanted: set[str]) -> set[str]:
+        consumer = assign_only_consumer(self.base, "output-log", **{"enable.partition.eof": True})
+        found: set[str] = set()
+        try:
+            meta = consumer.list_topics(topic, timeout=BROKER_CALL_TIMEOUT_S).topics[topic]
+            if meta.error is not None:
+                raise Unreachable("Kafka", bootstrap_of(self.base), meta.error.str())
+            starts = consumer.offsets_for_times(
+                [TopicPartition(topic, p, max(since_ms, 0)) for p in meta.partitions],
+                timeout=BROKER_CALL_TIMEOUT_S,
+            )
+            # A partition with nothing written since then answers -1: nothing to read there.
+            todo = [tp for tp in starts if tp.offset >= 0]
+            if not todo:
+                return found
+            consumer.assign(todo)
+            open_parts = {tp.partition for tp in todo}
+            quiet_s = 0.0
+            while open_parts and not wanted <= found:
+                batch = consumer.consume(1000, timeout=1.0)
+                quiet_s = 0.0 if batch else quiet_s + 1.0
+                if quiet_s >= BROKER_CALL_TIMEOUT_S:
+                    raise Unreachable(
+                        "Kafka",
+                        bootstrap_of(self.base),
+                        f"{topic} partitions {sorted(open_parts)} not read to their end",
+                    )
+                for message in batch:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            open_parts.discard(message.partition() or 0)
+                        elif error.fatal():
+                            raise KafkaException(error)
+                        continue
+                    rid = _record(message).header("record_id")
+                    if rid is not None and rid.decode() in wanted:
+                        found.add(rid.decode())
+        finally:
+            consumer.close()
+        return found
 
 
 class KafkaReader:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.runtime.transport import AssignCallback, RevokeCallback
+from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
 
 
@@ -20,7 +20,7 @@ class MemoryLog:
 
     partitions: dict[str, int] = field(default_factory=dict)
     records: dict[TP, list[Record]] = field(default_factory=dict)
-    offsets: dict[str, dict[TP, int]] = field(default_factory=dict)
+    offsets: dict[str, dict[TP, Committed]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def create(self, topic: str, partitions: int) -> None:
@@ -121,7 +121,10 @@ class MemoryTransport:
                 committed = self.log.offsets.get(self.group, {})
                 for tp in new:
                     start = starts.get(tp)
-                    self._assigned[tp] = start if start is not None else committed.get(tp, 0)
+                    mark = committed.get(tp)
+                    self._assigned[tp] = (
+                        start if start is not None else (mark.offset if mark is not None else 0)
+                    )
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         self._rebalance()
@@ -153,9 +156,10 @@ class MemoryTransport:
 
     def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
         with self.log.lock:
-            self.log.offsets.setdefault(self.group, {}).update(offsets)
+            group = self.log.offsets.setdefault(self.group, {})
+            group.update({tp: Committed(o) for tp, o in offsets.items()})
 
-    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+    def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         with self.log.lock:
             group = self.log.offsets.get(self.group, {})
             return {tp: group.get(tp) for tp in tps}
@@ -187,7 +191,7 @@ class MemoryOutput:
         self.log = log
         self.partitioner = partitioner or (lambda key, n: sum(key.encode()) % n)
         self._records: list[OutRecord] = []
-        self._offsets: dict[TP, int] = {}
+        self._offsets: dict[TP, Committed] = {}
         self._group: Any = None
         self._open = False
         self.fail_commit: Callable[[], bool] = lambda: False
@@ -203,9 +207,15 @@ class MemoryOutput:
         assert self._open, "produce outside a transaction"
         self._records.append(record)
 
-    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None:
+    def send_offsets(
+        self,
+        offsets: Mapping[TP, int],
+        group_metadata: Any,
+        metadata: Mapping[TP, str] | None = None,
+    ) -> None:
         assert self._open, "send_offsets outside a transaction"
-        self._offsets.update(offsets)
+        marks = metadata or {}
+        self._offsets.update({tp: Committed(o, marks.get(tp, "")) for tp, o in offsets.items()})
         self._group = group_metadata
 
     def commit(self) -> None:
@@ -236,6 +246,24 @@ class MemoryOutput:
 
     def close(self) -> None:
         self.abort()
+
+
+class MemoryOutputLog:
+    """OutputLog over the memory log: committed records are all there is (an aborted
+    transaction never reached the log), and the whole log is looked at."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+
+    def find(self, records: Sequence[OutRecord], since_ms: int) -> set[str]:
+        wanted = {r.record_id for r in records}
+        found: set[str] = set()
+        for topic in sorted({r.topic for r in records}):
+            for record in self.log.all(topic):
+                rid = record.header("record_id")
+                if rid is not None and rid.decode() in wanted:
+                    found.add(rid.decode())
+        return found
 
 
 class MemoryRedelivery:

@@ -10,10 +10,12 @@ Per partition of a batch, in offset order:
   every later event *of its project* in the batch is held back; other projects go on;
 - the claims, Redis effects, fold changes, pending Kafka effects and the new cursor commit in one
   atomic step, fenced by the owner epoch and compare-and-set on the cursor;
-- Kafka effects then go out in one transaction with the consumed offsets; the pending copy is
-  cleared once it committed (a crash in between is recovered by whoever owns the partition next:
-  if the group's committed offset shows the transaction landed, the copy is dropped, else it is
-  re-sent with the same ids);
+- Kafka effects then go out in one transaction with the consumed offsets, whose metadata names
+  the transaction (a per-partition sequence stored with the pending copy); the pending copy is
+  cleared once it committed (a crash or an abort in between is recovered by whoever owns the
+  partition next: if the committed marker names that transaction, the copy is dropped; if it
+  names an earlier one, it is re-sent with the same ids; if the marker is gone, the output topics
+  are searched for the copy's ids, and only what is missing is sent);
 - a failure is counted under (subscription, topic, partition, first unapplied offset); below the
   limit the partition pauses, seeks back and retries after a backoff while others flow; at the
   limit the failing events are dead-lettered, marked done, and the partition moves on (or, under
@@ -41,7 +43,7 @@ from consumers.runtime.runner_base import (
 )
 from consumers.runtime.store import Commit, Store
 from consumers.runtime.transactions import TransactionMixin
-from consumers.runtime.transport import Output, Redelivery, Transport
+from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
     TP,
@@ -77,12 +79,16 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         clock: Clock,
         *,
         output: Output | None = None,
+        output_log: OutputLog | None = None,
         redelivery: Redelivery | None = None,
         controls: Controls | None = None,
         failpoint: Callable[[str], None] = failpoints.hit,
     ) -> None:
-        if processor.effect_kind == EffectKind.KAFKA and output is None:
-            raise ValueError(f"{processor.slug} has Kafka effects and needs an output producer")
+        if processor.effect_kind == EffectKind.KAFKA and (output is None or output_log is None):
+            raise ValueError(
+                f"{processor.slug} has Kafka effects and needs an output producer and an output "
+                "log (to read back what a transaction left when its marker is gone)"
+            )
         self.processor = processor
         self.transport = transport
         self.store = store
@@ -90,6 +96,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self.policy = policy
         self.clock = clock
         self.output = output
+        self.output_log = output_log
         self.redelivery = redelivery
         self.controls = controls
         self.failpoint = failpoint
@@ -350,6 +357,10 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         new.dead = sorted(o for o in progress.dead if o > acked)
         new.reduced_through = acked if proc.reducer_version else new.reduced_through
         new.pending_effects = bool(out)
+        if proc.effect_kind == EffectKind.KAFKA:
+            # Every batch of a Kafka-effects processor commits a transaction of its own.
+            new.txn_seq = progress.txn_seq + 1
+            new.pending_since_ms = int(self.clock.now().timestamp() * 1000) if out else 0
         commit = Commit(
             tp=part.tp,
             epoch=part.epoch,

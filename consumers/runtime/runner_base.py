@@ -11,7 +11,7 @@ from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
 from consumers.runtime.parts import Line, OpenPart, PartWriter
 from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
-from consumers.runtime.transport import Output, Redelivery, Transport
+from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
     TP,
@@ -35,6 +35,9 @@ class RuntimePolicy:
     max_envelope_bytes: int
     on_failure: str = "dead-letter"  # or "block": retry forever, skip_through the only escape
     control_check_interval_s: float = 1.0
+    # How far before a pending copy's store time recovery looks for its records on the output
+    # topics (clock skew between this host and the one that stored the copy).
+    output_search_margin_ms: int = 60_000
     # Redelivery topic partition k belongs to origin (streams[k // P], k % P).
     streams: tuple[str, ...] = ()
     partitions_per_stream: int = 1
@@ -108,6 +111,7 @@ class RunnerBase:
     policy: RuntimePolicy
     clock: Clock
     output: Output | None
+    output_log: OutputLog | None
     redelivery: Redelivery | None
     controls: Controls | None
     failpoint: Callable[[str], None]

@@ -6,14 +6,15 @@ import logging
 from collections.abc import Mapping
 
 from consumers.runtime.parts import is_part
-from consumers.runtime.runner_base import Outcome, RunnerBase
-from consumers.runtime.transport import CommittedUnknown
+from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
+from consumers.runtime.transport import Committed, CommittedUnknown
 from consumers.runtime.types import (
     TP,
     EffectKind,
     OutRecord,
+    parse_txn_marker,
 )
-from streams.errors import TransactionFailed
+from streams.errors import TransactionFailed, Unreachable
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -23,9 +24,10 @@ class TransactionMixin(RunnerBase):
         """Kafka effects of committed partitions, in one transaction with their offsets."""
         assert self.output is not None
         offsets = {o.commit.tp: o.commit.progress.acked_through + 1 for o in outcomes}
+        marks = {o.commit.tp: o.commit.progress.txn_marker() for o in outcomes}
         records = [r for o in outcomes for r in (o.commit.pending or [])]
         try:
-            self._transact(records, offsets)
+            self._transact(records, offsets, marks)
         except TransactionFailed as exc:
             # The pending copies stay in the store; recovery re-sends them (same ids) before
             # anything else of those partitions is processed.
@@ -39,13 +41,15 @@ class TransactionMixin(RunnerBase):
             if part is not None:
                 self._clear_pending(part)
 
-    def _transact(self, records: list[OutRecord], offsets: Mapping[TP, int]) -> None:
+    def _transact(
+        self, records: list[OutRecord], offsets: Mapping[TP, int], marks: Mapping[TP, str]
+    ) -> None:
         assert self.output is not None
         self.output.begin()
         try:
             for record in records:
                 self.output.produce(record)
-            self.output.send_offsets(offsets, self.transport.group_metadata())
+            self.output.send_offsets(offsets, self.transport.group_metadata(), marks)
             self.failpoint("runtime.before_transaction_commit")
             self.output.commit()
         except TransactionFailed:
@@ -56,6 +60,32 @@ class TransactionMixin(RunnerBase):
             raise TransactionFailed("output", str(exc), abortable=True) from exc
         self.stats.transactions += 1
         self.failpoint("runtime.after_transaction_commit")
+
+    def _unlanded(
+        self, part: PartitionState, records: list[OutRecord], committed: Committed | None
+    ) -> list[OutRecord]:
+        """Which of a pending copy's records its transaction did not land. The committed
+        offset's marker says it when it names this partition's transactions: the pending one
+        (landed) or an earlier one (not landed) — never an offset comparison, since a batch
+        held back by a failing head event commits the same offset as the batch before it.
+        Without a marker of ours (offsets rewritten from outside), the output topics say it."""
+        seq = parse_txn_marker(committed.metadata) if committed is not None else None
+        if seq == part.progress.txn_seq:
+            return []
+        if seq is not None and seq < part.progress.txn_seq:
+            return records
+        assert self.output_log is not None
+        log.warning(
+            "%s: %s's committed offset carries no marker of ours (%r); looking for the pending "
+            "records on their topics",
+            self.processor.slug,
+            part.tp,
+            committed.metadata if committed is not None else None,
+        )
+        found = self.output_log.find(
+            records, part.progress.pending_since_ms - self.policy.output_search_margin_ms
+        )
+        return [r for r in records if r.record_id not in found]
 
     def _refold(self) -> None:
         """A processor whose ``reducer_version`` changed rebuilds its fold before going on: no
@@ -112,12 +142,17 @@ class TransactionMixin(RunnerBase):
             )
             return
         for part in todo:
-            landed = committed.get(part.tp)
             records = self.store.pending(part.tp)
-            if records and (landed is None or landed <= part.progress.acked_through):
+            if records:
                 try:
-                    self._transact(records, {part.tp: part.progress.acked_through + 1})
-                except TransactionFailed as exc:
+                    missing = self._unlanded(part, records, committed.get(part.tp))
+                    if missing:
+                        self._transact(
+                            missing,
+                            {part.tp: part.progress.acked_through + 1},
+                            {part.tp: part.progress.txn_marker()},
+                        )
+                except (TransactionFailed, Unreachable) as exc:
                     log.warning(
                         "%s: recovery of %s failed, will retry: %s",
                         self.processor.slug,
@@ -125,5 +160,5 @@ class TransactionMixin(RunnerBase):
                         exc,
                     )
                     continue
-                self.stats.recovered += len(records)
+                self.stats.recovered += len(missing)
             self._clear_pending(part)

@@ -5,7 +5,8 @@ for the property tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumers.runtime.types import TP, OutRecord, Record
@@ -13,6 +14,15 @@ from consumers.runtime.types import TP, OutRecord, Record
 
 class CommittedUnknown(Exception):
     """The group's committed offsets cannot be known right now (an open transaction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A group's committed offset of one partition (the next offset to read) and the metadata
+    string committed with it ("" when the committer wrote none, as Kafka's own tools do)."""
+
+    offset: int
+    metadata: str = ""
 
 
 # Called with newly assigned partitions; returns the offset to start each one at (from the
@@ -45,9 +55,9 @@ class Transport(Protocol):
         """Record progress in the group (next offset to read), asynchronously: for lag tooling;
         the cursor in the store is what resumes work."""
 
-    def committed(self, tps: Iterable[TP]) -> dict[TP, int | None]:
-        """The group's committed offsets (read_committed: a transaction's offsets count only once
-        it committed)."""
+    def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
+        """The group's committed offsets with their metadata (read_committed: a transaction's
+        offsets count only once it committed); None where the group has none."""
 
     def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
         """End offset of the partition; -1 when unknown. ``cached`` may answer from the last
@@ -72,13 +82,31 @@ class Output(Protocol):
 
     def produce(self, record: OutRecord) -> None: ...
 
-    def send_offsets(self, offsets: Mapping[TP, int], group_metadata: Any) -> None: ...
+    def send_offsets(
+        self,
+        offsets: Mapping[TP, int],
+        group_metadata: Any,
+        metadata: Mapping[TP, str] | None = None,
+    ) -> None:
+        """Consumed offsets into the open transaction; ``metadata`` is committed with them (a
+        marker that names the transaction, read back through ``Transport.committed``)."""
 
     def commit(self) -> None: ...
 
     def abort(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class OutputLog(Protocol):
+    """Reads back what Kafka effects produced, as ``read_committed`` readers see it: recovery's
+    evidence when the group's offsets cannot say whether a transaction landed (their marker was
+    overwritten from outside, e.g. an operator's offset reset)."""
+
+    def find(self, records: Sequence[OutRecord], since_ms: int) -> set[str]:
+        """The ids among ``records`` that are committed on their topics. Everything written from
+        ``since_ms`` (epoch milliseconds) on is looked at; an implementation may look further
+        back."""
 
 
 class Redelivery(Protocol):

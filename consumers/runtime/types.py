@@ -21,6 +21,17 @@ from streams.envelopes import Event
 
 JSON = dict[str, Any]
 
+TXN_MARKER_PREFIX = "rhumbatron.txn="
+
+
+def parse_txn_marker(metadata: str) -> int | None:
+    """The transaction sequence a committed offset's metadata names; None when it names none
+    (committed by someone else, e.g. an operator's reset with Kafka's own tools)."""
+    if not metadata.startswith(TXN_MARKER_PREFIX):
+        return None
+    digits = metadata[len(TXN_MARKER_PREFIX) :]
+    return int(digits) if digits.isdigit() else None
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class TP:
@@ -180,6 +191,11 @@ class Progress:
     skipped: list[list[int]] = field(
         default_factory=list
     )  # [first, last] ranges skip_through passed
+    # Kafka effects: the sequence number of this partition's latest transaction, committed as
+    # the offsets' metadata (``txn_marker``), so recovery can tell whether *that* transaction
+    # landed; and when its pending copy was stored (where to look for its records).
+    txn_seq: int = 0
+    pending_since_ms: int = 0
 
     def as_fields(self) -> dict[str, str]:
         return {
@@ -192,6 +208,8 @@ class Progress:
             "pending_effects": "1" if self.pending_effects else "0",
             "redelivered_next": str(self.redelivered_next),
             "skipped": orjson.dumps(self.skipped).decode(),
+            "txn_seq": str(self.txn_seq),
+            "pending_since_ms": str(self.pending_since_ms),
         }
 
     @classmethod
@@ -212,7 +230,13 @@ class Progress:
             pending_effects=f.get("pending_effects", "0") == "1",
             redelivered_next=int(f.get("redelivered_next", 0)),
             skipped=[list(r) for r in orjson.loads(f.get("skipped", "[]"))],
+            txn_seq=int(f.get("txn_seq", 0)),
+            pending_since_ms=int(f.get("pending_since_ms", 0)),
         )
+
+    def txn_marker(self) -> str:
+        """The offset-commit metadata of this partition's latest transaction."""
+        return f"{TXN_MARKER_PREFIX}{self.txn_seq}"
 
     def is_done(self, offset: int) -> bool:
         """Already applied, dead-lettered or skipped: redelivery must not run it again."""
