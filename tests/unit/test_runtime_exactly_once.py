@@ -8,9 +8,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from consumers.runtime.controls import ControlRefused
 from consumers.runtime.memory import cuts_from
+from consumers.runtime.transport import Committed
 from consumers.runtime.types import TP
-from tests.runtime_harness import PROJECTS_SHARING, Counter, Crash, World, event
+from streams.envelopes import encode
+from tests.runtime_harness import LIMIT, PROJECTS_SHARING, Counter, Crash, World, event
 
 
 @pytest.fixture(autouse=True)
@@ -100,3 +103,145 @@ def test_a_crash_after_reprocess_from_loses_no_rerun_effect() -> None:
         world.drain(crashing)
     world.drain(world.runner(Counter()))
     assert _out_by_project(world) == {x: [1, 2, 3, 3, 4, 4]}
+
+
+@pytest.mark.parametrize(
+    "boundary", ["runtime.after_store_commit", "runtime.after_transaction_commit"]
+)
+def test_offsets_rewritten_from_outside_neither_lose_nor_double_a_pending_copy(
+    boundary: str,
+) -> None:
+    world = World()
+    x, y = _held_head_log(world)
+    first = world.runner(Counter(), cuts=cuts_from([1, 5]), failpoint=_crash_at(boundary, 2))
+    with pytest.raises(Crash):
+        world.drain(first)
+    # An operator resets the group's offsets with Kafka's own tools: the marker is gone.
+    tp = world.tp_of(x)
+    world.log.offsets[f"group-{Counter.slug}"][tp] = Committed(1, "")
+    world.drain(world.runner(Counter()))
+    assert _out_by_project(world) == {x: [1], y: [1, 2, 3, 4]}
+    ids = [r["_id"] for r in world.out_records()]
+    assert len(ids) == len(set(ids))
+
+
+# -- operator moves -------------------------------------------------------------------------------
+
+
+def test_reprocess_from_the_first_offset_survives_the_next_assignment() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 4):
+        world.publish(event(x, n))
+    world.drain(world.runner(Counter()))
+    world.controls(Counter()).reprocess_from(tp, 0, 0, who="oncall", why="rebuild everything")
+    # A new owner takes the partition: it must start at offset 0, not at the group's offset.
+    world.drain(world.runner(Counter()))
+    assert _out_by_project(world) == {x: [1, 1, 2, 2, 3, 3]}
+    assert world.states()[x] == {"count": 3, "seen": [1, 2, 3]}
+
+
+class Rebuilt(Counter):
+    """The same fold, as an operator's tool rebuilds it (marks the states it made)."""
+
+    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+        out = super().reduce(state, event)
+        return {**out, "rebuilt": True} if out is not None else None
+
+
+def test_a_re_reduce_is_seen_by_the_running_owner_and_not_written_over() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 3):
+        world.publish(event(x, n))
+    owner = world.runner(Counter())
+    world.drain(owner)
+    world.controls(Rebuilt()).re_reduce(tp, who="oncall", why="fold repaired")
+    world.publish(event(x, 3))
+    world.drain(owner)  # the owner keeps running; its cached fold is the old one
+    assert world.states()[x] == {"count": 3, "seen": [1, 2, 3], "rebuilt": True}
+
+
+def test_reprocess_from_is_bounded_by_the_retained_range_and_the_cursor() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 5):
+        world.publish(event(x, n))
+    runner = world.runner(Counter())
+    world.drain(runner)
+    controls = world.controls(Counter())
+    with pytest.raises(ControlRefused, match=r"0\.\.4"):
+        controls.reprocess_from(tp, 9, 0, who="oncall", why="forward is not a reprocess")
+    with pytest.raises(ControlRefused, match=r"0\.\.4"):
+        controls.reprocess_from(tp, -1, 0, who="oncall", why="no such offset")
+    assert world.audit.entries() == []
+
+
+def test_skip_through_is_bounded_by_the_partition_end() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 4):
+        world.publish(event(x, n, fail=(n == 2)))
+    controls = world.controls(Counter())
+    with pytest.raises(ControlRefused, match=r"end.*2"):
+        controls.skip_through(tp, 10, who="oncall", why="skip what has not arrived")
+    controls.skip_through(tp, 2, who="oncall", why="ticket 7")
+    assert [e["action"] for e in world.audit.entries()] == ["skip_through"]
+
+
+class Flaky(Counter):
+    """Fails an event the given number of times, then applies it."""
+
+    budget: dict[str, int] = {}
+
+    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+        left = self.budget.get(event.event_id, 0)
+        if left > 0:
+            self.budget[event.event_id] = left - 1
+            raise ValueError(f"flaky {event.event_id}")
+        return super().reduce(state, event)
+
+
+def test_a_success_clears_the_failure_count_so_a_later_failure_starts_from_one() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    evs = [event(x, n) for n in range(1, 4)]
+    for ev in evs:
+        world.publish(ev)
+    Flaky.budget = {evs[1].event_id: 3}
+    runner = world.runner(Flaky())
+    world.drain(runner)
+    assert world.dead.list() == []
+    world.controls(Flaky()).reprocess_from(tp, 0, 0, who="oncall", why="rerun")
+    Flaky.budget = {evs[1].event_id: 3}  # fails three times again: still below five
+    world.drain(runner)
+    assert world.dead.list() == [], "an old failure count dead-lettered the event early"
+    assert world.states()[x]["seen"] == [1, 2, 3]
+
+
+# -- hostile headers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("rh.origin_topic", b"s1"), ("rh.origin_partition", b"1"), ("rh.origin_offset", b"0")),
+        (("rh.origin_topic", b"s0"), ("rh.origin_partition", b"zero")),
+        (("rh.origin_topic", b"\xff"), ("rh.origin_offset", b"-x")),
+    ],
+)
+def test_a_stream_record_with_redelivery_headers_is_judged_on_its_value(
+    headers: tuple[tuple[str, bytes], ...],
+) -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    good = event(x, 1)
+    world.log.append(tp.topic, tp.partition, encode(good, max_bytes=LIMIT), b"x", headers)
+    world.log.append(tp.topic, tp.partition, b"not an event", b"x", headers)
+    world.publish(event(x, 2))
+    runner = world.runner(Counter(), auto_assign=False)
+    runner.transport.assign([tp])  # type: ignore[attr-defined]  # s1[1] is another's
+    world.drain(runner)
+    assert _out_by_project(world) == {x: [1, 2]}
+    assert [letter.kind for letter in world.dead.list()] == ["poison"]
+    assert world.store.load(tp).acked_through == 2
