@@ -187,7 +187,7 @@ class Controls:
         just before the stream's first retained offset. Returns the number of projects folded."""
         progress = self.store.load(tp)
         start = self.reader.log_start(tp)
-        if progress.acked_through >= 0 or start == 0:
+        if progress.has_cursor() or start == 0:
             return 0
         new = Progress.from_fields(progress.as_fields())
         new.acked_through = start - 1

@@ -128,19 +128,19 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             part.needs_recovery = progress.pending_effects
             part.needs_refold = bool(
                 self.processor.reducer_version
-                and progress.acked_through >= 0
+                and progress.has_cursor()
                 and progress.reducer_version != self.processor.reducer_version
             )
             # A new fold over a stream whose start is gone: fold the history from the archive
             # first (no effects), then continue from the stream.
             part.needs_first_fold = bool(
                 self.processor.reducer_version
-                and progress.acked_through < 0
+                and not progress.has_cursor()
                 and self.transport.log_start(tp) > 0
             )
             part.redelivery = self.policy.redelivery_partition(tp)
             self.parts[tp] = part
-            starts[tp] = progress.acked_through + 1 if progress.acked_through >= 0 else None
+            starts[tp] = progress.acked_through + 1 if progress.has_cursor() else None
             if self.redelivery is not None and part.redelivery is not None:
                 self.redelivery.assign(part.redelivery, progress.redelivered_next)
             log.info(

@@ -234,6 +234,12 @@ class Progress:
             pending_since_ms=int(f.get("pending_since_ms", 0)),
         )
 
+    def has_cursor(self) -> bool:
+        """A cursor was set: work was acknowledged, or an operator moved it (``reprocess_from``
+        bumps the revision, so a cursor set to before the first offset is still a cursor).
+        Without one, a new owner starts where the group's committed offset says."""
+        return self.acked_through >= 0 or self.cursor_revision > 0
+
     def txn_marker(self) -> str:
         """The offset-commit metadata of this partition's latest transaction."""
         return f"{TXN_MARKER_PREFIX}{self.txn_seq}"
