@@ -39,6 +39,9 @@ class LogReader(Protocol):
 
     def log_start(self, tp: TP) -> int: ...
 
+    def end(self, tp: TP) -> int:
+        """The partition's end: one past its last offset (the high watermark)."""
+
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         """Records with start <= offset <= end."""
 
@@ -173,8 +176,14 @@ class Controls:
         new = Progress.from_fields(progress.as_fields())
         new.reducer_version = self.processor.reducer_version
         new.reduced_through = progress.acked_through
+        new.fold_generation = progress.fold_generation + 1
         self.store.replace_fold(
-            tp, epoch, (progress.acked_through, progress.cursor_revision), new, states
+            tp,
+            epoch,
+            (progress.acked_through, progress.cursor_revision),
+            new,
+            states,
+            expected_generation=progress.fold_generation,
         )
         self._audit(
             "re_reduce", tp, who, why, reduced_through=progress.acked_through, projects=len(states)
@@ -193,9 +202,15 @@ class Controls:
         new.acked_through = start - 1
         new.reduced_through = start - 1
         new.reducer_version = self.processor.reducer_version
+        new.fold_generation = progress.fold_generation + 1
         states = self.fold(tp, new, start - 1)
         self.store.replace_fold(
-            tp, epoch, (progress.acked_through, progress.cursor_revision), new, states
+            tp,
+            epoch,
+            (progress.acked_through, progress.cursor_revision),
+            new,
+            states,
+            expected_generation=progress.fold_generation,
         )
         self._audit(
             "first_fold",
@@ -217,10 +232,16 @@ class Controls:
                 "someone else moved it; read the current revision and decide again"
             )
         start = self.reader.log_start(tp)
-        if offset < start and self.archive is None:
+        # Backwards only, and only over events something still holds: a forward "reprocess"
+        # would fold events without their effects and record no skipped range.
+        low = 0 if self.archive is not None else start
+        high = progress.acked_through + 1
+        if not low <= offset <= high:
+            held = "the stream and the archive hold" if self.archive else "the stream holds"
             raise ControlRefused(
-                f"cannot reprocess {tp} from {offset}: the stream holds offsets from {start} only "
-                "and no archive reader is configured"
+                f"cannot reprocess {tp} from {offset}: it takes an offset in {low}..{high} "
+                f"({held} offsets from {low}; the cursor is acknowledged through "
+                f"{progress.acked_through}, so {high} is the furthest)"
             )
         new = Progress.from_fields(progress.as_fields())
         new.acked_through = offset - 1
@@ -231,8 +252,14 @@ class Controls:
         states = self.fold(tp, new, offset - 1)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
+        new.fold_generation = progress.fold_generation + 1
         self.store.replace_fold(
-            tp, None, (progress.acked_through, progress.cursor_revision), new, states
+            tp,
+            None,
+            (progress.acked_through, progress.cursor_revision),
+            new,
+            states,
+            expected_generation=progress.fold_generation,
         )
         self._audit("reprocess_from", tp, who, why, offset=offset, revision=new.cursor_revision)
         return new
@@ -247,6 +274,12 @@ class Controls:
             raise ControlRefused(
                 f"{tp} is already acknowledged through {progress.acked_through}; nothing to skip"
             )
+        last = self.reader.end(tp) - 1
+        if offset > last:
+            raise ControlRefused(
+                f"cannot skip {tp} through {offset}: the partition ends at offset {last}; "
+                "events that have not arrived cannot be skipped"
+            )
         new = Progress.from_fields(progress.as_fields())
         new.skipped = [*progress.skipped, [progress.acked_through + 1, offset]]
         new.acked_through = offset
@@ -255,7 +288,12 @@ class Controls:
         if self.processor.reducer_version:
             new.reduced_through = offset
         self.store.replace_fold(
-            tp, None, (progress.acked_through, progress.cursor_revision), new, None
+            tp,
+            None,
+            (progress.acked_through, progress.cursor_revision),
+            new,
+            None,
+            expected_generation=progress.fold_generation,
         )
         self._audit(
             "skip_through", tp, who, why, offset=offset, skipped_from=progress.acked_through + 1

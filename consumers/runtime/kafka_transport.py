@@ -404,6 +404,16 @@ class KafkaReader:
         finally:
             consumer.close()
 
+    def end(self, tp: TP) -> int:
+        consumer = assign_only_consumer(self.base, "reader")
+        try:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
+            )
+            return int(high)
+        finally:
+            consumer.close()
+
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         if end < start:
             return

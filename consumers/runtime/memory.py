@@ -306,6 +306,9 @@ class MemoryReader:
     def log_start(self, tp: TP) -> int:
         return self.start.get(tp, 0)
 
+    def end(self, tp: TP) -> int:
+        return self.log.end(tp)
+
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         first = max(start, self.log_start(tp))
         yield from self.log.read(tp, first, max(end - first + 1, 0))

@@ -38,12 +38,13 @@ local cur = redis.call('GET', KEYS[2]) or '0'
 if cur ~= ARGV[1] then return {'FENCED', cur} end
 local acked = redis.call('HGET', KEYS[1], 'acked_through') or '-1'
 local rev = redis.call('HGET', KEYS[1], 'cursor_revision') or '0'
-if acked ~= ARGV[2] or rev ~= ARGV[3] then return {'MOVED', acked, rev} end
+local gen = redis.call('HGET', KEYS[1], 'fold_generation') or '0'
+if acked ~= ARGV[2] or rev ~= ARGV[3] or gen ~= ARGV[7] then return {'MOVED', acked, rev} end
 -- New pending Kafka effects must never replace ones not yet known to be published.
 if ARGV[6] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then return {'PENDING'} end
 local expire_at = tonumber(ARGV[4])
 local nb = tonumber(ARGV[5])
-local i = 7
+local i = 8
 local nclaims = tonumber(ARGV[i]); i = i + 1
 local first_claim = i
 -- Claims go in chunks: one SMISMEMBER per bucket per chunk, well under Lua's stack limit.
@@ -123,9 +124,12 @@ if ARGV[1] ~= '' then
 end
 local acked = redis.call('HGET', KEYS[1], 'acked_through') or '-1'
 local rev = redis.call('HGET', KEYS[1], 'cursor_revision') or '0'
-if acked ~= ARGV[2] or rev ~= ARGV[3] then return {'MOVED', acked, rev} end
+local gen = redis.call('HGET', KEYS[1], 'fold_generation') or '0'
+if acked ~= ARGV[2] or rev ~= ARGV[3] or (ARGV[5] ~= '' and gen ~= ARGV[5]) then
+  return {'MOVED', acked, rev}
+end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end
-local i = 5
+local i = 6
 local nf = tonumber(ARGV[i]); i = i + 1
 for f = 1, nf do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
 local ns = tonumber(ARGV[i]); i = i + 1
@@ -261,6 +265,7 @@ class RedisStore:
             str(expire_at),
             str(len(buckets)),
             "1" if commit.pending is not None else "0",
+            str(commit.progress.fold_generation),
             str(len(commit.claims)),
             *(claim_member(e, commit.progress.cursor_revision) for e in commit.claims),
             str(len(fields)),
@@ -312,6 +317,7 @@ class RedisStore:
         expected: tuple[int, int],
         progress: Progress,
         states: dict[str, JSON] | None,
+        expected_generation: int | None = None,
     ) -> None:
         fields = progress.as_fields()
         items = list((states or {}).items())
@@ -320,6 +326,7 @@ class RedisStore:
             str(expected[0]),
             str(expected[1]),
             "1" if states is not None else "0",
+            "" if expected_generation is None else str(expected_generation),
             str(len(fields)),
             *(x for kv in fields.items() for x in kv),
             str(len(items)),

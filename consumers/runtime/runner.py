@@ -426,16 +426,18 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 part.retry_from = None
 
     def _check_controls(self) -> None:
-        """Notice cursor moves made by operator controls while this process owns the partition."""
+        """Notice cursor moves and rebuilt folds made by operator controls while this process owns
+        the partition (a commit from stale folds would be refused anyway: compare-and-set)."""
         now = self.clock.monotonic()
         if now - self._last_control_check < self.policy.control_check_interval_s:
             return
         self._last_control_check = now
         for part in list(self.parts.values()):
             stored = self.store.load(part.tp)
-            if (stored.acked_through, stored.cursor_revision) != (
+            if (stored.acked_through, stored.cursor_revision, stored.fold_generation) != (
                 part.progress.acked_through,
                 part.progress.cursor_revision,
+                part.progress.fold_generation,
             ):
                 if self.store.epoch(part.tp) != part.epoch:
                     self.stats.fenced += 1

@@ -62,7 +62,7 @@ class Commit:
     epoch: int
     expected_acked: int
     expected_revision: int
-    progress: Progress
+    progress: Progress  # its fold_generation is the one the caller read (compare-and-set too)
     claims: list[str] = field(
         default_factory=list
     )  # event ids, claimed at progress.cursor_revision
@@ -100,10 +100,12 @@ class Store(Protocol):
         expected: tuple[int, int],
         progress: Progress,
         states: dict[str, JSON] | None,
+        expected_generation: int | None = None,
     ) -> None:
         """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
-        compare-and-set on ``expected`` = (acked_through, cursor_revision); ``epoch`` None means an
-        operator acting from outside (no ownership needed); ``states`` None keeps the fold."""
+        compare-and-set on ``expected`` = (acked_through, cursor_revision) and, when given, on
+        the fold generation; ``epoch`` None means an operator acting from outside (no ownership
+        needed); ``states`` None keeps the fold."""
 
     def count_failure(self, tp: TP, batch_key: str) -> int:
         """Count one more failure of this batch; returns the count so far."""
@@ -240,15 +242,22 @@ class MemoryStore:
             return {p: orjson.loads(v) for p, v in self._states.get(tp, {}).items()}
 
     def _check(
-        self, tp: TP, epoch: int | None, expected_acked: int | None, expected_revision: int
+        self,
+        tp: TP,
+        epoch: int | None,
+        expected_acked: int | None,
+        expected_revision: int,
+        expected_generation: int | None,
     ) -> None:
         if epoch is not None and self._epochs.get(tp, 0) != epoch:
             raise Fenced(tp, epoch, self._epochs.get(tp, 0))
         current = self._progress.get(tp, Progress())
         found = (current.acked_through, current.cursor_revision)
-        if (expected_acked is not None and found[0] != expected_acked) or found[
-            1
-        ] != expected_revision:
+        if (
+            (expected_acked is not None and found[0] != expected_acked)
+            or found[1] != expected_revision
+            or (expected_generation is not None and current.fold_generation != expected_generation)
+        ):
             raise CursorMoved(
                 tp,
                 (expected_acked if expected_acked is not None else found[0], expected_revision),
@@ -258,7 +267,13 @@ class MemoryStore:
     def commit(self, commit: Commit) -> None:
         with self._lock:
             tp = commit.tp
-            self._check(tp, commit.epoch, commit.expected_acked, commit.expected_revision)
+            self._check(
+                tp,
+                commit.epoch,
+                commit.expected_acked,
+                commit.expected_revision,
+                commit.progress.fold_generation,
+            )
             if commit.pending is not None and tp in self._pending:
                 raise PendingEffects(tp)
             claims = self._claims.setdefault(tp, set())
@@ -306,9 +321,10 @@ class MemoryStore:
         expected: tuple[int, int],
         progress: Progress,
         states: dict[str, JSON] | None,
+        expected_generation: int | None = None,
     ) -> None:
         with self._lock:
-            self._check(tp, epoch, expected[0], expected[1])
+            self._check(tp, epoch, expected[0], expected[1], expected_generation)
             if states is not None:
                 self._states[tp] = {p: orjson.dumps(s).decode() for p, s in states.items()}
             self._progress[tp] = Progress.from_fields(progress.as_fields())

@@ -196,6 +196,9 @@ class Progress:
     # landed; and when its pending copy was stored (where to look for its records).
     txn_seq: int = 0
     pending_since_ms: int = 0
+    # Bumped whenever a control swaps in a rebuilt fold: an owner holding folds it cached
+    # before then is refused (compare-and-set) and reloads instead of writing them back.
+    fold_generation: int = 0
 
     def as_fields(self) -> dict[str, str]:
         return {
@@ -210,6 +213,7 @@ class Progress:
             "skipped": orjson.dumps(self.skipped).decode(),
             "txn_seq": str(self.txn_seq),
             "pending_since_ms": str(self.pending_since_ms),
+            "fold_generation": str(self.fold_generation),
         }
 
     @classmethod
@@ -232,6 +236,7 @@ class Progress:
             skipped=[list(r) for r in orjson.loads(f.get("skipped", "[]"))],
             txn_seq=int(f.get("txn_seq", 0)),
             pending_since_ms=int(f.get("pending_since_ms", 0)),
+            fold_generation=int(f.get("fold_generation", 0)),
         )
 
     def has_cursor(self) -> bool:

@@ -202,3 +202,20 @@ class StoreContract:
         )
         store.replace_fold(TPX, epoch, (-1, 0), progress, None)
         assert store.load(TPX) == progress
+
+    def test_a_rebuilt_fold_refuses_commits_from_folds_cached_before_it(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=1), states={"p": {"n": 1}}))
+        rebuilt = Progress(acked_through=1, fold_generation=1)
+        with pytest.raises(CursorMoved):  # the generation read was not 5
+            store.replace_fold(TPX, None, (1, 0), rebuilt, {"p": {"n": 9}}, expected_generation=5)
+        store.replace_fold(TPX, None, (1, 0), rebuilt, {"p": {"n": 9}}, expected_generation=0)
+        stale = Commit(TPX, epoch, 1, 0, Progress(acked_through=2), states={"p": {"n": 2}})
+        with pytest.raises(CursorMoved):
+            store.commit(stale)
+        assert store.states(TPX, ["p"]) == {"p": {"n": 9}}
+        store.commit(
+            Commit(TPX, epoch, 1, 0, Progress(acked_through=2, fold_generation=1), states={})
+        )
+        assert store.load(TPX).fold_generation == 1 and store.load(TPX).acked_through == 2
