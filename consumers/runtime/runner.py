@@ -188,8 +188,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         by_tp: dict[TP, list[Record]] = {}
         for record in records:
             origin = self._origin_tp(record)
-            part = self.parts.get(origin)
-            if part is None or part.retry_at is not None:
+            part = self.parts.get(origin) if origin is not None else None
+            if origin is None or part is None or part.retry_at is not None:
                 continue  # not ours any more, or waiting for its retry: it will come again
             if part.needs_recovery or part.needs_refold or part.needs_first_fold:
                 self._defer(part)
@@ -242,6 +242,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         for record in records:
             if self._is_redelivery(record):
                 if record.offset < redelivered_max:
+                    decoded[id(record)] = None
+                    continue
+                problem = self._redelivery_problem(record)
+                if problem is not None:
+                    poison.append((record, problem))
                     decoded[id(record)] = None
                     continue
             elif progress.is_done(record.offset):

@@ -22,6 +22,7 @@ from consumers.runtime.types import (
 )
 from streams.clock import Clock
 from streams.envelopes import Event
+from streams.errors import EnvelopeError
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -46,6 +47,12 @@ class RuntimePolicy:
         if tp.topic not in self.streams:
             return None
         return self.streams.index(tp.topic) * self.partitions_per_stream + tp.partition
+
+    def origin_of(self, redelivery_partition: int) -> TP | None:
+        index, partition = divmod(redelivery_partition, self.partitions_per_stream)
+        if not 0 <= index < len(self.streams):
+            return None
+        return TP(self.streams[index], partition)
 
 
 @dataclass
@@ -180,17 +187,30 @@ class RunnerBase:
         self.transport.pause([part.tp])
 
     def _is_redelivery(self, record: Record) -> bool:
-        return record.header("rh.origin_topic") is not None
+        """Only records read from this subscription's redelivery topic are redeliveries: the
+        ``rh.origin_*`` headers of a record anywhere else are just bytes, and it is judged on
+        its value like any other."""
+        return self.redelivery is not None and record.topic == self.redelivery.topic
 
     def _redelivered(self, records: list[Record]) -> list[Record]:
         return records
 
-    def _origin_tp(self, record: Record) -> TP:
-        topic = record.header("rh.origin_topic")
-        if topic is None:
+    def _origin_tp(self, record: Record) -> TP | None:
+        """The stream partition a record belongs to; for a redelivery, the one its redelivery
+        partition stands for (None: a partition no stream maps to)."""
+        if not self._is_redelivery(record):
             return record.tp
-        return TP(topic.decode(), int(record.header("rh.origin_partition") or b"0"))
+        return self.policy.origin_of(record.partition)
+
+    def _redelivery_problem(self, record: Record) -> EnvelopeError | None:
+        """Why a redelivered record cannot be taken as one (it is then dead-lettered as poison)."""
+        raw = record.header("rh.origin_offset")
+        if raw is None or not raw.isdigit():
+            return EnvelopeError(
+                "redelivery", "rh.origin_offset", raw, "must be the event's offset in its stream"
+            )
+        return None
 
     def _origin_offset(self, record: Record) -> int:
-        raw = record.header("rh.origin_offset")
-        return int(raw) if raw is not None else record.offset
+        raw = record.header("rh.origin_offset") if self._is_redelivery(record) else None
+        return int(raw) if raw is not None and raw.isdigit() else record.offset

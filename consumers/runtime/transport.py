@@ -114,6 +114,8 @@ class Redelivery(Protocol):
     it belongs to origin partition k of the streams' flattened partition space, and is read by
     whoever owns that origin partition, with progress kept in the origin's cursor."""
 
+    topic: str
+
     def assign(self, partition: int, offset: int | None) -> None: ...
 
     def unassign(self, partition: int) -> None: ...

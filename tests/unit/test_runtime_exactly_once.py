@@ -13,7 +13,15 @@ from consumers.runtime.memory import cuts_from
 from consumers.runtime.transport import Committed
 from consumers.runtime.types import TP
 from streams.envelopes import encode
-from tests.runtime_harness import LIMIT, PROJECTS_SHARING, Counter, Crash, World, event
+from tests.runtime_harness import (
+    LIMIT,
+    PROJECTS_SHARING,
+    REDELIVERY,
+    Counter,
+    Crash,
+    World,
+    event,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -245,3 +253,19 @@ def test_a_stream_record_with_redelivery_headers_is_judged_on_its_value(
     assert _out_by_project(world) == {x: [1, 2]}
     assert [letter.kind for letter in world.dead.list()] == ["poison"]
     assert world.store.load(tp).acked_through == 2
+
+
+def test_a_redelivered_record_with_a_broken_origin_offset_is_poison_not_a_crash() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    world.publish(event(x, 1))
+    runner = world.runner(Counter())
+    world.drain(runner)
+    k = world.policy().redelivery_partition(tp)
+    assert k is not None
+    headers = (("rh.origin_topic", tp.topic.encode()), ("rh.origin_offset", b"first"))
+    world.log.append(REDELIVERY, k, encode(event(x, 9), max_bytes=LIMIT), b"x", headers)
+    world.drain(runner)
+    assert [letter.kind for letter in world.dead.list()] == ["poison"]
+    assert "rh.origin_offset" in world.dead.list()[0].error
+    assert world.store.load(tp).redelivered_next == 1
