@@ -114,6 +114,9 @@ for o = 1, nops do
     end
   end
 end
+-- Failure counts of batches this commit moved past: a later failure there starts from one.
+local nclear = tonumber(ARGV[i]); i = i + 1
+for c = 1, nclear do redis.call('DEL', KEYS[tonumber(ARGV[i])]); i = i + 1 end
 return {'OK'}
 """
 
@@ -280,6 +283,10 @@ class RedisStore:
             str(len(commit.redis)),
             *ops_args,
         ]
+        argv.append(str(len(commit.cleared_failures)))
+        for batch_key in commit.cleared_failures:
+            keys.append(self._failure_key(tp, batch_key))
+            argv.append(str(len(keys)))
         self._raise_for(tp, commit, self._commit(keys=keys, args=argv))
 
     def _raise_for(self, tp: TP, commit: Commit | None, result: list[bytes]) -> None:
@@ -339,8 +346,11 @@ class RedisStore:
         if status == "MOVED":
             raise CursorMoved(tp, expected, (int(result[1]), int(result[2])))
 
+    def _failure_key(self, tp: TP, batch_key: str) -> str:
+        return f"{self.prefix(tp)}fail:{batch_key}"
+
     def count_failure(self, tp: TP, batch_key: str) -> int:
-        key = f"{self.prefix(tp)}fail:{batch_key}"
+        key = self._failure_key(tp, batch_key)
         pipe = self.client.pipeline()
         pipe.incr(key)
         pipe.expire(key, self.failure_ttl_s)
@@ -348,7 +358,7 @@ class RedisStore:
         return int(count)
 
     def clear_failures(self, tp: TP, batch_key: str) -> None:
-        self.client.delete(f"{self.prefix(tp)}fail:{batch_key}")
+        self.client.delete(self._failure_key(tp, batch_key))
 
     def read(self, tp: TP, key: str) -> object:
         return read_key(self.client, self.key(tp, key))

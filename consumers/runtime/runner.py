@@ -376,6 +376,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             redis=ops,
             states=changed,
             pending=out if out else None,
+            cleared_failures=_passed_batches(progress, new),
         )
         return Outcome(commit, failed, first_unapplied, letters, lines)
 
@@ -460,3 +461,15 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             cursor_revision=part.progress.cursor_revision,
             redelivered=self._is_redelivery(record),
         )
+
+
+def _passed_batches(old: Progress, new: Progress) -> list[str]:
+    """Batch keys (the failure counters' names) a commit moves past: once the event that
+    failed there is done, its count must not carry over to a later failure at the same offset
+    (after a reprocess_from, say)."""
+    keys = []
+    if new.acked_through > old.acked_through:
+        keys.append(str(old.acked_through + 1))
+    if new.redelivered_next > old.redelivered_next:
+        keys.append(f"redelivery-{old.redelivered_next}")
+    return keys

@@ -69,6 +69,7 @@ class Commit:
     redis: list[RedisOp] = field(default_factory=list)
     states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
     pending: list[OutRecord] | None = None  # Kafka effects awaiting their transaction
+    cleared_failures: list[str] = field(default_factory=list)  # batch keys now passed
 
 
 class Store(Protocol):
@@ -300,6 +301,8 @@ class MemoryStore:
                     states[project] = orjson.dumps(state).decode()
             if commit.pending is not None:
                 self._pending[tp] = encode_pending(commit.pending)
+            for batch_key in commit.cleared_failures:
+                self._failures.pop((tp, batch_key), None)
             self._progress[tp] = Progress.from_fields(commit.progress.as_fields())
             self.commits += 1
 

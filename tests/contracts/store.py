@@ -219,3 +219,13 @@ class StoreContract:
             Commit(TPX, epoch, 1, 0, Progress(acked_through=2, fold_generation=1), states={})
         )
         assert store.load(TPX).fold_generation == 1 and store.load(TPX).acked_through == 2
+
+    def test_a_commit_clears_the_failure_counts_it_moved_past(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        assert store.count_failure(TPX, "0") == 1
+        assert store.count_failure(TPX, "0") == 2
+        assert store.count_failure(TPX, "7") == 1
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), cleared_failures=["0"]))
+        assert store.count_failure(TPX, "0") == 1
+        assert store.count_failure(TPX, "7") == 2
