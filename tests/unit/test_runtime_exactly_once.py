@@ -269,3 +269,82 @@ def test_a_redelivered_record_with_a_broken_origin_offset_is_poison_not_a_crash(
     assert [letter.kind for letter in world.dead.list()] == ["poison"]
     assert "rh.origin_offset" in world.dead.list()[0].error
     assert world.store.load(tp).redelivered_next == 1
+
+
+# -- refolds --------------------------------------------------------------------------------------
+
+
+class FailsInProcess(Counter):
+    """Folds everything; its effect fails for events marked to fail (so only the dead-letter
+    record keeps them out of a rebuilt fold)."""
+
+    def process(self, event, state, delivery):  # type: ignore[no-untyped-def]
+        if event.payload.get("drill") == "fail":
+            raise ValueError(f"effect of {event.event_id} fails")
+        return super().process(event, state, delivery)
+
+
+def test_a_refold_excludes_every_dead_letter_of_its_partition_not_only_the_first_thousand() -> None:
+    world = World()
+    x, y, tp = _two_projects(world)
+    for n in range(1, 1003):
+        world.publish(event(y, n, fail=True))
+    world.publish(event(x, 1))
+    runner = world.runner(FailsInProcess(), max_batch_failures=1)
+    world.drain(runner, max_rounds=5000)
+    assert len(world.dead.list(limit=5000)) == 1002
+    world.controls(FailsInProcess()).re_reduce(tp, who="oncall", why="rebuild")
+    assert y not in world.states(), "dead-lettered events were folded by the rebuild"
+    assert world.states()[x] == {"count": 1, "seen": [1]}
+
+
+class Stricter(Counter):
+    """A new reducer version whose reduce refuses an event the old one took."""
+
+    reducer_version = "2"
+    refuses: set[int] = set()
+
+    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+        if event.payload["n"] in self.refuses:
+            raise ValueError(f"reducer 2 refuses n={event.payload['n']}")
+        return super().reduce(state, event)
+
+
+def test_a_reduce_that_raises_during_a_refold_excludes_that_event_with_its_reason() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 5):
+        world.publish(event(x, n))
+    world.drain(world.runner(Counter()))
+    Stricter.refuses = {2}
+    world.publish(event(x, 5))
+    runner = world.runner(Stricter())  # the reducer version changed: an automatic refold
+    world.drain(runner)
+    assert world.states()[x] == {"count": 4, "seen": [1, 3, 4, 5]}
+    letters = world.dead.list()
+    assert len(letters) == 1 and "reducer 2 refuses n=2" in letters[0].error
+    assert [e.offset for e in letters[0].entries] == [1]
+    # The rebuilt fold stays consistent on the next rebuild.
+    world.controls(Stricter()).re_reduce(tp, who="oncall", why="again")
+    assert world.states()[x] == {"count": 4, "seen": [1, 3, 4, 5]}
+
+
+def test_reprocess_from_does_not_apply_twice_an_event_whose_copy_sits_after_the_offset() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    evs = [event(x, n) for n in range(1, 5)]
+    for ev in evs:
+        world.publish(ev)
+    world.publish(evs[1])  # the publisher's crash window: a copy of n=2 at offset 4
+    world.publish(event(x, 5))
+    world.drain(world.runner(Counter()))
+    assert world.states()[x]["seen"] == [1, 2, 3, 4, 5]
+    world.controls(Counter()).reprocess_from(tp, 3, 0, who="oncall", why="rerun 4 and 5")
+    runner = world.runner(Counter())
+    world.drain(runner)
+    assert world.states()[x] == {"count": 5, "seen": [1, 2, 3, 4, 5]}
+    assert _out_by_project(world) == {x: [1, 2, 3, 4, 4, 5, 5]}
+    # A late copy of n=1 after the reprocess is a duplicate too.
+    world.publish(evs[0])
+    world.drain(runner)
+    assert world.states()[x]["count"] == 5
