@@ -17,21 +17,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
-from consumers.runtime.dead_letters import DeadLetterStore, Status
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Entry, batch_letter_id
 from consumers.runtime.store import Store
 from consumers.runtime.types import JSON, TP, Processor, Progress, Record
 from streams.clock import Clock
-from streams.envelopes import decode_event, format_time
+from streams.envelopes import Event, decode_event, format_time
 from streams.errors import EnvelopeError, RhumbatronError
 
 
 class ControlRefused(RhumbatronError):
     pass
+
+
+@dataclass
+class Fold:
+    """A rebuilt fold: the states, the event ids it took, and the events its reduce refused."""
+
+    states: dict[str, JSON] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    refused: list[tuple[Record, Event, Exception]] = field(default_factory=list)
 
 
 class LogReader(Protocol):
@@ -111,16 +120,9 @@ class Controls:
 
     # -- folds -----------------------------------------------------------------------------------
     def _excluded(self, tp: TP, progress: Progress) -> set[int]:
-        """Offsets the fold must not contain: dead letters not retried, and skipped ranges."""
-        out = set(progress.dead)
-        for letter in self.dead_letters.list():
-            if (
-                letter.subscription == self.processor.slug
-                and letter.source_topic == tp.topic
-                and letter.source_partition == tp.partition
-                and letter.status != Status.RETRIED
-            ):
-                out.update(letter.offsets)
+        """Offsets the fold must not contain: dead letters not applied since (kept per
+        partition by the store, all of them), and skipped ranges."""
+        out = set(progress.dead) | self.store.excluded(tp)
         for first, last in progress.skipped:
             out.update(range(first, last + 1))
         return out
@@ -137,16 +139,18 @@ class Controls:
         if through >= start:
             yield from self.reader.read(tp, start, through)
 
-    def fold(self, tp: TP, progress: Progress, through: int) -> dict[str, JSON]:
-        """The processor's fold of every event of ``tp`` up to ``through`` that counts."""
+    def fold(self, tp: TP, progress: Progress, through: int) -> Fold:
+        """The processor's fold of every event of ``tp`` up to ``through`` that counts. An
+        event whose ``reduce`` raises is left out and reported (``refused``), as the live path
+        leaves out an event that fails: a refold never aborts on one event."""
         proc = self.processor
-        states: dict[str, JSON] = {}
+        result = Fold()
         if not proc.reducer_version:
-            return states
+            return result
         excluded = self._excluded(tp, progress)
         wanted = set(progress.applied_beyond)
         last = max([through, *wanted]) if wanted else through
-        seen: set[str] = set()
+        states = result.states
         for record in self._records(tp, last):
             if record.offset in excluded or (
                 record.offset > through and record.offset not in wanted
@@ -158,21 +162,58 @@ class Controls:
                 continue  # poison: dead-lettered, never folded
             if (
                 proc.consumes is not None and event.event_type not in proc.consumes
-            ) or event.event_id in seen:
+            ) or event.event_id in result.seen:
                 continue
-            seen.add(event.event_id)
-            new = proc.reduce(states.get(event.project_id), event)
+            try:
+                new = proc.reduce(states.get(event.project_id), event)
+            except Exception as exc:
+                result.refused.append((record, event, exc))
+                continue
+            result.seen.add(event.event_id)
             if new is None:
                 states.pop(event.project_id, None)
             else:
                 states[event.project_id] = new
-        return states
+        return result
+
+    def _dead_letter_refused(self, tp: TP, fold: Fold, why: str) -> list[int]:
+        """Record the events a refold left out, one dead letter each (idempotent on its id), so
+        operators see them and why; returns their offsets."""
+        letters = [
+            DeadLetter(
+                id=batch_letter_id(self.processor.slug, tp.topic, tp.partition, r.offset, "refold"),
+                kind="event-batch",
+                subscription=self.processor.slug,
+                source_topic=tp.topic,
+                source_partition=tp.partition,
+                error=f"{type(exc).__name__}: {exc} (reduce refused it during a refold: {why})",
+                error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                attempts=1,
+                created_at=format_time(self.clock.now()),
+                entries=[
+                    Entry(
+                        offset=r.offset,
+                        value=r.value,
+                        key=r.key,
+                        headers=list(r.headers),
+                        event_id=e.event_id,
+                        event_type=e.event_type,
+                        project_id=e.project_id,
+                    )
+                ],
+            )
+            for r, e, exc in fold.refused
+        ]
+        if letters:
+            self.dead_letters.write(letters)
+        return [r.offset for r, _, _ in fold.refused]
 
     def re_reduce(self, tp: TP, *, who: str, why: str, epoch: int | None = None) -> int:
         """Rebuild the fold through the acknowledged cursor. No effects run. Returns the number of
         projects in the rebuilt fold."""
         progress = self.store.load(tp)
-        states = self.fold(tp, progress, progress.acked_through)
+        fold = self.fold(tp, progress, progress.acked_through)
+        refused = self._dead_letter_refused(tp, fold, why)
         new = Progress.from_fields(progress.as_fields())
         new.reducer_version = self.processor.reducer_version
         new.reduced_through = progress.acked_through
@@ -182,13 +223,20 @@ class Controls:
             epoch,
             (progress.acked_through, progress.cursor_revision),
             new,
-            states,
+            fold.states,
             expected_generation=progress.fold_generation,
+            exclude=refused,
         )
         self._audit(
-            "re_reduce", tp, who, why, reduced_through=progress.acked_through, projects=len(states)
+            "re_reduce",
+            tp,
+            who,
+            why,
+            reduced_through=progress.acked_through,
+            projects=len(fold.states),
+            refused=refused,
         )
-        return len(states)
+        return len(fold.states)
 
     def first_fold(self, tp: TP, *, epoch: int | None = None) -> int:
         """A new subscription's first fold when the stream no longer starts at 0: fold the
@@ -203,24 +251,28 @@ class Controls:
         new.reduced_through = start - 1
         new.reducer_version = self.processor.reducer_version
         new.fold_generation = progress.fold_generation + 1
-        states = self.fold(tp, new, start - 1)
+        fold = self.fold(tp, new, start - 1)
+        why = "new fold; stream starts past its history"
+        refused = self._dead_letter_refused(tp, fold, why)
         self.store.replace_fold(
             tp,
             epoch,
             (progress.acked_through, progress.cursor_revision),
             new,
-            states,
+            fold.states,
             expected_generation=progress.fold_generation,
+            exclude=refused,
         )
         self._audit(
             "first_fold",
             tp,
             "runtime",
-            "new fold; stream starts past its history",
+            why,
             through=start - 1,
-            projects=len(states),
+            projects=len(fold.states),
+            refused=refused,
         )
-        return len(states)
+        return len(fold.states)
 
     def reprocess_from(
         self, tp: TP, offset: int, expected_revision: int, *, who: str, why: str
@@ -249,7 +301,8 @@ class Controls:
         new.applied_beyond = []
         new.dead = [o for o in progress.dead if o < offset]
         new.pending_effects = progress.pending_effects
-        states = self.fold(tp, new, offset - 1)
+        fold = self.fold(tp, new, offset - 1)
+        refused = self._dead_letter_refused(tp, fold, why)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
         new.fold_generation = progress.fold_generation + 1
@@ -258,10 +311,19 @@ class Controls:
             None,
             (progress.acked_through, progress.cursor_revision),
             new,
-            states,
+            fold.states,
             expected_generation=progress.fold_generation,
+            exclude=refused,
         )
-        self._audit("reprocess_from", tp, who, why, offset=offset, revision=new.cursor_revision)
+        self._audit(
+            "reprocess_from",
+            tp,
+            who,
+            why,
+            offset=offset,
+            revision=new.cursor_revision,
+            refused=refused,
+        )
         return new
 
     def skip_through(self, tp: TP, offset: int, *, who: str, why: str) -> Progress:

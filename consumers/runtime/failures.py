@@ -60,7 +60,12 @@ class FailureMixin(RunnerBase):
         new.dead = [o for o in new.dead if o > acked]
         new.applied_beyond = [o for o in new.applied_beyond if o > acked]
         commit = Commit(
-            part.tp, part.epoch, part.progress.acked_through, part.progress.cursor_revision, new
+            part.tp,
+            part.epoch,
+            part.progress.acked_through,
+            part.progress.cursor_revision,
+            new,
+            excluded_add=sorted({self._origin_offset(r) for r, _, _ in outcome.failed}),
         )
         try:
             self.store.commit(commit)

@@ -117,6 +117,11 @@ end
 -- Failure counts of batches this commit moved past: a later failure there starts from one.
 local nclear = tonumber(ARGV[i]); i = i + 1
 for c = 1, nclear do redis.call('DEL', KEYS[tonumber(ARGV[i])]); i = i + 1 end
+local excluded = KEYS[tonumber(ARGV[i])]; i = i + 1
+local nadd = tonumber(ARGV[i]); i = i + 1
+for a = 1, nadd do redis.call('SADD', excluded, ARGV[i]); i = i + 1 end
+local nrem = tonumber(ARGV[i]); i = i + 1
+for r = 1, nrem do redis.call('SREM', excluded, ARGV[i]); i = i + 1 end
 return {'OK'}
 """
 
@@ -137,6 +142,8 @@ local nf = tonumber(ARGV[i]); i = i + 1
 for f = 1, nf do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
 local ns = tonumber(ARGV[i]); i = i + 1
 for s = 1, ns do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
+local nx = tonumber(ARGV[i]); i = i + 1
+for x = 1, nx do redis.call('SADD', KEYS[5], ARGV[i]); i = i + 1 end
 return {'OK'}
 """
 
@@ -287,6 +294,10 @@ class RedisStore:
         for batch_key in commit.cleared_failures:
             keys.append(self._failure_key(tp, batch_key))
             argv.append(str(len(keys)))
+        keys.append(self._excluded_key(tp))
+        argv += [str(len(keys)), str(len(commit.excluded_add))]
+        argv += [str(o) for o in commit.excluded_add]
+        argv += [str(len(commit.excluded_remove)), *(str(o) for o in commit.excluded_remove)]
         self._raise_for(tp, commit, self._commit(keys=keys, args=argv))
 
     def _raise_for(self, tp: TP, commit: Commit | None, result: list[bytes]) -> None:
@@ -325,6 +336,7 @@ class RedisStore:
         progress: Progress,
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
+        exclude: Sequence[int] = (),
     ) -> None:
         fields = progress.as_fields()
         items = list((states or {}).items())
@@ -338,13 +350,22 @@ class RedisStore:
             *(x for kv in fields.items() for x in kv),
             str(len(items)),
             *(x for p, s in items for x in (p, orjson.dumps(s))),
+            str(len(exclude)),
+            *(str(o) for o in exclude),
         ]
-        result = self._replace(keys=self._core_keys(tp), args=argv)
+        keys = [*self._core_keys(tp), self._excluded_key(tp)]
+        result = self._replace(keys=keys, args=argv)
         status = result[0].decode()
         if status == "FENCED":
             raise Fenced(tp, epoch or -1, int(result[1] or 0))
         if status == "MOVED":
             raise CursorMoved(tp, expected, (int(result[1]), int(result[2])))
+
+    def _excluded_key(self, tp: TP) -> str:
+        return self.prefix(tp) + "excluded"
+
+    def excluded(self, tp: TP) -> set[int]:
+        return {int(o) for o in self.client.smembers(self._excluded_key(tp))}
 
     def _failure_key(self, tp: TP, batch_key: str) -> str:
         return f"{self.prefix(tp)}fail:{batch_key}"

@@ -279,6 +279,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         ops: list[RedisOp] = []
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
+        readmitted: list[int] = []  # dead-lettered offsets applied now through a redelivery
         high = self.transport.high_watermark(part.tp)
         for record in records:
             rid = id(record)
@@ -336,6 +337,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 changed[event.project_id] = new_state
             if self._is_redelivery(record):
                 self.stats.redelivered += 1
+                readmitted.append(self._origin_offset(record))
         self.stats.applied += len(claims)
 
         # The new cursor: contiguous over done stream records; done ones past a hold-back are
@@ -377,6 +379,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             states=changed,
             pending=out if out else None,
             cleared_failures=_passed_batches(progress, new),
+            excluded_remove=readmitted,
         )
         return Outcome(commit, failed, first_unapplied, letters, lines)
 

@@ -70,6 +70,10 @@ class Commit:
     states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
     pending: list[OutRecord] | None = None  # Kafka effects awaiting their transaction
     cleared_failures: list[str] = field(default_factory=list)  # batch keys now passed
+    # Offsets a fold must leave out (dead-lettered), and ones it may take again (a dead letter
+    # retried and applied): kept per partition so every refold reads all of them.
+    excluded_add: list[int] = field(default_factory=list)
+    excluded_remove: list[int] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -87,6 +91,10 @@ class Store(Protocol):
 
     def all_states(self, tp: TP) -> dict[str, JSON]: ...
 
+    def excluded(self, tp: TP) -> set[int]:
+        """Every offset of the partition a fold must leave out (dead-lettered, not applied
+        since)."""
+
     def commit(self, commit: Commit) -> None:
         """Apply atomically; raise Fenced or CursorMoved and write nothing if not allowed."""
 
@@ -102,11 +110,13 @@ class Store(Protocol):
         progress: Progress,
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
+        exclude: Sequence[int] = (),
     ) -> None:
         """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
         compare-and-set on ``expected`` = (acked_through, cursor_revision) and, when given, on
         the fold generation; ``epoch`` None means an operator acting from outside (no ownership
-        needed); ``states`` None keeps the fold."""
+        needed); ``states`` None keeps the fold; ``exclude`` adds offsets the rebuilt fold left
+        out (its reduce refused them)."""
 
     def count_failure(self, tp: TP, batch_key: str) -> int:
         """Count one more failure of this batch; returns the count so far."""
@@ -209,6 +219,7 @@ class MemoryStore:
         self._states: dict[TP, dict[str, str]] = {}
         self._pending: dict[TP, bytes] = {}
         self._failures: dict[tuple[TP, str], int] = {}
+        self._excluded: dict[TP, set[int]] = {}
         self.space = _Keyspace()
         self.commits = 0
 
@@ -241,6 +252,10 @@ class MemoryStore:
     def all_states(self, tp: TP) -> dict[str, JSON]:
         with self._lock:
             return {p: orjson.loads(v) for p, v in self._states.get(tp, {}).items()}
+
+    def excluded(self, tp: TP) -> set[int]:
+        with self._lock:
+            return set(self._excluded.get(tp, set()))
 
     def _check(
         self,
@@ -303,6 +318,9 @@ class MemoryStore:
                 self._pending[tp] = encode_pending(commit.pending)
             for batch_key in commit.cleared_failures:
                 self._failures.pop((tp, batch_key), None)
+            excluded = self._excluded.setdefault(tp, set())
+            excluded.update(commit.excluded_add)
+            excluded.difference_update(commit.excluded_remove)
             self._progress[tp] = Progress.from_fields(commit.progress.as_fields())
             self.commits += 1
 
@@ -325,9 +343,11 @@ class MemoryStore:
         progress: Progress,
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
+        exclude: Sequence[int] = (),
     ) -> None:
         with self._lock:
             self._check(tp, epoch, expected[0], expected[1], expected_generation)
+            self._excluded.setdefault(tp, set()).update(exclude)
             if states is not None:
                 self._states[tp] = {p: orjson.dumps(s).decode() for p, s in states.items()}
             self._progress[tp] = Progress.from_fields(progress.as_fields())

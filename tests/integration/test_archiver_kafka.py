@@ -156,7 +156,7 @@ def test_a_fold_past_the_streams_log_start_is_rebuilt_from_the_archive(rs: Setti
     for tp in tps:
         progress = ctl.store.load(tp)
         progress.acked_through = _end(rs, tp) - 1
-        states.update(ctl.fold(tp, progress, progress.acked_through))
+        states.update(ctl.fold(tp, progress, progress.acked_through).states)
     expected: dict[str, list[int]] = {}
     for e in events:
         expected.setdefault(e.project_id, []).append(e.slot or 0)
