@@ -176,6 +176,19 @@ class Controls:
                 states[event.project_id] = new
         return result
 
+    def _ids_in(self, tp: TP, start: int, end: int) -> set[str]:
+        ids: set[str] = set()
+        if end < start:
+            return ids
+        for record in self._records(tp, end):
+            if record.offset < start:
+                continue
+            try:
+                ids.add(decode_event(record.value, max_bytes=self.max_envelope_bytes).event_id)
+            except EnvelopeError:
+                continue
+        return ids
+
     def _dead_letter_refused(self, tp: TP, fold: Fold, why: str) -> list[int]:
         """Record the events a refold left out, one dead letter each (idempotent on its id), so
         operators see them and why; returns their offsets."""
@@ -303,6 +316,11 @@ class Controls:
         new.pending_effects = progress.pending_effects
         fold = self.fold(tp, new, offset - 1)
         refused = self._dead_letter_refused(tp, fold, why)
+        # The live path claims at the new revision; events folded above whose copies it will
+        # meet again in the re-run range are duplicates, as the fold (by id) takes them.
+        rerun_through = max([progress.acked_through, *progress.applied_beyond])
+        new.rerun_through = max(rerun_through, progress.rerun_through)
+        new.rerun_duplicates = sorted(self._ids_in(tp, offset, rerun_through) & fold.seen)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
         new.fold_generation = progress.fold_generation + 1

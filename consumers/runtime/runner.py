@@ -261,9 +261,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             decoded[id(record)] = event
             if proc.consumes is None or event.event_type in proc.consumes:
                 fresh_candidates.append((record, event))
-        claimed = self.store.claimed(
-            part.tp, progress.cursor_revision, [e.event_id for _, e in fresh_candidates]
-        )
+        claimed = self._claimed(part, progress, fresh_candidates)
         if proc.reducer_version:
             missing = {e.project_id for _, e in fresh_candidates if e.project_id not in part.states}
             part.states.update(self.store.states(part.tp, missing))
@@ -362,6 +360,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         new.acked_through = acked
         new.applied_beyond = sorted(o for o in beyond if o > acked)
         new.dead = sorted(o for o in progress.dead if o > acked)
+        if acked >= new.rerun_through:
+            new.rerun_duplicates = []
         new.reduced_through = acked if proc.reducer_version else new.reduced_through
         new.pending_effects = bool(out)
         if proc.effect_kind == EffectKind.KAFKA:
@@ -453,6 +453,35 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._drop(part)
                 else:
                     self._reload(part)
+
+    def _claimed(
+        self, part: PartitionState, progress: Progress, candidates: list[tuple[Record, Event]]
+    ) -> set[str]:
+        """Duplicates among the candidates. At revision 0 a claim says it. After a
+        ``reprocess_from``, claims at the new revision cover the re-run; an event before the
+        reprocess offset whose copy sits in the re-run range is one ``reprocess_from`` listed;
+        and past the range, an event claimed at any earlier revision was applied before (its
+        first copy came earlier), so its copy here is a duplicate too — the same events a fold
+        by id takes once."""
+        revision = progress.cursor_revision
+        claimed = self.store.claimed(part.tp, revision, [e.event_id for _, e in candidates])
+        if revision == 0:
+            return claimed
+        claimed |= {e.event_id for _, e in candidates} & set(progress.rerun_duplicates)
+        later = [
+            e.event_id
+            for r, e in candidates
+            if e.event_id not in claimed
+            and not self._is_redelivery(r)
+            and r.offset > progress.rerun_through
+        ]
+        for earlier in range(revision - 1, -1, -1):
+            if not later:
+                break
+            found = self.store.claimed(part.tp, earlier, later)
+            claimed |= found
+            later = [e for e in later if e not in found]
+        return claimed
 
     def _delivery(self, part: PartitionState, record: Record, high: int) -> Delivery:
         offset = self._origin_offset(record)

@@ -199,6 +199,11 @@ class Progress:
     # Bumped whenever a control swaps in a rebuilt fold: an owner holding folds it cached
     # before then is refused (compare-and-set) and reloads instead of writing them back.
     fold_generation: int = 0
+    # reprocess_from: the cursor it moved back from (the offsets up to it run again), and the
+    # ids of events before its offset whose copies sit inside that range (the publisher's crash
+    # window makes such copies): the re-run takes them as the duplicates they are.
+    rerun_through: int = -1
+    rerun_duplicates: list[str] = field(default_factory=list)
 
     def as_fields(self) -> dict[str, str]:
         return {
@@ -214,6 +219,8 @@ class Progress:
             "txn_seq": str(self.txn_seq),
             "pending_since_ms": str(self.pending_since_ms),
             "fold_generation": str(self.fold_generation),
+            "rerun_through": str(self.rerun_through),
+            "rerun_duplicates": orjson.dumps(self.rerun_duplicates).decode(),
         }
 
     @classmethod
@@ -237,6 +244,8 @@ class Progress:
             txn_seq=int(f.get("txn_seq", 0)),
             pending_since_ms=int(f.get("pending_since_ms", 0)),
             fold_generation=int(f.get("fold_generation", 0)),
+            rerun_through=int(f.get("rerun_through", -1)),
+            rerun_duplicates=list(orjson.loads(f.get("rerun_duplicates", "[]"))),
         )
 
     def has_cursor(self) -> bool:
