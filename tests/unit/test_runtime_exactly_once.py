@@ -5,6 +5,7 @@ same partition, operator moves) that once lost or doubled an effect."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,14 @@ from consumers.runtime.controls import ControlRefused
 from consumers.runtime.memory import cuts_from
 from consumers.runtime.transport import Committed
 from consumers.runtime.types import TP
+from consumers.subscriptions.archive_store import LocalObjectStore
+from consumers.subscriptions.archiver import AuditArchiver, PartLimits
 from streams.envelopes import encode
 from tests.runtime_harness import (
     LIMIT,
     PROJECTS_SHARING,
     REDELIVERY,
+    STREAMS,
     Counter,
     Crash,
     World,
@@ -348,3 +352,37 @@ def test_reprocess_from_does_not_apply_twice_an_event_whose_copy_sits_after_the_
     world.publish(evs[0])
     world.drain(runner)
     assert world.states()[x]["count"] == 5
+
+
+# -- zombies --------------------------------------------------------------------------------------
+
+
+class FailingArchiver(AuditArchiver):
+    def process(self, event, state, delivery):  # type: ignore[no-untyped-def]
+        if event.payload.get("drill") == "fail":
+            raise ValueError(f"cannot archive {event.event_id}")
+        return super().process(event, state, delivery)
+
+
+def test_a_fenced_files_processor_neither_counts_nor_dead_letters_and_drops_the_partition(
+    tmp_path: Path,
+) -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    archiver = FailingArchiver(
+        LocalObjectStore(tmp_path),
+        PartLimits(5, 1 << 20, 60.0),
+        {name: n for n, name in enumerate(STREAMS)},
+        max_envelope_bytes=LIMIT,
+    )
+    zombie = world.runner(
+        archiver, auto_assign=False, max_batch_failures=1, control_check_interval_s=1e9
+    )
+    zombie.transport.assign([tp])  # type: ignore[attr-defined]
+    zombie.run_once(timeout=0)  # assigned at epoch 1
+    world.store.acquire(tp)  # another process owns the partition from here on
+    world.publish(event(x, 1, fail=True))
+    zombie.run_once(timeout=0)
+    assert world.dead.list() == [], "a fenced process wrote a dead letter"
+    assert tp not in zombie.parts, "a fenced process kept the partition"
+    assert world.store.count_failure(tp, "0") == 1, "a fenced process counted a failure"
