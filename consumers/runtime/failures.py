@@ -21,6 +21,14 @@ log = logging.getLogger("rhumbatron.runtime")
 
 class FailureMixin(RunnerBase):
     def _handle_failure(self, part: PartitionState, outcome: Outcome) -> None:
+        # Only the owner counts and dead-letters: a files batch reaches here without a store
+        # commit, so nothing has checked the epoch yet (and a fenced owner must not act).
+        current = self.store.epoch(part.tp)
+        if current != part.epoch:
+            self.stats.fenced += 1
+            log.warning("%s: %s", self.processor.slug, Fenced(part.tp, part.epoch, current))
+            self._drop(part)
+            return
         self.stats.failures += 1
         if outcome.first_unapplied is not None:
             batch_key = str(outcome.first_unapplied)
@@ -69,8 +77,13 @@ class FailureMixin(RunnerBase):
         )
         try:
             self.store.commit(commit)
-        except (Fenced, CursorMoved) as exc:
+        except Fenced as exc:
+            self.stats.fenced += 1
             log.warning("%s: %s", self.processor.slug, exc)
+            self._drop(part)
+            return
+        except CursorMoved as exc:
+            log.warning("%s: %s; reloading", self.processor.slug, exc)
             self._reload(part)
             return
         part.progress = new

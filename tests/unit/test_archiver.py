@@ -490,7 +490,11 @@ def test_a_new_subscriptions_first_fold_replays_the_archive_then_continues_from_
     controls = _controls(late, reader, archive)
     for tp, start in reader.start.items():
         if start > 0:
-            controls.reprocess_from(tp, start, 0, who="test", why="first fold from the archive")
+            # A forward reprocess_from is refused (it would fold without effects, unrecorded);
+            # first_fold is the control that folds lost history from the archive.
+            with pytest.raises(ControlRefused, match="takes an offset in"):
+                controls.reprocess_from(tp, start, 0, who="test", why="forward")
+            controls.first_fold(tp)
     run(late, Tally())
     assert late.states() == reference.states()
     assert archive.parts_read > 0
