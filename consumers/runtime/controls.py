@@ -313,6 +313,12 @@ class Controls:
         new.cursor_revision = progress.cursor_revision + 1
         new.applied_beyond = []
         new.dead = [o for o in progress.dead if o < offset]
+        # Everything from the offset on is judged again: what was skipped or dead-lettered
+        # there runs again too (and is skipped or dead-lettered again only if it fails again).
+        new.skipped = [
+            [first, min(last, offset - 1)] for first, last in progress.skipped if first < offset
+        ]
+        readmitted = sorted(o for o in self.store.excluded(tp) if o >= offset)
         new.pending_effects = progress.pending_effects
         fold = self.fold(tp, new, offset - 1)
         refused = self._dead_letter_refused(tp, fold, why)
@@ -332,6 +338,7 @@ class Controls:
             fold.states,
             expected_generation=progress.fold_generation,
             exclude=refused,
+            readmit=readmitted,
         )
         self._audit(
             "reprocess_from",

@@ -142,6 +142,8 @@ local nf = tonumber(ARGV[i]); i = i + 1
 for f = 1, nf do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
 local ns = tonumber(ARGV[i]); i = i + 1
 for s = 1, ns do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
+local nr = tonumber(ARGV[i]); i = i + 1
+for r = 1, nr do redis.call('SREM', KEYS[5], ARGV[i]); i = i + 1 end
 local nx = tonumber(ARGV[i]); i = i + 1
 for x = 1, nx do redis.call('SADD', KEYS[5], ARGV[i]); i = i + 1 end
 return {'OK'}
@@ -337,6 +339,7 @@ class RedisStore:
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
+        readmit: Sequence[int] = (),
     ) -> None:
         fields = progress.as_fields()
         items = list((states or {}).items())
@@ -350,6 +353,8 @@ class RedisStore:
             *(x for kv in fields.items() for x in kv),
             str(len(items)),
             *(x for p, s in items for x in (p, orjson.dumps(s))),
+            str(len(readmit)),
+            *(str(o) for o in readmit),
             str(len(exclude)),
             *(str(o) for o in exclude),
         ]

@@ -111,12 +111,14 @@ class Store(Protocol):
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
+        readmit: Sequence[int] = (),
     ) -> None:
         """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
         compare-and-set on ``expected`` = (acked_through, cursor_revision) and, when given, on
         the fold generation; ``epoch`` None means an operator acting from outside (no ownership
         needed); ``states`` None keeps the fold; ``exclude`` adds offsets the rebuilt fold left
-        out (its reduce refused them)."""
+        out (its reduce refused them) and ``readmit`` takes offsets out of the excluded set
+        (a reprocess judges them again)."""
 
     def count_failure(self, tp: TP, batch_key: str) -> int:
         """Count one more failure of this batch; returns the count so far."""
@@ -344,10 +346,13 @@ class MemoryStore:
         states: dict[str, JSON] | None,
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
+        readmit: Sequence[int] = (),
     ) -> None:
         with self._lock:
             self._check(tp, epoch, expected[0], expected[1], expected_generation)
-            self._excluded.setdefault(tp, set()).update(exclude)
+            excluded = self._excluded.setdefault(tp, set())
+            excluded.difference_update(readmit)
+            excluded.update(exclude)
             if states is not None:
                 self._states[tp] = {p: orjson.dumps(s).decode() for p, s in states.items()}
             self._progress[tp] = Progress.from_fields(progress.as_fields())

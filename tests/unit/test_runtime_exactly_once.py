@@ -386,3 +386,22 @@ def test_a_fenced_files_processor_neither_counts_nor_dead_letters_and_drops_the_
     assert world.dead.list() == [], "a fenced process wrote a dead letter"
     assert tp not in zombie.parts, "a fenced process kept the partition"
     assert world.store.count_failure(tp, "0") == 1, "a fenced process counted a failure"
+
+
+def test_reprocess_from_judges_skipped_and_dead_lettered_offsets_after_it_again() -> None:
+    # Found by the adversarial suite: Plan(order=[alpha 1, beta 1], steps=[skip, reprocess])
+    # left the live fold with alpha 1 and the rebuilt fold without it.
+    world = World()
+    x, y, tp = _two_projects(world)
+    world.publish(event(x, 1))
+    world.publish(event(y, 1))
+    controls = world.controls(Counter())
+    controls.skip_through(tp, 0, who="oncall", why="skip x1")
+    runner = world.runner(Counter())
+    world.drain(runner)
+    assert world.states() == {y: {"count": 1, "seen": [1]}}
+    controls.reprocess_from(tp, 0, 0, who="oncall", why="run everything again")
+    world.drain(runner)
+    progress = world.store.load(tp)
+    assert world.store.all_states(tp) == controls.fold(tp, progress, progress.acked_through).states
+    assert world.states()[x] == {"count": 1, "seen": [1]}
