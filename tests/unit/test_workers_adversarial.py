@@ -1,14 +1,15 @@
 """The command worker under generated workloads on the in-memory log: commands over several queue
-partitions, each failing a drawn number of times; retries coming due while new commands arrive;
-aborted transactions, crashes around the commit, partitions moved between workers, workers
-joining and taking over. After healing (every partition owned, run until idle), the outcome is
+partitions, each with a script of attempts (fail, ask for more work, complete); retries coming
+due while new commands arrive; aborted transactions, crashes around the commit and inside a
+handler, partitions moved between workers, workers joining and taking over. After healing (every partition owned, run until idle), the outcome is
 checked against a record of our own: the handler's runs per command and attempt, split by whether
 the transaction that carried them committed, and the retry and dead-letter topics as read back.
 
 A run whose transaction aborted (or whose worker crashed before the commit) may run again at the
 same attempt number: a handler's side effects are at least once (DESIGN.md §9, §10). Everything
 that committed is exact: attempts 1..k once each, no gap, one retry record per failed attempt,
-one dead letter per command that ran out of attempts."""
+one further delivery per request for more work, one dead letter per command that ran out of
+attempts and none for the others."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from hypothesis import strategies as st
 
 from consumers.runtime.memory import MemoryLog, MemoryOutput, MemoryTransport
 from consumers.runtime.types import TP
-from router.workers.model import ATTEMPT, CommandContext, QueueHandler, WorkerPolicy, header_int
+from router.workers.model import (
+    ATTEMPT,
+    CommandContext,
+    MoreWork,
+    QueueHandler,
+    WorkerPolicy,
+    header_int,
+)
 from router.workers.stores import MemoryCommandLedger
 from router.workers.worker import Worker
 from streams.clock import ManualClock
@@ -39,7 +47,8 @@ HEAL_ROUNDS = 400
 
 
 class Crash(BaseException):
-    """A worker process dying at a failpoint: nothing after it runs, no ``except`` sees it."""
+    """A worker process dying at a failpoint or inside a handler: no ``except Exception`` sees it
+    (a ``finally`` still runs), and the member is never stepped again."""
 
 
 # -- the independent record ----------------------------------------------------------------------
@@ -48,7 +57,7 @@ class Run:
     member: str
     command_id: str
     attempt: int
-    ok: bool
+    completes: bool  # done (also more work asked for on the last delivery, acknowledged)
     at: float
     fate: str = "pending"  # committed | aborted | abandoned
 
@@ -73,8 +82,8 @@ class Journal:
 
 
 class JournaledHandler(QueueHandler):
-    """Fails attempt ``a`` of a command exactly when ``a <= failures``: the outcome of an attempt
-    does not depend on how often it ran."""
+    """Does what the command's script says for this attempt (fail, ask for more work, or
+    complete): the outcome of an attempt does not depend on how often it ran."""
 
     name: ClassVar[str] = "journaled"
     check_deadline: ClassVar[bool] = False
@@ -83,13 +92,13 @@ class JournaledHandler(QueueHandler):
         self,
         member: str,
         journal: Journal,
-        failures: dict[str, int],
+        scripts: dict[str, tuple[str, ...]],
         clock: ManualClock,
         crash_at: list[str],
     ) -> None:
         self.member = member
         self.journal = journal
-        self.failures = failures
+        self.scripts = scripts
         self.clock = clock
         self.crash_at = crash_at
         self._lock = threading.Lock()  # handlers of one chunk may run in threads
@@ -99,14 +108,17 @@ class JournaledHandler(QueueHandler):
             crash = HANDLER in self.crash_at
             if crash:
                 self.crash_at.remove(HANDLER)
-        ok = ctx.attempt > self.failures[command.command_id] and not crash
+        outcome = scripted(self.scripts[command.command_id], ctx.attempt)
+        completes = not crash and (outcome == OK or (outcome == MORE and ctx.last_delivery))
         self.journal.ran(
-            Run(self.member, command.command_id, ctx.attempt, ok, self.clock.monotonic())
+            Run(self.member, command.command_id, ctx.attempt, completes, self.clock.monotonic())
         )
         if crash:  # the process dies in the middle of a chunk, its side effect half done
             raise Crash(HANDLER)
-        if not ok:
+        if outcome == FAIL:
             raise RuntimeError(f"{command.command_id} fails attempt {ctx.attempt}")
+        if outcome == MORE:
+            raise MoreWork()
         return None
 
 
@@ -140,10 +152,18 @@ class JournaledOutput(MemoryOutput):
 
 
 # -- the workload --------------------------------------------------------------------------------
+FAIL, MORE, OK = "fail", "more", "ok"
+
+
+def scripted(script: tuple[str, ...], attempt: int) -> str:
+    """What attempt ``attempt`` does; past the script's end, it completes."""
+    return script[attempt - 1] if attempt <= len(script) else OK
+
+
 @dataclass(frozen=True)
 class Planned:
     command_id: str
-    failures: int
+    script: tuple[str, ...]  # attempt n does script[n - 1]: fail | more (work) | ok
     partition: int
     project: str
     arrives: int  # before the action with this index
@@ -155,6 +175,7 @@ class Workload:
     retry_partitions: int
     batch: int
     retries: int
+    deliveries: int
     concurrency: int
     commands: tuple[Planned, ...]
     actions: tuple[tuple[str, int], ...]
@@ -183,7 +204,9 @@ def workloads(draw: st.DrawFn) -> Workload:
     commands = tuple(
         Planned(
             command_id=f"cmd_{i:02d}",
-            failures=draw(st.sampled_from([0, 1, 1, 2, retries, retries + 1, retries + 2])),
+            script=tuple(
+                draw(st.lists(st.sampled_from([FAIL, FAIL, FAIL, MORE]), max_size=retries + 3))
+            ),
             partition=draw(st.integers(0, queue_partitions - 1)),
             project=draw(st.sampled_from(["p1", "p2", "p3"])),
             arrives=draw(st.sampled_from(waves)),
@@ -195,6 +218,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         retry_partitions=draw(st.sampled_from([1, 1, 2, 3])),
         batch=draw(st.sampled_from([1, 2, 2, 3, 4])),
         retries=retries,
+        deliveries=draw(st.integers(1, retries + 3)),
         concurrency=draw(st.sampled_from([1, 1, 2])),
         commands=commands,
         actions=tuple(actions),
@@ -225,7 +249,7 @@ class Group:
             retry_delay_s=DELAY_S,
             concurrency=w.concurrency,
             dead_letter="dead-letter",
-            max_deliveries=w.retries + 1,
+            max_deliveries=w.deliveries,
             max_envelope_bytes=MAX,
             poll_interval_s=0.5,
             error_max_bytes=200,
@@ -241,7 +265,7 @@ class Group:
         self.tps = [TP(self.policy.queue_topic, p) for p in range(w.queue_partitions)] + [
             TP(self.policy.retry_topic, p) for p in range(w.retry_partitions)
         ]
-        self.failures = {c.command_id: c.failures for c in w.commands}
+        self.scripts = {c.command_id: c.script for c in w.commands}
         self.commit_fails = w.commit_fails
         self.members: list[Member] = []
         self.multi_chunk_steps = 0
@@ -264,7 +288,7 @@ class Group:
 
         worker = Worker(
             self.policy,
-            JournaledHandler(name, self.journal, self.failures, self.clock, crash_at),
+            JournaledHandler(name, self.journal, self.scripts, self.clock, crash_at),
             transport,
             output,
             self.ledger,
@@ -402,56 +426,89 @@ def run_workload(w: Workload) -> Group:
 
 
 # -- the checks ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Expected:
+    last: int  # the last attempt that runs
+    retried: tuple[int, ...]  # attempts that come from the retry topic
+    delivered: tuple[int, ...]  # attempts that come back on the queue (more work)
+    dead_letter: bool
+
+
+def expected(script: tuple[str, ...], attempts: int, deliveries: int) -> Expected:
+    """The command's fate by the policy alone (DESIGN.md §9): a failure is retried until the
+    last attempt, then dead-lettered; more work is delivered again until the last delivery,
+    which acknowledges it; both spend the same count."""
+    retried: list[int] = []
+    delivered: list[int] = []
+    attempt = 1
+    while True:
+        outcome = scripted(script, attempt)
+        if outcome == FAIL and attempt < attempts:
+            retried.append(attempt + 1)
+        elif outcome == MORE and attempt < deliveries:
+            delivered.append(attempt + 1)
+        else:
+            return Expected(attempt, tuple(retried), tuple(delivered), outcome == FAIL)
+        attempt += 1
+
+
+def attempts_on(group: Group, topic: str) -> Counter[tuple[str, int]]:
+    return Counter(
+        (decode_command(r.value, max_bytes=MAX).command_id, header_int(r, ATTEMPT, 1))
+        for r in group.log.all(topic)
+    )
+
+
 def check_exact(group: Group, w: Workload) -> None:
-    attempts = group.policy.attempts
+    policy = group.policy
     runs = group.journal.runs
     assert all(r.fate != "pending" for r in runs), "a run outlived its transaction"
     for m in group.live():
         assert m.worker.waiting() == 0 and m.worker.paused() == set(), m.name
-    retried = Counter(
-        (
-            decode_command(r.value, max_bytes=MAX).command_id,
-            header_int(r, ATTEMPT, 0),
-        )
-        for r in group.log.all(group.policy.retry_topic)
-    )
+    retried = attempts_on(group, policy.retry_topic)
+    queued = attempts_on(group, policy.queue_topic)
     lettered = Counter(
         decode_command(r.value, max_bytes=MAX).command_id for r in group.log.all(group.dlq)
     )
     for planned in w.commands:
         cid = planned.command_id
-        k = min(planned.failures + 1, attempts)
-        exhausted = planned.failures >= attempts
+        want = expected(planned.script, policy.attempts, policy.max_deliveries)
+        k = want.last
         mine = [r for r in runs if r.command_id == cid]
         seen = [r.attempt for r in mine]
         committed = Counter(r.attempt for r in mine if r.fate == "committed")
-        story = f"{cid} (fails {planned.failures}, attempts {attempts}): runs " + ", ".join(
-            f"{r.attempt}/{r.fate}" for r in mine
+        story = (
+            f"{cid} {planned.script} (attempts {policy.attempts}, deliveries "
+            f"{policy.max_deliveries}, expected {want}): runs "
+            + ", ".join(f"{r.attempt}/{r.fate}" for r in mine)
         )
         assert sorted(set(seen)) == list(range(1, k + 1)), story
         assert seen == sorted(seen), story
         for a in range(1, k):
-            assert committed[a] == 1, story  # a failed attempt's retry committed exactly once
-        if exhausted:
+            assert committed[a] == 1, story  # what follows an attempt was sent exactly once
+        if want.dead_letter:
             assert committed[k] == 1, story
         else:
-            # The last attempt succeeded; committed at most once, or its transaction was lost
+            # The last attempt completed; committed at most once, or its transaction was lost
             # after the ledger recorded it done (then no copy of it runs again).
             assert committed[k] <= 1, story
-            assert any(r.ok for r in mine if r.attempt == k), story
+            assert any(r.completes for r in mine if r.attempt == k), story
         assert {a: n for (c, a), n in retried.items() if c == cid} == {
-            a: 1 for a in range(2, k + 1)
+            a: 1 for a in want.retried
         }, story
-        assert lettered[cid] == (1 if exhausted else 0), story
-        assert not (exhausted and any(r.ok for r in mine)), story
-        ok_at = [i for i, r in enumerate(mine) if r.ok]
-        assert ok_at in ([], [len(mine) - 1]), story  # a completed command never runs again
+        assert {a: n for (c, a), n in queued.items() if c == cid} == {
+            a: 1 for a in (1, *want.delivered)
+        }, story
+        assert lettered[cid] == (1 if want.dead_letter else 0), story
+        # Never both completed and dead-lettered; a completed command never runs again.
+        completed_at = [i for i, r in enumerate(mine) if r.completes]
+        assert completed_at == ([] if want.dead_letter else [len(mine) - 1]), story
         for a in range(1, k + 1):
             # Once an attempt committed, it never runs again.
             last = max(i for i, r in enumerate(mine) if r.attempt == a)
             assert all(r.fate != "committed" for r in mine[:last] if r.attempt == a), story
-        for a in range(2, k + 1):
-            # No attempt runs before its due time: a delay after the failure that scheduled it.
+        for a in want.retried:
+            # No retry runs before its due time: a delay after the failure that scheduled it.
             before = max(r.at for r in mine if r.attempt == a - 1 and r.fate == "committed")
             assert all(r.at >= before + DELAY_S for r in mine if r.attempt == a), story
 
@@ -473,9 +530,10 @@ DEFECT_7 = Workload(
     retry_partitions=1,
     batch=4,
     retries=1,
+    deliveries=2,
     concurrency=1,
     commands=tuple(
-        Planned(f"cmd_{i:02d}", failures, partition, "p1", 0)
+        Planned(f"cmd_{i:02d}", (FAIL,) * failures, partition, "p1", 0)
         for i, (failures, partition) in enumerate(
             [(0, 0)] * 4 + [(0, 1)] * 2 + [(1, 0)] * 3 + [(2, 0)]
         )
