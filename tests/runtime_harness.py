@@ -101,6 +101,20 @@ class Counter(BaseProcessor):
         )
 
 
+class FlakyEffects(Counter):
+    """Kafka effects and a fold; an event's effect fails as often as the test's budget says
+    (the fold itself is total, so refolds are not disturbed)."""
+
+    budget: ClassVar[dict[str, int]] = {}
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
+        left = self.budget.get(event.event_id, 0)
+        if left > 0:
+            self.budget[event.event_id] = left - 1
+            raise ValueError(f"effect of {event.event_id} fails ({left} left)")
+        return super().process(event, state, delivery)
+
+
 @dataclass
 class World:
     log: MemoryLog = field(default_factory=MemoryLog)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
@@ -23,9 +23,9 @@ from consumers.runtime.controls import ControlRefused
 from consumers.runtime.dead_letters import Status
 from consumers.runtime.memory import MemoryTransport, cuts_from
 from consumers.runtime.runner import Runner
-from consumers.runtime.types import JSON, TP, Delivery, Effects
+from consumers.runtime.types import JSON, TP
 from streams.envelopes import Event
-from tests.runtime_harness import Counter, Crash, World, event
+from tests.runtime_harness import Crash, FlakyEffects, World, event
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
 PROPERTY = settings(
@@ -43,20 +43,6 @@ BOUNDARIES = (
     "runtime.after_transaction_commit",
     "runtime.after_offsets_commit",
 )
-
-
-class Flaky(Counter):
-    """Kafka effects and a fold; an event's effect fails as often as the test's budget says
-    (the fold itself is total, so refolds are not disturbed)."""
-
-    budget: ClassVar[dict[str, int]] = {}
-
-    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
-        left = self.budget.get(event.event_id, 0)
-        if left > 0:
-            self.budget[event.event_id] = left - 1
-            raise ValueError(f"effect of {event.event_id} fails ({left} left)")
-        return super().process(event, state, delivery)
 
 
 @dataclass(repr=False)
@@ -122,7 +108,7 @@ class Fleet:
         return sorted({self.world.tp_of(p) for p in PROJECTS})
 
     def member(self, failpoint: Callable[[str], None] = lambda name: None) -> Runner:
-        runner = self.world.runner(Flaky(), auto_assign=False, failpoint=failpoint)
+        runner = self.world.runner(FlakyEffects(), auto_assign=False, failpoint=failpoint)
         return runner
 
     def start(self) -> None:
@@ -185,9 +171,9 @@ class Fleet:
             for member in self.members:
                 busy += member.run_once(timeout=0)
             self.check_cursors()
-            if not busy and all(m.idle() for m in self.members):
-                if sum(m.run_once(timeout=0) for m in self.members) == 0:
-                    return
+            settled = not busy and all(m.idle() for m in self.members)
+            if settled and sum(m.run_once(timeout=0) for m in self.members) == 0:
+                return
             if not busy:
                 self.world.clock.advance(2.0)
         raise AssertionError("the fleet did not settle")
@@ -204,7 +190,7 @@ def _publish(world: World, plan: Plan) -> dict[str, Event]:
         ev = event(project, n)
         events[ev.event_id] = ev
         world.publish(ev)
-    Flaky.budget = {event(p, n).event_id: k for (p, n), k in plan.failures.items()}
+    FlakyEffects.budget = {event(p, n).event_id: k for (p, n), k in plan.failures.items()}
     return events
 
 
@@ -233,6 +219,7 @@ def _run_steps(fleet: Fleet, plan: Plan) -> None:
                 for _ in range(12):
                     fleet.step(who, 3)
                     world.clock.advance(2.0)
+                fleet.members[who].failpoint = lambda name: None  # it never came: disarmed
             except Crash:
                 fleet.replace(who)
         elif kind == "abort":
@@ -266,7 +253,7 @@ def _operator_move(fleet: Fleet, action: tuple[Any, ...]) -> None:
     world = fleet.world
     tps = fleet.tps()
     tp = tps[action[1] % len(tps)]
-    controls = world.controls(Flaky())
+    controls = world.controls(FlakyEffects())
     progress = world.store.load(tp)
     try:
         if action[0] == "reprocess":
@@ -354,17 +341,19 @@ def test_every_effect_exactly_once_or_dead_lettered_in_project_order(plan: Plan)
         effects = by_event.get(key, 0)
         if event_id in retried:
             assert effects == 1, f"{key} was retried: {effects} effects, want 1"
-        elif budget >= 5:
-            # Five *counted* failures dead-letter it; a crash between a failure and its count
-            # gives it another run, so with five or six failures it may also apply — but never
-            # both, and never twice.
-            assert (event_id in dead) != (effects == 1), f"{key}: {effects} effects, dead {dead}"
-            assert effects <= 1
-            if budget > 6:
-                assert event_id in dead, f"{key} failed {budget} times, not dead-lettered"
         else:
-            assert event_id not in dead, f"{key} failed only {budget} times, yet dead-lettered"
-            assert effects == 1, f"{key}: {effects} effects, want 1"
+            # Failures are counted per batch (its first unapplied offset), and the fifth
+            # dead-letters every event of the batch that failed: an event failing less often
+            # can go with a poison neighbour, one failing often can outlive its batch's count
+            # once the head before it applied (a fresh batch key) — but it is applied or
+            # dead-lettered, never both, never twice, and never dead-lettered without a
+            # batch that failed five times beside it.
+            assert (event_id in dead) != (effects == 1), f"{key}: {effects} effects, dead {dead}"
+            if event_id in dead:
+                tp = world.tp_of(ev.project_id)
+                assert any(
+                    k >= 5 and world.tp_of(p) == tp for (p, _), k in plan.failures.items()
+                ), f"{key} failed {budget} times, yet dead-lettered with no poison beside it"
     # Order per project: in the output (one output partition per project), the events that
     # were not dead-lettered come in slot order; a retried dead letter comes when it is retried.
     for project in {ev.project_id for ev in events.values()}:
@@ -407,14 +396,27 @@ def test_operator_moves_between_failures_never_double_never_lose_and_folds_agree
             assert key in seen, f"{key} was neither applied, dead-lettered nor skipped"
     # The live path and a rebuild agree: the fold the owners wrote equals the fold rebuilt
     # from the log.
-    controls = world.controls(Flaky())
+    controls = world.controls(FlakyEffects())
     for tp in fleet.tps():
         progress = world.store.load(tp)
         rebuilt = controls.fold(tp, progress, progress.acked_through).states
-        assert world.store.all_states(tp) == rebuilt, f"{tp}: live fold != rebuilt fold"
+        live = world.store.all_states(tp)
+        if any(
+            letter.status == Status.RETRIED
+            and TP(letter.source_topic, letter.source_partition) == tp
+            for letter in world.dead.list(limit=10_000)
+        ):
+            # A retried dead letter is folded live when it comes back, a rebuild folds it at its
+            # offset (docs/guarantees.md): the same events, maybe in another order.
+            live, rebuilt = _unordered(live), _unordered(rebuilt)
+        assert live == rebuilt, f"{tp}: live fold != rebuilt fold"
+
+
+def _unordered(states: dict[str, JSON]) -> dict[str, JSON]:
+    return {p: {**s, "seen": sorted(s["seen"])} for p, s in states.items()}
 
 
 @pytest.fixture(autouse=True)
 def _reset_budget() -> Any:
     yield
-    Flaky.budget = {}
+    FlakyEffects.budget = {}

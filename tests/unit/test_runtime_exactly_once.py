@@ -23,6 +23,7 @@ from tests.runtime_harness import (
     STREAMS,
     Counter,
     Crash,
+    FlakyEffects,
     World,
     event,
 )
@@ -405,3 +406,67 @@ def test_reprocess_from_judges_skipped_and_dead_lettered_offsets_after_it_again(
     progress = world.store.load(tp)
     assert world.store.all_states(tp) == controls.fold(tp, progress, progress.acked_through).states
     assert world.states()[x] == {"count": 1, "seen": [1]}
+
+
+# -- found by the adversarial suite (tests/unit/test_runtime_adversarial.py) -----------------------
+
+
+def test_a_copy_of_a_dead_lettered_event_is_a_duplicate_not_a_second_chance() -> None:
+    # Plan(order=[alpha 1, beta 1, beta 1], failures={beta 1: 5}): the copy applied after the
+    # original was dead-lettered, so the event was both dead-lettered and applied.
+    world = World()
+    x, y, tp = _two_projects(world)
+    poison = event(y, 1)
+    world.publish(event(x, 1))
+    world.publish(poison)
+    world.publish(poison)
+    FlakyEffects.budget = {poison.event_id: 5}
+    world.drain(world.runner(FlakyEffects()))
+    assert [e.event_id for letter in world.dead.list() for e in letter.entries] == [poison.event_id]
+    assert _out_by_project(world) == {x: [1]}
+    progress = world.store.load(tp)
+    fold = world.controls(FlakyEffects()).fold(tp, progress, progress.acked_through).states
+    assert world.store.all_states(tp) == fold
+
+
+def test_a_redelivery_held_behind_a_batch_that_is_dead_lettered_comes_again() -> None:
+    # Plan(... failures={alpha 1: 7, alpha 3: 5}, steps=[..., retry_letters]): the retried
+    # alpha 1 sat behind alpha 3's fifth failure and was never read again.
+    world = World()
+    x, _, tp = _two_projects(world)
+    first, third = event(x, 1), event(x, 3)
+    for ev in (first, event(x, 2), third):
+        world.publish(ev)
+    FlakyEffects.budget = {first.event_id: 6, third.event_id: 5}
+    runner = world.runner(FlakyEffects())
+    world.drain(runner)
+    letter = next(lt for lt in world.dead.list() if lt.entries[0].event_id == first.event_id)
+    world.publish(event(x, 4, fail=False))
+    FlakyEffects.budget[third.event_id] = 5  # the retry meets a batch that fails five times again
+    world.actions().retry(letter.id, who="oncall", why="fixed")
+    reprocess = world.controls(FlakyEffects())
+    reprocess.reprocess_from(tp, 2, world.store.load(tp).cursor_revision, who="op", why="x")
+    world.drain(runner)
+    assert 1 in _out_by_project(world)[x], "the retried event was lost"
+
+
+def test_skip_through_leaves_events_applied_past_a_held_one_in_the_fold() -> None:
+    # Plan(order=[alpha 1, beta 1], failures={alpha 1: 4}, steps=[..., skip]): beta 1 applied
+    # past the failing alpha 1 was recorded as skipped, and a rebuild dropped it.
+    world = World()
+    x, y, tp = _two_projects(world)
+    head = event(x, 1)
+    world.publish(head)
+    world.publish(event(y, 1))
+    FlakyEffects.budget = {head.event_id: 1}
+    runner = world.runner(FlakyEffects(), cuts=cuts_from([2, 1]))
+    runner.run_once(timeout=0)  # x1 fails, y1 applies past it
+    world.clock.advance(10)
+    runner.run_once(timeout=0)  # x1 applies alone: acked 0, y1 still in applied_beyond
+    assert world.store.load(tp).applied_beyond == [1]
+    controls = world.controls(FlakyEffects())
+    controls.skip_through(tp, 1, who="oncall", why="skip the rest")
+    world.drain(runner)
+    progress = world.store.load(tp)
+    assert controls.fold(tp, progress, progress.acked_through).states == world.store.all_states(tp)
+    assert world.states()[y] == {"count": 1, "seen": [1]}
