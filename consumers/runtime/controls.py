@@ -119,13 +119,13 @@ class Controls:
         )
 
     # -- folds -----------------------------------------------------------------------------------
-    def _excluded(self, tp: TP, progress: Progress) -> set[int]:
-        """Offsets the fold must not contain: dead letters not applied since (kept per
-        partition by the store, all of them), and skipped ranges."""
-        out = set(progress.dead) | self.store.excluded(tp)
+    def _excluded(self, tp: TP, progress: Progress) -> tuple[set[int], set[int]]:
+        """Offsets the fold must not contain: (dead-lettered ones not applied since, kept per
+        partition by the store, all of them; skipped ones)."""
+        skipped: set[int] = set()
         for first, last in progress.skipped:
-            out.update(range(first, last + 1))
-        return out
+            skipped.update(range(first, last + 1))
+        return set(progress.dead) | self.store.excluded(tp), skipped
 
     def _records(self, tp: TP, through: int) -> Iterator[Record]:
         start = self.reader.log_start(tp)
@@ -147,19 +147,22 @@ class Controls:
         result = Fold()
         if not proc.reducer_version:
             return result
-        excluded = self._excluded(tp, progress)
+        dead, skipped = self._excluded(tp, progress)
         wanted = set(progress.applied_beyond)
         last = max([through, *wanted]) if wanted else through
         states = result.states
         for record in self._records(tp, last):
-            if record.offset in excluded or (
-                record.offset > through and record.offset not in wanted
-            ):
+            if record.offset > through and record.offset not in wanted:
                 continue
             try:
                 event = decode_event(record.value, max_bytes=self.max_envelope_bytes)
             except EnvelopeError:
                 continue  # poison: dead-lettered, never folded
+            if record.offset in dead or record.offset in skipped:
+                # Not folded (a dead letter until retried; or skipped): a later copy of it is a
+                # duplicate of that decision.
+                result.seen.add(event.event_id)
+                continue
             if (
                 proc.consumes is not None and event.event_type not in proc.consumes
             ) or event.event_id in result.seen:
@@ -180,7 +183,12 @@ class Controls:
         ids: set[str] = set()
         if end < start:
             return ids
-        for record in self._records(tp, end):
+        records = (
+            self.reader.read(tp, start, end)
+            if start >= self.reader.log_start(tp)
+            else self._records(tp, end)
+        )
+        for record in records:
             if record.offset < start:
                 continue
             try:
@@ -368,7 +376,13 @@ class Controls:
                 "events that have not arrived cannot be skipped"
             )
         new = Progress.from_fields(progress.as_fields())
-        new.skipped = [*progress.skipped, [progress.acked_through + 1, offset]]
+        # Events applied past a held-back one (applied_beyond) were not skipped: they stay in
+        # the fold, so they stay out of the skipped ranges.
+        ranges = _ranges_without(progress.acked_through + 1, offset, set(progress.applied_beyond))
+        new.skipped = [*progress.skipped, *ranges]
+        # A skipped event is handled (without effect), as a dead-lettered one is: a later copy
+        # of it is a duplicate for the live path, as it is for a fold (which saw its id).
+        skipped_ids = set().union(*(self._ids_in(tp, a, b) for a, b in ranges))
         new.acked_through = offset
         new.applied_beyond = [o for o in progress.applied_beyond if o > offset]
         new.dead = [o for o in progress.dead if o > offset]
@@ -381,8 +395,25 @@ class Controls:
             new,
             None,
             expected_generation=progress.fold_generation,
+            dead_claims=sorted(skipped_ids),
         )
         self._audit(
             "skip_through", tp, who, why, offset=offset, skipped_from=progress.acked_through + 1
         )
         return new
+
+
+def _ranges_without(first: int, last: int, holes: set[int]) -> list[list[int]]:
+    """[first, last] as [start, end] ranges that leave out the offsets in ``holes``."""
+    out: list[list[int]] = []
+    start = None
+    for offset in range(first, last + 1):
+        if offset in holes:
+            if start is not None:
+                out.append([start, offset - 1])
+                start = None
+        elif start is None:
+            start = offset
+    if start is not None:
+        out.append([start, last])
+    return out

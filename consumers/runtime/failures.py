@@ -74,6 +74,9 @@ class FailureMixin(RunnerBase):
             part.progress.cursor_revision,
             new,
             excluded_add=sorted({self._origin_offset(r) for r, _, _ in outcome.failed}),
+            dead_claims=sorted(
+                {e.event_id for r, e, _ in outcome.failed if not self._is_redelivery(r)}
+            ),
         )
         try:
             self.store.commit(commit)
@@ -90,6 +93,8 @@ class FailureMixin(RunnerBase):
         self.store.clear_failures(part.tp, batch_key)
         if resume_at is not None:
             self.transport.seek(part.tp, resume_at)
+        # Redelivered records held back behind the failing events are read again too.
+        self._rewind_redelivery(part)
         log.error(
             "%s: dead-lettered %s after %d attempts: %s",
             self.processor.slug,

@@ -146,6 +146,11 @@ local nr = tonumber(ARGV[i]); i = i + 1
 for r = 1, nr do redis.call('SREM', KEYS[5], ARGV[i]); i = i + 1 end
 local nx = tonumber(ARGV[i]); i = i + 1
 for x = 1, nx do redis.call('SADD', KEYS[5], ARGV[i]); i = i + 1 end
+local nc = tonumber(ARGV[i]); i = i + 1
+if nc > 0 then
+  for c = 1, nc do redis.call('SADD', KEYS[6], ARGV[i]); i = i + 1 end
+  redis.call('EXPIREAT', KEYS[6], tonumber(ARGV[i]))
+end
 return {'OK'}
 """
 
@@ -164,14 +169,16 @@ def _arg(value: str | int | float) -> str:
     return str(value)
 
 
-def claim_member(event_id: str, revision: int) -> bytes:
-    """Compact: the 16 id bytes, then the revision in decimal."""
+def claim_member(event_id: str, revision: int, *, dead: bool = False) -> bytes:
+    """Compact: the 16 id bytes, then the revision in decimal (and ``d`` for an event that
+    was dead-lettered rather than applied)."""
+    suffix = str(revision).encode() + (b"d" if dead else b"")
     if event_id.startswith("evt_") and len(event_id) == 36:
         try:
-            return bytes.fromhex(event_id[4:]) + str(revision).encode()
+            return bytes.fromhex(event_id[4:]) + suffix
         except ValueError:
             pass
-    return b"~" + event_id.encode() + b"\x00" + str(revision).encode()
+    return b"~" + event_id.encode() + b"\x00" + suffix
 
 
 class RedisStore:
@@ -210,6 +217,10 @@ class RedisStore:
     def _today(self) -> int:
         return int(self.clock.now().timestamp() * 1000) // DAY_MS
 
+    def _claims_expire_at(self) -> int:
+        """Today's claim bucket lives until the stream's retention plus a margin is over."""
+        return (self._today() + 1) * DAY_MS // 1000 + self.claim_ttl_ms // 1000
+
     def _bucket_keys(self, tp: TP) -> list[str]:
         today = self._today()
         return [f"{self.prefix(tp)}claims:{today - n}" for n in range(self.buckets)]
@@ -224,10 +235,12 @@ class RedisStore:
     def load(self, tp: TP) -> Progress:
         return Progress.from_fields(self.client.hgetall(self.prefix(tp) + "progress"))
 
-    def claimed(self, tp: TP, revision: int, event_ids: Sequence[str]) -> set[str]:
+    def claimed(
+        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+    ) -> set[str]:
         if not event_ids:
             return set()
-        members = [claim_member(e, revision) for e in event_ids]
+        members = [claim_member(e, revision, dead=dead) for e in event_ids]
         pipe = self.client.pipeline(transaction=False)
         for bucket in self._bucket_keys(tp):
             pipe.smismember(bucket, members)
@@ -269,7 +282,7 @@ class RedisStore:
                 idx.append(str(index[full]))
             ops_args += [op.op, str(len(idx)), *idx, str(len(args)), *(_arg(a) for a in args)]
         fields = commit.progress.as_fields()
-        expire_at = (self._today() + 1) * DAY_MS // 1000 + self.claim_ttl_ms // 1000
+        expire_at = self._claims_expire_at()
         argv: list[str | bytes] = [
             str(commit.epoch),
             str(commit.expected_acked),
@@ -278,8 +291,12 @@ class RedisStore:
             str(len(buckets)),
             "1" if commit.pending is not None else "0",
             str(commit.progress.fold_generation),
-            str(len(commit.claims)),
+            str(len(commit.claims) + len(commit.dead_claims)),
             *(claim_member(e, commit.progress.cursor_revision) for e in commit.claims),
+            *(
+                claim_member(e, commit.progress.cursor_revision, dead=True)
+                for e in commit.dead_claims
+            ),
             str(len(fields)),
             *(x for kv in fields.items() for x in kv),
             str(len(commit.states)),
@@ -340,6 +357,7 @@ class RedisStore:
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
+        dead_claims: Sequence[str] = (),
     ) -> None:
         fields = progress.as_fields()
         items = list((states or {}).items())
@@ -357,8 +375,11 @@ class RedisStore:
             *(str(o) for o in readmit),
             str(len(exclude)),
             *(str(o) for o in exclude),
+            str(len(dead_claims)),
+            *(claim_member(e, progress.cursor_revision, dead=True) for e in dead_claims),
+            str(self._claims_expire_at()),
         ]
-        keys = [*self._core_keys(tp), self._excluded_key(tp)]
+        keys = [*self._core_keys(tp), self._excluded_key(tp), self._bucket_keys(tp)[0]]
         result = self._replace(keys=keys, args=argv)
         status = result[0].decode()
         if status == "FENCED":

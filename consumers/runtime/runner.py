@@ -261,7 +261,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             decoded[id(record)] = event
             if proc.consumes is None or event.event_type in proc.consumes:
                 fresh_candidates.append((record, event))
-        claimed = self._claimed(part, progress, fresh_candidates)
+        applied, claimed, stale = self._claimed(part, progress, fresh_candidates)
         if proc.reducer_version:
             missing = {e.project_id for _, e in fresh_candidates if e.project_id not in part.states}
             part.states.update(self.store.states(part.tp, missing))
@@ -291,7 +291,15 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 self.stats.filtered += maybe is not None
                 continue
             event = maybe
-            if event.event_id in claimed or event.event_id in seen_ids:
+            # A redelivery (an operator's retry of a dead letter) is a duplicate only if the
+            # event was applied since; a stream copy also if it was dead-lettered.
+            redelivered = self._is_redelivery(record)
+            known = applied if redelivered else claimed
+            if (
+                event.event_id in known
+                or event.event_id in seen_ids
+                or (not redelivered and record.offset in stale)
+            ):
                 done.add(rid)
                 self.stats.duplicates += 1
                 continue
@@ -456,32 +464,38 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
 
     def _claimed(
         self, part: PartitionState, progress: Progress, candidates: list[tuple[Record, Event]]
-    ) -> set[str]:
-        """Duplicates among the candidates. At revision 0 a claim says it. After a
-        ``reprocess_from``, claims at the new revision cover the re-run; an event before the
-        reprocess offset whose copy sits in the re-run range is one ``reprocess_from`` listed;
-        and past the range, an event claimed at any earlier revision was applied before (its
-        first copy came earlier), so its copy here is a duplicate too — the same events a fold
-        by id takes once."""
+    ) -> tuple[set[str], set[str], set[int]]:
+        """(applied, duplicates, stale copies). ``applied``: the candidates' events applied at
+        this revision. ``duplicates``: events a stream copy of would duplicate — applied or
+        dead-lettered at this revision, or (after a ``reprocess_from``) events before its
+        offset whose copies sit in the re-run range, which ``reprocess_from`` listed. ``stale
+        copies``: offsets past the re-run range whose event was applied or dead-lettered at an
+        earlier revision (its first copy came earlier). Together: the events a fold by id
+        takes once."""
         revision = progress.cursor_revision
-        claimed = self.store.claimed(part.tp, revision, [e.event_id for _, e in candidates])
+        ids = [e.event_id for _, e in candidates]
+        applied = self.store.claimed(part.tp, revision, ids)
+        rest = [e for e in ids if e not in applied]
+        claimed = applied | self.store.claimed(part.tp, revision, rest, dead=True)
+        stale: set[int] = set()
         if revision == 0:
-            return claimed
-        claimed |= {e.event_id for _, e in candidates} & set(progress.rerun_duplicates)
-        later = [
-            e.event_id
+            return applied, claimed, stale
+        claimed |= set(ids) & set(progress.rerun_duplicates)
+        later = {
+            r.offset: e.event_id
             for r, e in candidates
             if e.event_id not in claimed
             and not self._is_redelivery(r)
             and r.offset > progress.rerun_through
-        ]
+        }
         for earlier in range(revision - 1, -1, -1):
-            if not later:
-                break
-            found = self.store.claimed(part.tp, earlier, later)
-            claimed |= found
-            later = [e for e in later if e not in found]
-        return claimed
+            for dead in (False, True):
+                if not later:
+                    return applied, claimed, stale
+                found = self.store.claimed(part.tp, earlier, sorted(set(later.values())), dead=dead)
+                stale.update(o for o, e in later.items() if e in found)
+                later = {o: e for o, e in later.items() if e not in found}
+        return applied, claimed, stale
 
     def _delivery(self, part: PartitionState, record: Record, high: int) -> Delivery:
         offset = self._origin_offset(record)

@@ -66,6 +66,9 @@ class Commit:
     claims: list[str] = field(
         default_factory=list
     )  # event ids, claimed at progress.cursor_revision
+    # Event ids dead-lettered by this commit: a later copy of one is a duplicate of the dead
+    # letter (one letter per event); only an operator's retry applies it.
+    dead_claims: list[str] = field(default_factory=list)
     redis: list[RedisOp] = field(default_factory=list)
     states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
     pending: list[OutRecord] | None = None  # Kafka effects awaiting their transaction
@@ -84,8 +87,11 @@ class Store(Protocol):
 
     def load(self, tp: TP) -> Progress: ...
 
-    def claimed(self, tp: TP, revision: int, event_ids: Sequence[str]) -> set[str]:
-        """Which of these events are already claimed at this cursor revision."""
+    def claimed(
+        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+    ) -> set[str]:
+        """Which of these events are already claimed at this cursor revision (``dead``: which
+        were dead-lettered at it)."""
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]: ...
 
@@ -112,13 +118,15 @@ class Store(Protocol):
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
+        dead_claims: Sequence[str] = (),
     ) -> None:
         """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
         compare-and-set on ``expected`` = (acked_through, cursor_revision) and, when given, on
         the fold generation; ``epoch`` None means an operator acting from outside (no ownership
         needed); ``states`` None keeps the fold; ``exclude`` adds offsets the rebuilt fold left
         out (its reduce refused them) and ``readmit`` takes offsets out of the excluded set
-        (a reprocess judges them again)."""
+        (a reprocess judges them again); ``dead_claims`` are events handled without effect at
+        ``progress.cursor_revision`` (skipped), whose later copies are duplicates."""
 
     def count_failure(self, tp: TP, batch_key: str) -> int:
         """Count one more failure of this batch; returns the count so far."""
@@ -217,7 +225,7 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._epochs: dict[TP, int] = {}
         self._progress: dict[TP, Progress] = {}
-        self._claims: dict[TP, set[tuple[str, int]]] = {}
+        self._claims: dict[TP, set[tuple[str, int | str]]] = {}
         self._states: dict[TP, dict[str, str]] = {}
         self._pending: dict[TP, bytes] = {}
         self._failures: dict[tuple[TP, str], int] = {}
@@ -241,10 +249,13 @@ class MemoryStore:
         with self._lock:
             return Progress.from_fields(self._progress.get(tp, Progress()).as_fields())
 
-    def claimed(self, tp: TP, revision: int, event_ids: Sequence[str]) -> set[str]:
+    def claimed(
+        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+    ) -> set[str]:
         with self._lock:
             have = self._claims.get(tp, set())
-            return {e for e in event_ids if (e, revision) in have}
+            member = f"{revision}d" if dead else revision
+            return {e for e in event_ids if (e, member) in have}
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         with self._lock:
@@ -296,8 +307,10 @@ class MemoryStore:
                 raise PendingEffects(tp)
             claims = self._claims.setdefault(tp, set())
             rev = commit.progress.cursor_revision
-            for event_id in commit.claims:
-                if (event_id, rev) in claims:
+            wanted: list[tuple[str, int | str]] = [(e, rev) for e in commit.claims]
+            wanted += [(e, f"{rev}d") for e in commit.dead_claims]
+            for event_id, member in wanted:
+                if (event_id, member) in claims:
                     raise CursorMoved(
                         tp,
                         (commit.expected_acked, commit.expected_revision),
@@ -308,6 +321,7 @@ class MemoryStore:
                     raise ValueError(f"unknown Redis effect op {op.op!r}")
             key_of = {k: self.key(tp, k) for op in commit.redis for k in op_keys(op)}
             claims.update((e, rev) for e in commit.claims)
+            claims.update((e, f"{rev}d") for e in commit.dead_claims)
             for op in commit.redis:
                 apply_op(self.space, op, key_of)
             states = self._states.setdefault(tp, {})
@@ -347,9 +361,12 @@ class MemoryStore:
         expected_generation: int | None = None,
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
+        dead_claims: Sequence[str] = (),
     ) -> None:
         with self._lock:
             self._check(tp, epoch, expected[0], expected[1], expected_generation)
+            rev = progress.cursor_revision
+            self._claims.setdefault(tp, set()).update((e, f"{rev}d") for e in dead_claims)
             excluded = self._excluded.setdefault(tp, set())
             excluded.difference_update(readmit)
             excluded.update(exclude)
