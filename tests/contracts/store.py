@@ -229,3 +229,35 @@ class StoreContract:
         store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), cleared_failures=["0"]))
         assert store.count_failure(TPX, "0") == 1
         assert store.count_failure(TPX, "7") == 2
+
+    def test_dead_claims_are_apart_from_claims_and_land_with_commits_and_fold_swaps(
+        self,
+    ) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), dead_claims=[EVT]))
+        assert store.claimed(TPX, 0, [EVT, EVT2], dead=True) == {EVT}
+        assert store.claimed(TPX, 0, [EVT, EVT2]) == set()
+        with pytest.raises(CursorMoved):  # the same dead claim twice means someone raced us
+            store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), dead_claims=[EVT]))
+        moved = Progress(acked_through=3, cursor_revision=1)
+        store.replace_fold(TPX, None, (0, 0), moved, None, dead_claims=[EVT2])
+        assert store.claimed(TPX, 1, [EVT, EVT2], dead=True) == {EVT2}
+        assert store.claimed(TPX, 0, [EVT2], dead=True) == set()
+
+    def test_excluded_offsets_are_kept_per_partition_by_commits_and_fold_swaps(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        assert store.excluded(TPX) == set()
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=5), excluded_add=[2, 4]))
+        store.commit(
+            Commit(
+                TPX, epoch, 5, 0, Progress(acked_through=9), excluded_add=[7], excluded_remove=[2]
+            )
+        )
+        assert store.excluded(TPX) == {4, 7}
+        store.replace_fold(
+            TPX, None, (9, 0), Progress(acked_through=9), {}, exclude=[8], readmit=[7]
+        )
+        assert store.excluded(TPX) == {4, 8}
+        assert store.excluded(TP(TPX.topic, TPX.partition + 1)) == set()
