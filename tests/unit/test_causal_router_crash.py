@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumers.runtime.memory import cuts_from
+from consumers.subscriptions.causal_budget import MemoryCommandBudget
 from consumers.subscriptions.causal_commands import queues
 from consumers.subscriptions.causal_router import CausalRouter
 from streams.envelopes import Event, decode_command
@@ -181,3 +182,23 @@ def test_bad_input_is_dead_lettered_naming_the_field_and_other_projects_flow(
     # beta's t2 was dispatched; alpha's t2 never entered the fold, so nothing waits on it.
     assert [(c.project_id, c.task_id) for c in commands] == [("beta", "t2")]
     assert world.states()["alpha"]["changes"]["chg-1"]["tasks"].keys() == {"t1"}
+
+
+def test_a_zombie_router_neither_counts_caps_nor_writes_its_outbox(tmp_path: Path) -> None:
+    world, _, _ = _setup(tmp_path)
+    (tmp_path / "zombie").mkdir()
+    budget = MemoryCommandBudget(1000)
+    zombie_router = make_router(
+        open_test_outbox(tmp_path / "zombie" / "outbox.sqlite"), clock=world.clock, budget=budget
+    )
+    zombie = world.runner(zombie_router, control_check_interval_s=1e9)
+    zombie.transport.poll(0, 0)  # it is assigned every partition (and reads nothing yet)
+    for tp in list(zombie.parts):
+        world.store.acquire(tp)  # another process owns every partition from here on
+    for _ in range(50):
+        zombie.run_once(timeout=0)
+    assert zombie.stats.fenced > 0
+    assert sum(zombie_router.stats.sent.values()) == 0, "a zombie admitted commands"
+    assert zombie_router.stats.stale_written == 0, "a zombie wrote to its outbox"
+    assert budget.admitted == {}, "a zombie counted against the daily cap"
+    assert _stale_events(tmp_path / "zombie") == []
