@@ -41,7 +41,7 @@ from consumers.runtime.runner_base import (
     RuntimePolicy,
     Stats,
 )
-from consumers.runtime.store import Commit, Store
+from consumers.runtime.store import Commit, Fenced, Store
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
@@ -200,7 +200,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         ):
             outcomes = []
             for tp, recs in by_tp.items():
-                outcome = self._process_partition(self.parts[tp], recs)
+                part = self.parts[tp]
+                try:
+                    outcome = self._process_partition(part, recs)
+                except Fenced as exc:
+                    self.stats.fenced += 1
+                    log.warning("%s: %s", self.processor.slug, exc)
+                    self._drop(part)
+                    continue
                 if outcome is not None:
                     outcomes.append(outcome)
             self._commit(outcomes)
@@ -318,6 +325,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     raise ProcessorError("reduce", exc) from exc
                 try:
                     effects = proc.process(event, new_state, delivery)
+                except Fenced:
+                    raise  # not the event's failure: this process lost the partition
                 except Exception as exc:
                     raise ProcessorError("process", exc) from exc
             except ProcessorError as exc:
@@ -497,6 +506,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 later = {o: e for o, e in later.items() if e not in found}
         return applied, claimed, stale
 
+    def _owner_check(self, part: PartitionState) -> Callable[[], None]:
+        def check() -> None:
+            current = self.store.epoch(part.tp)
+            if current != part.epoch:
+                raise Fenced(part.tp, part.epoch, current)
+
+        return check
+
     def _delivery(self, part: PartitionState, record: Record, high: int) -> Delivery:
         offset = self._origin_offset(record)
         return Delivery(
@@ -506,6 +523,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             caught_up=record.offset + 1 >= high if high >= 0 else False,
             cursor_revision=part.progress.cursor_revision,
             redelivered=self._is_redelivery(record),
+            check_owner=self._owner_check(part),
         )
 
 

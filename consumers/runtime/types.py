@@ -10,7 +10,7 @@ once — so a processor never writes to Redis or Kafka itself.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -82,6 +82,10 @@ class Delivery:
     caught_up: bool
     cursor_revision: int
     redelivered: bool = False  # came back through the operator's dead-letter retry
+    # Raises ``Fenced`` when this process no longer owns the partition: a processor calls it
+    # right before a side effect it makes itself, outside the runtime's fenced commit (an
+    # outbox write, a shared counter), so a zombie cannot act.
+    check_owner: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
 
     def idempotency_key(self, key: str) -> str:
         """f(key, source offset, cursor revision): a crash retry gets the same key, a deliberate

@@ -156,11 +156,20 @@ class CausalRouter(BaseProcessor):
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         if state is None:
             raise ValueError(f"{SLUG}: no fold for {event.event_id}; reduce must run first")
+        # The classifier's daily count, the per-change command cap and the outbox are written
+        # here, outside the runtime's fenced commit: a process that lost the partition must
+        # not count or write, so ownership is checked right before each (one Redis read, only
+        # for events that can do any of it).
+        declaring = event.event_type in DECLARING
+        if declaring:
+            delivery.check_owner()
         ops: list[RedisOp] = []
         planned = list(self._plan(event, state, ops))
+        drafts = self._stale_drafts(event, state)
+        if (planned or drafts) and not declaring:
+            delivery.check_owner()
         now = self.clock.now()
         records = self._admitted(event, planned, now, ops, delivery.cursor_revision)
-        drafts = self._stale_drafts(event, state)
         if drafts:
             # Last: nothing that can still fail comes after it (a failure before it writes
             # nothing; a retry after it writes the same ids, which the outbox ignores).
