@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: demo test up down check bench venv unit browser
+.PHONY: demo test test-slow up down check bench venv unit browser
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -28,7 +28,11 @@ browser:
 # Tests run in three worker processes: most of their time is spent waiting on real servers and
 # subprocesses, not on the CPU, and each test has its own environment on the shared broker.
 test: up browser
-	$(PY) -m pytest -q -n 3 --dist loadfile
+	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow"
+
+# The heavier suites: property soaks with many more generated examples.
+test-slow: up
+	$(PY) -m pytest -q -n 2 -m slow
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

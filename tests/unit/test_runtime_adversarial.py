@@ -4,8 +4,9 @@ duplicate copies, poison records and operator retries; between steps, crashes an
 aborts at every fail-point, rebalances between two members, and operator moves. After healing,
 the invariants are checked against an independent record kept by the test itself.
 
-``RHUMBATRON_PROPERTY_EXAMPLES`` sets how many examples each property runs (default 30; CI's
-`make test` uses the default, a soak run sets it higher).
+``RHUMBATRON_PROPERTY_EXAMPLES`` sets how many examples each property runs in `make test`
+(default 30); the ``slow`` soak variants, run by `make test-slow`, run
+``RHUMBATRON_SOAK_EXAMPLES`` (default 400).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from streams.envelopes import Event
 from tests.runtime_harness import Crash, FlakyEffects, World, event
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "400"))
+HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=HEALTH)
+SOAK = settings(max_examples=SOAK_EXAMPLES, deadline=None, suppress_health_check=HEALTH)
 
 # alpha, beta and delta share s0[0] (World.tp_of); gamma is alone on s1[1].
 PROJECTS = ("alpha", "beta", "delta", "gamma")
@@ -312,6 +312,17 @@ def _check_healed(fleet: Fleet) -> None:
 @PROPERTY
 @given(plans(moves=False))
 def test_every_effect_exactly_once_or_dead_lettered_in_project_order(plan: Plan) -> None:
+    _check_exactly_once(plan)
+
+
+@pytest.mark.slow
+@SOAK
+@given(plans(moves=False))
+def test_soak_every_effect_exactly_once_or_dead_lettered_in_project_order(plan: Plan) -> None:
+    _check_exactly_once(plan)
+
+
+def _check_exactly_once(plan: Plan) -> None:
     note(repr(plan))
     world = World()
     events = _publish(world, plan)
@@ -375,6 +386,17 @@ def test_every_effect_exactly_once_or_dead_lettered_in_project_order(plan: Plan)
 def test_operator_moves_between_failures_never_double_never_lose_and_folds_agree(
     plan: Plan,
 ) -> None:
+    _check_moves(plan)
+
+
+@pytest.mark.slow
+@SOAK
+@given(plans(moves=True))
+def test_soak_operator_moves_never_double_never_lose_and_folds_agree(plan: Plan) -> None:
+    _check_moves(plan)
+
+
+def _check_moves(plan: Plan) -> None:
     note(repr(plan))
     world = World()
     events = _publish(world, plan)
