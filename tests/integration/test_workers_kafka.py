@@ -12,6 +12,7 @@ import pytest
 
 from consumers.redis_conn import connect
 from consumers.runtime.dead_letters import Status, command_letter_id
+from consumers.subscriptions.causal_commands import task_ready_command_id
 from router.runtime import dead_letters
 from router.settings import Settings
 from router.workers.drills import read_drill
@@ -129,7 +130,12 @@ def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retr
 ) -> None:
     s = make(queues=short_queues(0.5, retries=1))
     provision_queues(s, [QUEUE, "dead-letter"])
-    bad, dismissed = commands(2, "d", drill="fail")
+    # Task-ready wakes: a task's own work, so their dead letters block and fail the task (a
+    # notification wake's letter changes no task).
+    bad, dismissed = (
+        c.model_copy(update={"command_id": task_ready_command_id(c.task_id or "")})
+        for c in commands(2, "d", drill="fail")
+    )
     send(s, [bad, dismissed])
     finish(start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "3"))
     dlq = queue_name("dead-letter", s.env)
@@ -149,22 +155,18 @@ def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retr
     assert stats["recorded"] == 2 and stats["duplicate"] == 2
     store = dead_letters(s, connect(s.redis_url, timeout=5))
     commands_letters = [d for d in store.list() if d.kind == "command"]
-    assert sorted(d.command_id or "" for d in commands_letters) == ["cmd_d0000", "cmd_d0001"]
+    letter_ids = sorted([bad.command_id, dismissed.command_id])
+    assert sorted(d.command_id or "" for d in commands_letters) == letter_ids
     letter = store.get(command_letter_id(bad.command_id))
     assert letter is not None and letter.origin_queue == QUEUE and letter.attempts == 2
 
     events = [
         e
         for e in events_of(read_all(s.kafka_bootstrap, s.topology.stream_names(), expect=4))
-        if e.payload.get("commandId") in ("cmd_d0000", "cmd_d0001")
+        if e.payload.get("commandId") in letter_ids
     ]
     by_type = sorted((e.event_type, e.payload["commandId"]) for e in events)
-    assert by_type == [
-        ("task.blocked", "cmd_d0000"),
-        ("task.blocked", "cmd_d0001"),
-        ("task.failed", "cmd_d0000"),
-        ("task.failed", "cmd_d0001"),
-    ]
+    assert by_type == [(t, i) for t in ("task.blocked", "task.failed") for i in letter_ids]
     blocked = next(e for e in events if e.event_type == "task.blocked" and e.task_id == bad.task_id)
     assert blocked.payload["blockedLimit"] == "dead_letter"
 
