@@ -12,8 +12,14 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from router.settings import Settings
+
+# Property tests run beside real brokers and subprocesses on a small machine: a generated example
+# taking longer than hypothesis's default 200 ms is load, not a failure (timings are not tested).
+hypothesis_settings.register_profile("rhumbatron", deadline=None)
+hypothesis_settings.load_profile("rhumbatron")
 
 TEST_KAFKA = os.environ.get("RHUMBATRON_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 TEST_REDIS = os.environ.get("RHUMBATRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
