@@ -3,19 +3,34 @@ is held to."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
+from collections.abc import Callable
 
 import confluent_kafka
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaOutputLog, KafkaTransport
-from consumers.runtime.transport import Output, OutputLog, Transport
+from consumers.runtime.transport import (
+    AssignCallback,
+    Output,
+    OutputLog,
+    RevokeCallback,
+    Transport,
+)
 from router.settings import Settings
 from streams.admin import admin_client, client_config, delete_topics
 from tests.conftest import make_settings
-from tests.contracts.transport import SETTLE_S, TransportContract
+from tests.contracts.transport import (
+    SETTLE_S,
+    TransportContract,
+    eventually,
+    ignore,
+    no_rebalance,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +49,8 @@ class KafkaBench:
         ).values():
             future.result()
         self.producer = confluent_kafka.Producer(client_config(self.base))
+        # Closed at the end whatever the test did: a consumer left open keeps the process alive.
+        self.closing: list[Transport | Output] = []
 
     def append(self, partition: int, value: bytes) -> int:
         offsets: list[int] = []
@@ -47,14 +64,49 @@ class KafkaBench:
         assert self.producer.flush(SETTLE_S) == 0, "the record was not delivered"
         return offsets[-1]
 
-    def member(self) -> Transport:
+    def delete_before(self, partition: int, offset: int) -> None:
+        admin = admin_client(self.base)
+        deleted = admin.delete_records([TopicPartition(self.topic, partition, offset)])
+        for future in deleted.values():
+            future.result(timeout=SETTLE_S)
+
+    def _transport(self) -> KafkaTransport:
         transport = KafkaTransport(
             self.base,
             group_id=self.group,
             protocol=self.settings.group_protocol,
             session_timeout_ms=self.settings.session_timeout_ms,
         )
-        transport.subscribe([self.topic], lambda tps: {}, lambda tps: None)
+        self.closing.append(transport)
+        return transport
+
+    def join(self, on_assign: AssignCallback, on_revoke: RevokeCallback) -> Transport:
+        transport = self._transport()
+        transport.subscribe([self.topic], on_assign, on_revoke)
+        return transport
+
+    def take_one(self, first: Transport, step: Callable[[], None]) -> Transport:
+        second = self.join(no_rebalance, ignore)
+
+        def settle() -> tuple[int, int]:
+            step()
+            second.poll(1, 0.1)
+            return len(first.assignment()), len(second.assignment())
+
+        eventually(settle, lambda sizes: sizes == (1, 1), "one partition each")
+        return second
+
+    def leave(self, second: Transport, first: Transport, step: Callable[[], None]) -> None:
+        second.close()
+
+        def settle() -> int:
+            step()
+            return len(first.assignment())
+
+        eventually(settle, lambda size: size == 2, "both partitions back")
+
+    def member(self) -> Transport:
+        transport = self.join(no_rebalance, ignore)
         deadline = time.monotonic() + SETTLE_S
         while len(transport.assignment()) < 2:
             assert time.monotonic() < deadline, "the member got no assignment"
@@ -70,12 +122,16 @@ class KafkaBench:
             transactional_id=f"{self.group}-{secrets.token_hex(3)}",
             transaction_timeout_ms=self.settings.transaction_timeout_ms,
         )
+        self.closing.append(output)
         return output
 
     def output_log(self) -> OutputLog:
         return KafkaOutputLog(self.base)
 
     def close(self) -> None:
+        for client in self.closing:
+            with contextlib.suppress(RuntimeError):  # already closed by the test
+                client.close()
         self.producer.flush(SETTLE_S)
         admin = admin_client(self.base)
         delete_topics(admin, self.base, [self.topic, self.out_topic], timeout=30)
