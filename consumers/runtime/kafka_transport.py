@@ -84,7 +84,9 @@ class KafkaTransport:
     ) -> None:
         def assigned(consumer: Any, partitions: list[TopicPartition]) -> None:
             tps = [TP(p.topic, p.partition) for p in partitions]
-            starts = on_assign(tps)
+            # A cooperative rebalance that only took partitions away (and close) ends with an
+            # assignment of nothing: nothing was assigned, so the callback is not called.
+            starts = on_assign(tps) if tps else {}
             out = []
             for p in partitions:
                 start = starts.get(TP(p.topic, p.partition))
@@ -102,7 +104,8 @@ class KafkaTransport:
 
         def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
             tps = [TP(p.topic, p.partition) for p in partitions]
-            on_revoke(tps)
+            if tps:
+                on_revoke(tps)
             consumer.incremental_unassign(partitions)
             self._assigned.difference_update(tps)
             self._at_end.difference_update(tps)
@@ -259,9 +262,12 @@ class KafkaOutput:
         metadata: Mapping[TP, str] | None = None,
     ) -> None:
         marks = metadata or {}
+        # confluent-kafka refuses metadata=None: a partition without a marker gets no argument.
         self.producer.send_offsets(
             [
-                TopicPartition(tp.topic, tp.partition, o, metadata=marks.get(tp) or None)
+                TopicPartition(tp.topic, tp.partition, o, metadata=marks[tp])
+                if marks.get(tp)
+                else TopicPartition(tp.topic, tp.partition, o)
                 for tp, o in offsets.items()
             ],
             group_metadata,

@@ -1,6 +1,13 @@
 """An in-memory Kafka for the property tests: a partitioned log with transactions and group
 offsets, and transports over it. Batches can be cut at will (``cuts``), members can be assigned
-and revoked explicitly, and a transaction that is not committed is simply never visible."""
+and revoked explicitly, and a transaction that is not committed is simply never visible.
+
+What it copies from librdkafka (``tests/contracts/transport.py`` holds both to it): a partition
+without a start starts at the committed offset, else at the log start; ``caught_up`` and the
+cached high watermark are what the last poll saw; a revoked partition leaves its pause behind;
+offsets of a partition not owned are not committed; group metadata from before a member's
+rebalance is fenced by ``send_offsets``; ``close`` revokes everything first.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from typing import Any
 
 from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
+from streams.errors import TransactionFailed
 
 
 @dataclass
@@ -21,6 +29,8 @@ class MemoryLog:
     partitions: dict[str, int] = field(default_factory=dict)
     records: dict[TP, list[Record]] = field(default_factory=dict)
     offsets: dict[str, dict[TP, Committed]] = field(default_factory=dict)
+    # Simulated retention: offsets below this are gone from the partition.
+    start: dict[TP, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def create(self, topic: str, partitions: int) -> None:
@@ -58,6 +68,19 @@ class MemoryLog:
             ]
 
 
+@dataclass(frozen=True)
+class MemoryGroupMetadata:
+    """What ``group_metadata`` hands to ``send_offsets``: the group, and the member's generation
+    when it was taken (the coordinator refuses offsets of a generation that moved on)."""
+
+    group: str
+    member: MemoryTransport
+    generation: int
+
+    def current(self) -> bool:
+        return not self.member.closed and self.member.generation == self.generation
+
+
 class MemoryTransport:
     """One group member. By default it owns every partition of its topics on ``subscribe``; tests
     move partitions with ``assign`` / ``revoke`` (the callbacks run on the next ``poll``, as
@@ -77,15 +100,18 @@ class MemoryTransport:
         self.auto_assign = auto_assign
         self._assigned: dict[TP, int] = {}
         self._paused: set[TP] = set()
+        self._at_end: set[TP] = set()  # read to the end as of the last poll that fetched it
+        self._high: dict[TP, int] = {}  # the end as the last poll that fetched it saw it
+        self.generation = 0  # bumped by every rebalance that changes this member's partitions
         self._on_assign: AssignCallback | None = None
         self._on_revoke: RevokeCallback | None = None
         self._topics: list[str] = []
         self._pending_assign: list[TP] = []
         self._pending_revoke: list[TP] = []
         self.closed = False
-        # Simulated retention: offsets below this are gone from the stream (share the dict with
-        # a MemoryReader to keep both views consistent).
-        self.retention_start: dict[TP, int] = {}
+        # Simulated retention: offsets below this are gone from the stream; the log's own by
+        # default (share the dict with a MemoryReader to keep both views consistent).
+        self.retention_start: dict[TP, int] = log.start
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -110,9 +136,7 @@ class MemoryTransport:
             self._pending_revoke = []
             if gone:
                 self._on_revoke(gone)
-                for tp in gone:
-                    self._assigned.pop(tp, None)
-                    self._paused.discard(tp)
+                self._drop(gone)
         if self._pending_assign and self._on_assign:
             new = [tp for tp in self._pending_assign if tp not in self._assigned]
             self._pending_assign = []
@@ -122,9 +146,21 @@ class MemoryTransport:
                 for tp in new:
                     start = starts.get(tp)
                     mark = committed.get(tp)
+                    # auto.offset.reset=earliest: no start and no committed offset, the log start.
                     self._assigned[tp] = (
-                        start if start is not None else (mark.offset if mark is not None else 0)
+                        start
+                        if start is not None
+                        else (mark.offset if mark is not None else self.log_start(tp))
                     )
+                self.generation += 1
+
+    def _drop(self, tps: Iterable[TP]) -> None:
+        for tp in tps:
+            self._assigned.pop(tp, None)
+            self._paused.discard(tp)
+            self._at_end.discard(tp)
+            self._high.pop(tp, None)
+        self.generation += 1
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         self._rebalance()
@@ -135,10 +171,18 @@ class MemoryTransport:
         for tp in sorted(self._assigned):
             if tp in self._paused or len(out) >= limit:
                 continue
-            got = self.log.read(tp, self._assigned[tp], limit - len(out))
+            # Below the log start is out of range: auto.offset.reset=earliest.
+            position = max(self._assigned[tp], self.log_start(tp))
+            got = self.log.read(tp, position, limit - len(out))
             if got:
-                self._assigned[tp] = got[-1].offset + 1
+                position = got[-1].offset + 1
                 out.extend(got)
+            self._assigned[tp] = position
+            self._high[tp] = end = self.log.end(tp)
+            if position >= end:
+                self._at_end.add(tp)
+            else:
+                self._at_end.discard(tp)
         return out
 
     def assignment(self) -> set[TP]:
@@ -153,11 +197,12 @@ class MemoryTransport:
     def seek(self, tp: TP, offset: int) -> None:
         if tp in self._assigned:
             self._assigned[tp] = offset
+            self._at_end.discard(tp)
 
     def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
         with self.log.lock:
             group = self.log.offsets.setdefault(self.group, {})
-            group.update({tp: Committed(o) for tp, o in offsets.items()})
+            group.update({tp: Committed(o) for tp, o in offsets.items() if tp in self._assigned})
 
     def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         with self.log.lock:
@@ -165,18 +210,27 @@ class MemoryTransport:
             return {tp: group.get(tp) for tp in tps}
 
     def high_watermark(self, tp: TP, *, cached: bool = True) -> int:
+        if cached:
+            return self._high.get(tp, -1)
         return self.log.end(tp)
 
     def log_start(self, tp: TP) -> int:
         return self.retention_start.get(tp, 0)
 
     def caught_up(self, tps: Iterable[TP]) -> bool:
-        return all(self._assigned.get(tp, 0) >= self.log.end(tp) for tp in tps)
+        return all(tp in self._at_end for tp in tps)
 
     def group_metadata(self) -> Any:
-        return self.group
+        return MemoryGroupMetadata(self.group, self, self.generation)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        owned = sorted(self._assigned)
+        if owned and self._on_revoke:
+            self._on_revoke(owned)
+        self._drop(owned)
+        self._pending_assign, self._pending_revoke = [], []
         self.closed = True
 
 
@@ -194,6 +248,7 @@ class MemoryOutput:
         self._offsets: dict[TP, Committed] = {}
         self._group: Any = None
         self._open = False
+        self._doomed: TransactionFailed | None = None  # an abortable error: only abort is left
         self.fail_commit: Callable[[], bool] = lambda: False
         self.commits = 0
 
@@ -202,6 +257,7 @@ class MemoryOutput:
             raise RuntimeError("transaction already open")
         self._open = True
         self._records, self._offsets = [], {}
+        self._doomed = None
 
     def produce(self, record: OutRecord) -> None:
         assert self._open, "produce outside a transaction"
@@ -214,17 +270,27 @@ class MemoryOutput:
         metadata: Mapping[TP, str] | None = None,
     ) -> None:
         assert self._open, "send_offsets outside a transaction"
+        if isinstance(group_metadata, MemoryGroupMetadata) and not group_metadata.current():
+            self._doomed = TransactionFailed(
+                "memory",
+                f"send_offsets: ILLEGAL_GENERATION: group {group_metadata.group} moved past "
+                f"generation {group_metadata.generation}",
+                abortable=True,
+            )
+            raise self._doomed
         marks = metadata or {}
         self._offsets.update({tp: Committed(o, marks.get(tp, "")) for tp, o in offsets.items()})
         self._group = group_metadata
 
     def commit(self) -> None:
         assert self._open, "commit outside a transaction"
+        if self._doomed is not None:
+            raise TransactionFailed(
+                "memory", f"commit after an abortable error: {self._doomed}", abortable=True
+            )
         self._open = False
         if self.fail_commit():
             self._records, self._offsets = [], {}
-            from streams.errors import TransactionFailed
-
             raise TransactionFailed("memory", "injected commit failure", abortable=True)
         with self.log.lock:
             for r in self._records:
@@ -237,12 +303,18 @@ class MemoryOutput:
                     r.headers + (("record_id", r.record_id.encode()),),
                 )
             if self._offsets:
-                self.log.offsets.setdefault(str(self._group), {}).update(self._offsets)
+                group = (
+                    self._group.group
+                    if isinstance(self._group, MemoryGroupMetadata)
+                    else str(self._group)
+                )
+                self.log.offsets.setdefault(group, {}).update(self._offsets)
         self.commits += 1
 
     def abort(self) -> None:
         self._open = False
         self._records, self._offsets = [], {}
+        self._doomed = None
 
     def close(self) -> None:
         self.abort()
