@@ -24,6 +24,7 @@ import orjson
 import redis
 
 from streams.envelopes import format_time
+from streams.errors import DeliveryFailed, FailedRecord
 from streams.producer import Producer
 
 
@@ -149,6 +150,10 @@ class DeadLetterStore(Protocol):
 
 
 class MemoryDeadLetters:
+    """The store's twin for the runtime's and the operator's tests. Like the Redis index it keeps
+    its own copy of every letter (through the same JSON a real write stores), orders a listing by
+    creation time then id, and fails a write with the error the real store raises."""
+
     def __init__(self) -> None:
         self.letters: dict[str, DeadLetter] = {}
         self.writes = 0
@@ -159,22 +164,24 @@ class MemoryDeadLetters:
         with self._lock:
             if self.fail_next_write:
                 self.fail_next_write = False
-                raise ConnectionError("injected dead-letter write failure")
+                raise DeliveryFailed(
+                    [FailedRecord("dead-letters", None, "injected write failure", True, False)]
+                )
             for letter in letters:
-                self.letters.setdefault(letter.id, letter)
+                self.letters.setdefault(letter.id, _copy(letter))
             self.writes += 1
 
     def get(self, letter_id: str) -> DeadLetter | None:
-        return self.letters.get(letter_id)
+        letter = self.letters.get(letter_id)
+        return _copy(letter) if letter is not None else None
 
     def list(
         self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
     ) -> list[DeadLetter]:
         out = [d for d in self.letters.values() if status is None or d.status == status]
-        out.sort(key=lambda d: d.created_at)  # stable: ties keep the order they were written in
-        if newest_first:
-            out.reverse()
-        return out[:limit]
+        # The Redis index: scored by creation time, members of equal score ordered by id.
+        out.sort(key=lambda d: (_score(d.created_at), d.id), reverse=newest_first)
+        return [_copy(d) for d in out[: max(limit, 0)]]
 
     def transition(
         self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
@@ -254,6 +261,8 @@ class KafkaRedisDeadLetters:
         )
         ids = [i.decode() for i in found]
         out: list[DeadLetter] = []
+        if limit <= 0:
+            return out
         for chunk in range(0, len(ids), 200):
             part = ids[chunk : chunk + 200]
             for raw in self.client.mget([self._record_key(i) for i in part]):
@@ -289,6 +298,10 @@ class KafkaRedisDeadLetters:
                     return True
                 except redis.WatchError:
                     continue
+
+
+def _copy(letter: DeadLetter) -> DeadLetter:
+    return DeadLetter.from_json(orjson.loads(orjson.dumps(letter.to_json())))
 
 
 def _score(created_at: str) -> float:
