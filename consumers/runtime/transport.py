@@ -70,9 +70,12 @@ class Transport(Protocol):
     def log_start(self, tp: TP) -> int:
         """The partition's first retained offset (0 until retention deleted something)."""
 
-    def group_metadata(self) -> Any: ...
+    def group_metadata(self) -> Any:
+        """The member's current group metadata, for ``Output.send_offsets``: metadata taken
+        before a rebalance is refused (the transaction then fails, abortable)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Leave the group; the revoke callback runs for everything still assigned."""
 
 
 class Output(Protocol):
