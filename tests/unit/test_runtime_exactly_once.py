@@ -12,10 +12,10 @@ import pytest
 from consumers.runtime.controls import ControlRefused
 from consumers.runtime.memory import cuts_from
 from consumers.runtime.transport import Committed
-from consumers.runtime.types import TP
+from consumers.runtime.types import JSON, TP, Delivery, Effects
 from consumers.subscriptions.archive_store import LocalObjectStore
 from consumers.subscriptions.archiver import AuditArchiver, PartLimits
-from streams.envelopes import encode
+from streams.envelopes import Event, encode
 from tests.runtime_harness import (
     LIMIT,
     PROJECTS_SHARING,
@@ -157,7 +157,7 @@ def test_reprocess_from_the_first_offset_survives_the_next_assignment() -> None:
 class Rebuilt(Counter):
     """The same fold, as an operator's tool rebuilds it (marks the states it made)."""
 
-    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         out = super().reduce(state, event)
         return {**out, "rebuilt": True} if out is not None else None
 
@@ -207,7 +207,7 @@ class Flaky(Counter):
 
     budget: dict[str, int] = {}
 
-    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         left = self.budget.get(event.event_id, 0)
         if left > 0:
             self.budget[event.event_id] = left - 1
@@ -283,7 +283,7 @@ class FailsInProcess(Counter):
     """Folds everything; its effect fails for events marked to fail (so only the dead-letter
     record keeps them out of a rebuilt fold)."""
 
-    def process(self, event, state, delivery):  # type: ignore[no-untyped-def]
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         if event.payload.get("drill") == "fail":
             raise ValueError(f"effect of {event.event_id} fails")
         return super().process(event, state, delivery)
@@ -309,7 +309,7 @@ class Stricter(Counter):
     reducer_version = "2"
     refuses: set[int] = set()
 
-    def reduce(self, state, event):  # type: ignore[no-untyped-def]
+    def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         if event.payload["n"] in self.refuses:
             raise ValueError(f"reducer 2 refuses n={event.payload['n']}")
         return super().reduce(state, event)
@@ -359,7 +359,7 @@ def test_reprocess_from_does_not_apply_twice_an_event_whose_copy_sits_after_the_
 
 
 class FailingArchiver(AuditArchiver):
-    def process(self, event, state, delivery):  # type: ignore[no-untyped-def]
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         if event.payload.get("drill") == "fail":
             raise ValueError(f"cannot archive {event.event_id}")
         return super().process(event, state, delivery)
