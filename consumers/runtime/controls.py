@@ -211,17 +211,7 @@ class Controls:
                 error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
                 attempts=1,
                 created_at=format_time(self.clock.now()),
-                entries=[
-                    Entry(
-                        offset=r.offset,
-                        value=r.value,
-                        key=r.key,
-                        headers=list(r.headers),
-                        event_id=e.event_id,
-                        event_type=e.event_type,
-                        project_id=e.project_id,
-                    )
-                ],
+                entries=[Entry.of(r, e)],
             )
             for r, e, exc in fold.refused
         ]
@@ -229,25 +219,42 @@ class Controls:
             self.dead_letters.write(letters)
         return [r.offset for r, _, _ in fold.refused]
 
+    def _swap_fold(
+        self,
+        tp: TP,
+        epoch: int | None,
+        read: Progress,
+        new: Progress,
+        fold: Fold,
+        why: str,
+        readmit: list[int] | None = None,
+    ) -> list[int]:
+        """Swap in a rebuilt fold and ``new`` cursor (compare-and-set on what was ``read``, its
+        fold generation included, and bumping it), after dead-lettering what the fold's reduce
+        refused; returns the refused offsets."""
+        refused = self._dead_letter_refused(tp, fold, why)
+        new.fold_generation = read.fold_generation + 1
+        self.store.replace_fold(
+            tp,
+            epoch,
+            (read.acked_through, read.cursor_revision),
+            new,
+            fold.states,
+            expected_generation=read.fold_generation,
+            exclude=refused,
+            readmit=readmit or [],
+        )
+        return refused
+
     def re_reduce(self, tp: TP, *, who: str, why: str, epoch: int | None = None) -> int:
         """Rebuild the fold through the acknowledged cursor. No effects run. Returns the number of
         projects in the rebuilt fold."""
         progress = self.store.load(tp)
         fold = self.fold(tp, progress, progress.acked_through)
-        refused = self._dead_letter_refused(tp, fold, why)
         new = Progress.from_fields(progress.as_fields())
         new.reducer_version = self.processor.reducer_version
         new.reduced_through = progress.acked_through
-        new.fold_generation = progress.fold_generation + 1
-        self.store.replace_fold(
-            tp,
-            epoch,
-            (progress.acked_through, progress.cursor_revision),
-            new,
-            fold.states,
-            expected_generation=progress.fold_generation,
-            exclude=refused,
-        )
+        refused = self._swap_fold(tp, epoch, progress, new, fold, why)
         self._audit(
             "re_reduce",
             tp,
@@ -271,19 +278,9 @@ class Controls:
         new.acked_through = start - 1
         new.reduced_through = start - 1
         new.reducer_version = self.processor.reducer_version
-        new.fold_generation = progress.fold_generation + 1
         fold = self.fold(tp, new, start - 1)
         why = "new fold; stream starts past its history"
-        refused = self._dead_letter_refused(tp, fold, why)
-        self.store.replace_fold(
-            tp,
-            epoch,
-            (progress.acked_through, progress.cursor_revision),
-            new,
-            fold.states,
-            expected_generation=progress.fold_generation,
-            exclude=refused,
-        )
+        refused = self._swap_fold(tp, epoch, progress, new, fold, why)
         self._audit(
             "first_fold",
             tp,
@@ -329,7 +326,6 @@ class Controls:
         readmitted = sorted(o for o in self.store.excluded(tp) if o >= offset)
         new.pending_effects = progress.pending_effects
         fold = self.fold(tp, new, offset - 1)
-        refused = self._dead_letter_refused(tp, fold, why)
         # The live path claims at the new revision; events folded above whose copies it will
         # meet again in the re-run range are duplicates, as the fold (by id) takes them.
         rerun_through = max([progress.acked_through, *progress.applied_beyond])
@@ -337,17 +333,7 @@ class Controls:
         new.rerun_duplicates = sorted(self._ids_in(tp, offset, rerun_through) & fold.seen)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
-        new.fold_generation = progress.fold_generation + 1
-        self.store.replace_fold(
-            tp,
-            None,
-            (progress.acked_through, progress.cursor_revision),
-            new,
-            fold.states,
-            expected_generation=progress.fold_generation,
-            exclude=refused,
-            readmit=readmitted,
-        )
+        refused = self._swap_fold(tp, None, progress, new, fold, why, readmitted)
         self._audit(
             "reprocess_from",
             tp,

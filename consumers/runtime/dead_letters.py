@@ -23,7 +23,8 @@ from typing import Any, Protocol, cast
 import orjson
 import redis
 
-from streams.envelopes import format_time
+from consumers.runtime.types import Record
+from streams.envelopes import Event, format_time
 from streams.errors import DeliveryFailed, FailedRecord
 from streams.producer import Producer
 
@@ -46,6 +47,19 @@ class Entry:
     event_id: str | None = None
     event_type: str | None = None
     project_id: str | None = None
+
+    @classmethod
+    def of(cls, record: Record, event: Event | None = None, *, offset: int | None = None) -> Entry:
+        """A record's entry: its bytes and headers as they were, and the event it decoded to."""
+        return cls(
+            offset=record.offset if offset is None else offset,
+            value=record.value,
+            key=record.key,
+            headers=list(record.headers),
+            event_id=event.event_id if event else None,
+            event_type=event.event_type if event else None,
+            project_id=event.project_id if event else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

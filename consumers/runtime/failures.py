@@ -150,18 +150,7 @@ class FailureMixin(RunnerBase):
             error_type=f"{type(error).__module__}.{type(error).__qualname__}",
             attempts=attempts,
             created_at=format_time(self.clock.now()),
-            entries=[
-                Entry(
-                    offset=self._origin_offset(r),
-                    value=r.value,
-                    key=r.key,
-                    headers=list(r.headers),
-                    event_id=e.event_id,
-                    event_type=e.event_type,
-                    project_id=e.project_id,
-                )
-                for r, e, _ in failed
-            ],
+            entries=[Entry.of(r, e, offset=self._origin_offset(r)) for r, e, _ in failed],
         )
 
     def _poison_letter(self, tp: TP, record: Record, error: EnvelopeError) -> DeadLetter:
@@ -177,12 +166,5 @@ class FailureMixin(RunnerBase):
             error_type=f"{type(error).__module__}.{type(error).__qualname__}",
             attempts=1,
             created_at=format_time(self.clock.now()),
-            entries=[
-                Entry(
-                    offset=self._origin_offset(record),
-                    value=record.value,
-                    key=record.key,
-                    headers=list(record.headers),
-                )
-            ],
+            entries=[Entry.of(record, offset=self._origin_offset(record))],
         )

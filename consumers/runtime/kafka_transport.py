@@ -400,25 +400,21 @@ class KafkaReader:
     def __init__(self, base: Mapping[str, Any]) -> None:
         self.base = base
 
-    def log_start(self, tp: TP) -> int:
+    def _watermarks(self, tp: TP) -> tuple[int, int]:
         consumer = assign_only_consumer(self.base, "reader")
         try:
-            low, _ = consumer.get_watermark_offsets(
+            low, high = consumer.get_watermark_offsets(
                 TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
             )
-            return int(low)
+            return int(low), int(high)
         finally:
             consumer.close()
 
+    def log_start(self, tp: TP) -> int:
+        return self._watermarks(tp)[0]
+
     def end(self, tp: TP) -> int:
-        consumer = assign_only_consumer(self.base, "reader")
-        try:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
-            )
-            return int(high)
-        finally:
-            consumer.close()
+        return self._watermarks(tp)[1]
 
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         if end < start:

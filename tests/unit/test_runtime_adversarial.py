@@ -268,8 +268,17 @@ def _operator_move(fleet: Fleet, action: tuple[Any, ...]) -> None:
         pass  # e.g. nothing to skip, or nothing arrived yet: refused, and that is fine
 
 
-def _out(world: World) -> list[dict[str, Any]]:
-    return world.out_records()
+def _played(plan: Plan) -> tuple[World, Fleet, dict[str, Event]]:
+    """The plan's log, read by a fleet through the plan's steps, then healed."""
+    note(repr(plan))
+    world = World()
+    events = _publish(world, plan)
+    fleet = Fleet(world)
+    fleet.start()
+    _run_steps(fleet, plan)
+    fleet.heal()
+    _check_healed(fleet)
+    return world, fleet, events
 
 
 def _dead_ids(world: World) -> dict[str, list[str]]:
@@ -323,16 +332,8 @@ def test_soak_every_effect_exactly_once_or_dead_lettered_in_project_order(plan: 
 
 
 def _check_exactly_once(plan: Plan) -> None:
-    note(repr(plan))
-    world = World()
-    events = _publish(world, plan)
-    fleet = Fleet(world)
-    fleet.start()
-    _run_steps(fleet, plan)
-    fleet.heal()
-    _check_healed(fleet)
-
-    out = _out(world)
+    world, _, events = _played(plan)
+    out = world.out_records()
     ids = [r["_id"] for r in out]
     assert len(ids) == len(set(ids)), "a Kafka effect reached read_committed readers twice"
     dead = _dead_ids(world)
@@ -397,16 +398,8 @@ def test_soak_operator_moves_never_double_never_lose_and_folds_agree(plan: Plan)
 
 
 def _check_moves(plan: Plan) -> None:
-    note(repr(plan))
-    world = World()
-    events = _publish(world, plan)
-    fleet = Fleet(world)
-    fleet.start()
-    _run_steps(fleet, plan)
-    fleet.heal()
-    _check_healed(fleet)
-
-    out = _out(world)
+    world, fleet, events = _played(plan)
+    out = world.out_records()
     ids = [r["_id"] for r in out]
     assert len(ids) == len(set(ids)), "one (event, revision) effect reached readers twice"
     dead = _dead_ids(world)
