@@ -11,7 +11,7 @@ second member join (taking one partition away) and leave again (giving it back).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
 import pytest
@@ -118,315 +118,285 @@ class TransportContract:
     def make_bench(self) -> Bench:
         raise NotImplementedError
 
-    def test_offsets_sent_in_a_transaction_come_back_with_their_marker(self) -> None:
-        bench = self.make_bench()
+    @pytest.fixture
+    def bench(self) -> Iterator[Bench]:
+        made = self.make_bench()
         try:
-            for n in range(3):
-                bench.append(0, b"v%d" % n)
-            member = bench.member()
-            drain(member, want=3)
-            tp = TP(bench.topic, 0)
-            output = bench.output()
-            output.begin()
-            output.produce(OutRecord(bench.out_topic, "k", b"x", "rid-landed"))
-            output.send_offsets({tp: 3}, member.group_metadata(), {tp: "rhumbatron.txn=7"})
-            output.commit()
-            got = member.committed([tp, TP(bench.topic, 1)])
-            assert got[tp] == Committed(3, "rhumbatron.txn=7")
-            assert parse_txn_marker(got[tp].metadata) == 7  # type: ignore[union-attr]
-            assert got[TP(bench.topic, 1)] is None
-            output.close()
-            member.close()
+            yield made
         finally:
-            bench.close()
+            made.close()
 
-    def test_an_aborted_transaction_leaves_neither_its_offsets_nor_its_records(self) -> None:
-        bench = self.make_bench()
-        try:
-            bench.append(0, b"v")
-            member = bench.member()
-            drain(member, want=1)
-            tp = TP(bench.topic, 0)
-            output = bench.output()
-            output.begin()
-            output.produce(OutRecord(bench.out_topic, "k", b"kept", "rid-kept"))
-            output.send_offsets({tp: 1}, member.group_metadata(), {tp: "rhumbatron.txn=1"})
-            output.commit()
-            output.begin()
-            output.produce(OutRecord(bench.out_topic, "k", b"gone", "rid-aborted"))
-            output.send_offsets({tp: 1}, member.group_metadata(), {tp: "rhumbatron.txn=2"})
-            output.abort()
-            assert member.committed([tp])[tp] == Committed(1, "rhumbatron.txn=1")
-            log = bench.output_log()
-            wanted = [
-                OutRecord(bench.out_topic, "k", b"", "rid-kept"),
-                OutRecord(bench.out_topic, "k", b"", "rid-aborted"),
-                OutRecord(bench.out_topic, "k", b"", "rid-never-sent"),
-            ]
-            assert log.find(wanted, since_ms=int(time.time() * 1000) - 60_000) == {"rid-kept"}
-            output.close()
-            member.close()
-        finally:
-            bench.close()
+    def test_offsets_sent_in_a_transaction_come_back_with_their_marker(self, bench: Bench) -> None:
+        for n in range(3):
+            bench.append(0, b"v%d" % n)
+        member = bench.member()
+        drain(member, want=3)
+        tp = TP(bench.topic, 0)
+        output = bench.output()
+        output.begin()
+        output.produce(OutRecord(bench.out_topic, "k", b"x", "rid-landed"))
+        output.send_offsets({tp: 3}, member.group_metadata(), {tp: "rhumbatron.txn=7"})
+        output.commit()
+        got = member.committed([tp, TP(bench.topic, 1)])
+        assert got[tp] == Committed(3, "rhumbatron.txn=7")
+        assert parse_txn_marker(got[tp].metadata) == 7  # type: ignore[union-attr]
+        assert got[TP(bench.topic, 1)] is None
+        output.close()
+        member.close()
 
-    def test_a_plain_offset_commit_carries_no_marker(self) -> None:
-        bench = self.make_bench()
-        try:
-            bench.append(1, b"v")
-            member = bench.member()
-            drain(member, want=1)
-            tp = TP(bench.topic, 1)
-            member.commit_offsets({tp: 1})
-            got = eventually(
-                lambda: member.committed([tp])[tp],
-                lambda c: c is not None,
-                "the plain commit",
-            )
-            assert got == Committed(1, "")
-            assert parse_txn_marker(got.metadata) is None
-            member.close()
-        finally:
-            bench.close()
+    def test_an_aborted_transaction_leaves_neither_its_offsets_nor_its_records(
+        self, bench: Bench
+    ) -> None:
+        bench.append(0, b"v")
+        member = bench.member()
+        drain(member, want=1)
+        tp = TP(bench.topic, 0)
+        output = bench.output()
+        output.begin()
+        output.produce(OutRecord(bench.out_topic, "k", b"kept", "rid-kept"))
+        output.send_offsets({tp: 1}, member.group_metadata(), {tp: "rhumbatron.txn=1"})
+        output.commit()
+        output.begin()
+        output.produce(OutRecord(bench.out_topic, "k", b"gone", "rid-aborted"))
+        output.send_offsets({tp: 1}, member.group_metadata(), {tp: "rhumbatron.txn=2"})
+        output.abort()
+        assert member.committed([tp])[tp] == Committed(1, "rhumbatron.txn=1")
+        log = bench.output_log()
+        wanted = [
+            OutRecord(bench.out_topic, "k", b"", "rid-kept"),
+            OutRecord(bench.out_topic, "k", b"", "rid-aborted"),
+            OutRecord(bench.out_topic, "k", b"", "rid-never-sent"),
+        ]
+        assert log.find(wanted, since_ms=int(time.time() * 1000) - 60_000) == {"rid-kept"}
+        output.close()
+        member.close()
+
+    def test_a_plain_offset_commit_carries_no_marker(self, bench: Bench) -> None:
+        bench.append(1, b"v")
+        member = bench.member()
+        drain(member, want=1)
+        tp = TP(bench.topic, 1)
+        member.commit_offsets({tp: 1})
+        got = eventually(
+            lambda: member.committed([tp])[tp],
+            lambda c: c is not None,
+            "the plain commit",
+        )
+        assert got == Committed(1, "")
+        assert parse_txn_marker(got.metadata) is None
+        member.close()
 
     def test_on_assign_none_or_omitted_starts_at_the_committed_offset_else_the_beginning(
-        self,
+        self, bench: Bench
     ) -> None:
-        bench = self.make_bench()
-        try:
-            tp0 = TP(bench.topic, 0)
-            for n in range(3):
-                bench.append(0, b"a%d" % n)
-                bench.append(1, b"b%d" % n)
-            earlier = bench.member()
-            commit_and_wait(earlier, {tp0: 2})
-            earlier.close()
-            member = bench.join(lambda tps: {tp0: None}, ignore)  # tp1 omitted
-            got = by_partition(drain(member, want=4))
-            assert got == {0: [2], 1: [0, 1, 2]}, got
-            member.close()
-        finally:
-            bench.close()
+        tp0 = TP(bench.topic, 0)
+        for n in range(3):
+            bench.append(0, b"a%d" % n)
+            bench.append(1, b"b%d" % n)
+        earlier = bench.member()
+        commit_and_wait(earlier, {tp0: 2})
+        earlier.close()
+        member = bench.join(lambda tps: {tp0: None}, ignore)  # tp1 omitted
+        got = by_partition(drain(member, want=4))
+        assert got == {0: [2], 1: [0, 1, 2]}, got
+        member.close()
 
-    def test_an_offset_from_on_assign_wins_over_the_committed_one(self) -> None:
-        bench = self.make_bench()
-        try:
-            tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
-            for n in range(3):
-                bench.append(0, b"a%d" % n)
-                bench.append(1, b"b%d" % n)
-            earlier = bench.member()
-            commit_and_wait(earlier, {tp0: 2})
-            earlier.close()
-            member = bench.join(lambda tps: {tp0: 1, tp1: 2}, ignore)
-            got = by_partition(drain(member, want=3))
-            assert got == {0: [1, 2], 1: [2]}, got
-            member.close()
-        finally:
-            bench.close()
+    def test_an_offset_from_on_assign_wins_over_the_committed_one(self, bench: Bench) -> None:
+        tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
+        for n in range(3):
+            bench.append(0, b"a%d" % n)
+            bench.append(1, b"b%d" % n)
+        earlier = bench.member()
+        commit_and_wait(earlier, {tp0: 2})
+        earlier.close()
+        member = bench.join(lambda tps: {tp0: 1, tp1: 2}, ignore)
+        got = by_partition(drain(member, want=3))
+        assert got == {0: [1, 2], 1: [2]}, got
+        member.close()
 
-    def test_log_start_moves_with_retention_and_a_new_member_starts_there(self) -> None:
-        bench = self.make_bench()
-        try:
-            tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
-            for n in range(4):
-                bench.append(0, b"a%d" % n)
-            bench.append(1, b"b")
-            probe = bench.join(no_rebalance, ignore)
-            assert probe.log_start(tp0) == 0 and probe.log_start(tp1) == 0
-            probe.close()
-            bench.delete_before(0, 2)
-            member = bench.join(no_rebalance, ignore)
-            got = by_partition(drain(member, want=3))
-            assert got == {0: [2, 3], 1: [0]}, got
-            assert member.log_start(tp0) == 2 and member.log_start(tp1) == 0
-            member.close()
-        finally:
-            bench.close()
+    def test_log_start_moves_with_retention_and_a_new_member_starts_there(
+        self, bench: Bench
+    ) -> None:
+        tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
+        for n in range(4):
+            bench.append(0, b"a%d" % n)
+        bench.append(1, b"b")
+        probe = bench.join(no_rebalance, ignore)
+        assert probe.log_start(tp0) == 0 and probe.log_start(tp1) == 0
+        probe.close()
+        bench.delete_before(0, 2)
+        member = bench.join(no_rebalance, ignore)
+        got = by_partition(drain(member, want=3))
+        assert got == {0: [2, 3], 1: [0]}, got
+        assert member.log_start(tp0) == 2 and member.log_start(tp1) == 0
+        member.close()
 
-    def test_high_watermark_cached_and_asked(self) -> None:
-        bench = self.make_bench()
-        try:
-            tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
-            for n in range(3):
-                bench.append(0, b"a%d" % n)
-            member = bench.member()
-            assert member.high_watermark(tp0, cached=False) == 3
-            assert member.high_watermark(tp1, cached=False) == 0
-            # From the last fetch: unknown (-1) or behind, never ahead of the log.
-            assert -1 <= member.high_watermark(tp0) <= 3
-            drain(member, want=3)
-            eventually(
-                lambda: (member.poll(100, 0.1), member.high_watermark(tp0))[1],
-                lambda high: high == 3,
-                "the cached end after reading to it",
-            )
-            bench.append(0, b"a3")
-            assert member.high_watermark(tp0, cached=False) == 4
-            assert -1 <= member.high_watermark(tp0) <= 4
-            member.close()
-        finally:
-            bench.close()
+    def test_high_watermark_cached_and_asked(self, bench: Bench) -> None:
+        tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
+        for n in range(3):
+            bench.append(0, b"a%d" % n)
+        member = bench.member()
+        assert member.high_watermark(tp0, cached=False) == 3
+        assert member.high_watermark(tp1, cached=False) == 0
+        # From the last fetch: unknown (-1) or behind, never ahead of the log.
+        assert -1 <= member.high_watermark(tp0) <= 3
+        drain(member, want=3)
+        eventually(
+            lambda: (member.poll(100, 0.1), member.high_watermark(tp0))[1],
+            lambda high: high == 3,
+            "the cached end after reading to it",
+        )
+        bench.append(0, b"a3")
+        assert member.high_watermark(tp0, cached=False) == 4
+        assert -1 <= member.high_watermark(tp0) <= 4
+        member.close()
 
-    def test_a_seek_moves_the_position_and_drops_what_was_fetched_before_it(self) -> None:
-        bench = self.make_bench()
-        try:
-            tp0 = TP(bench.topic, 0)
-            for n in range(6):
-                bench.append(0, b"a%d" % n)
-            member = bench.member()
-            first = eventually(lambda: member.poll(1, 0.2), bool, "the first record")
-            assert [r.offset for r in first] == [0]
-            member.seek(tp0, 4)  # later: 1..3, fetched already, must not come
-            assert by_partition(drain(member, want=2)) == {0: [4, 5]}
-            member.seek(tp0, 1)  # earlier: read again
-            assert by_partition(drain(member, want=5)) == {0: [1, 2, 3, 4, 5]}
-            assert member.poll(100, 0.5) == []
-            member.close()
-        finally:
-            bench.close()
+    def test_a_seek_moves_the_position_and_drops_what_was_fetched_before_it(
+        self, bench: Bench
+    ) -> None:
+        tp0 = TP(bench.topic, 0)
+        for n in range(6):
+            bench.append(0, b"a%d" % n)
+        member = bench.member()
+        first = eventually(lambda: member.poll(1, 0.2), bool, "the first record")
+        assert [r.offset for r in first] == [0]
+        member.seek(tp0, 4)  # later: 1..3, fetched already, must not come
+        assert by_partition(drain(member, want=2)) == {0: [4, 5]}
+        member.seek(tp0, 1)  # earlier: read again
+        assert by_partition(drain(member, want=5)) == {0: [1, 2, 3, 4, 5]}
+        assert member.poll(100, 0.5) == []
+        member.close()
 
-    def test_caught_up_is_what_the_polls_have_seen_of_the_end(self) -> None:
-        bench = self.make_bench()
-        try:
-            tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
-            for n in range(3):
-                bench.append(0, b"a%d" % n)
-            member = bench.member()
-            assert not member.caught_up([tp0])
-            eventually(lambda: member.poll(1, 0.2), bool, "the first record")
-            assert not member.caught_up([tp0])
-            drain(member, want=2)
-            eventually(
-                lambda: (member.poll(100, 0.1), member.caught_up([tp0, tp1]))[1],
-                bool,
-                "caught up after reading to the end",
-            )
-            bench.append(0, b"a3")
-            bench.append(0, b"a4")
-            # librdkafka learns of new records from fetches, which only a poll hands over.
-            assert member.caught_up([tp0]), "caught_up changed without a poll"
-            got = eventually(lambda: member.poll(1, 0.2), bool, "a new record")
-            assert [r.offset for r in got] == [3]
-            assert not member.caught_up([tp0]) and member.caught_up([tp1])
-            eventually(
-                lambda: (member.poll(100, 0.1), member.caught_up([tp0]))[1],
-                bool,
-                "caught up again",
-            )
-            member.seek(tp0, 1)
-            assert not member.caught_up([tp0])
-            drain(member, want=4)
-            eventually(
-                lambda: (member.poll(100, 0.1), member.caught_up([tp0]))[1],
-                bool,
-                "caught up after the seek back",
-            )
-            member.close()
-        finally:
-            bench.close()
+    def test_caught_up_is_what_the_polls_have_seen_of_the_end(self, bench: Bench) -> None:
+        tp0, tp1 = TP(bench.topic, 0), TP(bench.topic, 1)
+        for n in range(3):
+            bench.append(0, b"a%d" % n)
+        member = bench.member()
+        assert not member.caught_up([tp0])
+        eventually(lambda: member.poll(1, 0.2), bool, "the first record")
+        assert not member.caught_up([tp0])
+        drain(member, want=2)
+        eventually(
+            lambda: (member.poll(100, 0.1), member.caught_up([tp0, tp1]))[1],
+            bool,
+            "caught up after reading to the end",
+        )
+        bench.append(0, b"a3")
+        bench.append(0, b"a4")
+        # librdkafka learns of new records from fetches, which only a poll hands over.
+        assert member.caught_up([tp0]), "caught_up changed without a poll"
+        got = eventually(lambda: member.poll(1, 0.2), bool, "a new record")
+        assert [r.offset for r in got] == [3]
+        assert not member.caught_up([tp0]) and member.caught_up([tp1])
+        eventually(
+            lambda: (member.poll(100, 0.1), member.caught_up([tp0]))[1],
+            bool,
+            "caught up again",
+        )
+        member.seek(tp0, 1)
+        assert not member.caught_up([tp0])
+        drain(member, want=4)
+        eventually(
+            lambda: (member.poll(100, 0.1), member.caught_up([tp0]))[1],
+            bool,
+            "caught up after the seek back",
+        )
+        member.close()
 
     def test_rebalance_callbacks_run_inside_poll_and_a_reassigned_partition_fetches_again(
-        self,
+        self, bench: Bench
     ) -> None:
-        bench = self.make_bench()
-        try:
-            tps = {TP(bench.topic, 0), TP(bench.topic, 1)}
-            for n in range(2):
-                bench.append(0, b"a%d" % n)
-                bench.append(1, b"b%d" % n)
-            polling = False
-            # (callback, its partitions, the member's assignment then, inside poll?)
-            calls: list[tuple[str, set[TP], set[TP], bool]] = []
+        tps = {TP(bench.topic, 0), TP(bench.topic, 1)}
+        for n in range(2):
+            bench.append(0, b"a%d" % n)
+            bench.append(1, b"b%d" % n)
+        polling = False
+        # (callback, its partitions, the member's assignment then, inside poll?)
+        calls: list[tuple[str, set[TP], set[TP], bool]] = []
 
-            def on_assign(got: list[TP]) -> Mapping[TP, int | None]:
-                calls.append(("assign", set(got), member.assignment(), polling))
-                return {}
+        def on_assign(got: list[TP]) -> Mapping[TP, int | None]:
+            calls.append(("assign", set(got), member.assignment(), polling))
+            return {}
 
-            def on_revoke(gone: list[TP]) -> None:
-                calls.append(("revoke", set(gone), member.assignment(), polling))
+        def on_revoke(gone: list[TP]) -> None:
+            calls.append(("revoke", set(gone), member.assignment(), polling))
 
-            read: list[Record] = []
+        read: list[Record] = []
 
-            def step() -> None:
-                nonlocal polling
-                polling = True
-                try:
-                    read.extend(member.poll(100, 0.2))
-                finally:
-                    polling = False
+        def step() -> None:
+            nonlocal polling
+            polling = True
+            try:
+                read.extend(member.poll(100, 0.2))
+            finally:
+                polling = False
 
-            def read_on() -> int:
-                step()
-                return len(read)
+        def read_on() -> int:
+            step()
+            return len(read)
 
-            member = bench.join(on_assign, on_revoke)
-            assert calls == [] and member.assignment() == set()
-            eventually(read_on, lambda n: n >= 4, "the first reads")
-            assert member.assignment() == tps
-            assert calls == [("assign", tps, set(), True)], calls
-            member.pause(tps)
-            calls.clear()
+        member = bench.join(on_assign, on_revoke)
+        assert calls == [] and member.assignment() == set()
+        eventually(read_on, lambda n: n >= 4, "the first reads")
+        assert member.assignment() == tps
+        assert calls == [("assign", tps, set(), True)], calls
+        member.pause(tps)
+        calls.clear()
 
-            second = bench.take_one(member, step)
-            (stayed,) = member.assignment()
-            (moved,) = tps - {stayed}
-            assert second.assignment() == {moved}
-            # The revoke callback runs before the partition goes: the member still owns it.
-            assert calls == [("revoke", {moved}, tps, True)], calls
-            # Offsets of a partition no longer owned are not committed.
-            member.commit_offsets({moved: 1, stayed: 2})
-            committed = eventually(
-                lambda: member.committed(tps),
-                lambda c: c[stayed] is not None,
-                "the commit of the partition kept",
-            )
-            assert committed == {stayed: Committed(2, ""), moved: None}, committed
-            calls.clear()
+        second = bench.take_one(member, step)
+        (stayed,) = member.assignment()
+        (moved,) = tps - {stayed}
+        assert second.assignment() == {moved}
+        # The revoke callback runs before the partition goes: the member still owns it.
+        assert calls == [("revoke", {moved}, tps, True)], calls
+        # Offsets of a partition no longer owned are not committed.
+        member.commit_offsets({moved: 1, stayed: 2})
+        committed = eventually(
+            lambda: member.committed(tps),
+            lambda c: c[stayed] is not None,
+            "the commit of the partition kept",
+        )
+        assert committed == {stayed: Committed(2, ""), moved: None}, committed
+        calls.clear()
 
-            read.clear()
-            bench.leave(second, member, step)
-            assert calls == [("assign", {moved}, {stayed}, True)], calls
-            # Paused before it went, the moved partition fetches again (from the beginning:
-            # nothing committed); the kept one is still paused.
-            eventually(read_on, lambda n: n >= 2, "records of the partition given back")
-            assert by_partition(read) == {moved.partition: [0, 1]}, read
-            member.resume([stayed])
-            bench.append(stayed.partition, b"new")
-            assert by_partition(drain(member, want=1)) == {stayed.partition: [2]}
-            # Closing gives everything up: the revoke callback runs inside close, first.
-            calls.clear()
-            member.close()
-            assert calls == [("revoke", tps, tps, False)], calls
-        finally:
-            bench.close()
+        read.clear()
+        bench.leave(second, member, step)
+        assert calls == [("assign", {moved}, {stayed}, True)], calls
+        # Paused before it went, the moved partition fetches again (from the beginning:
+        # nothing committed); the kept one is still paused.
+        eventually(read_on, lambda n: n >= 2, "records of the partition given back")
+        assert by_partition(read) == {moved.partition: [0, 1]}, read
+        member.resume([stayed])
+        bench.append(stayed.partition, b"new")
+        assert by_partition(drain(member, want=1)) == {stayed.partition: [2]}
+        # Closing gives everything up: the revoke callback runs inside close, first.
+        calls.clear()
+        member.close()
+        assert calls == [("revoke", tps, tps, False)], calls
 
     def test_group_metadata_from_before_a_rebalance_is_refused_and_fresh_metadata_works(
-        self,
+        self, bench: Bench
     ) -> None:
-        bench = self.make_bench()
-        try:
-            bench.append(0, b"a")
-            bench.append(1, b"b")
-            member = bench.member()
-            drain(member, want=2)
-            stale = member.group_metadata()
-            second = bench.take_one(member, lambda: drain_quietly(member))
-            (stayed,) = member.assignment()
-            output = bench.output()
-            output.begin()
-            output.produce(OutRecord(bench.out_topic, "k", b"x", "rid-stale"))
-            # A zombie's offsets: the coordinator fences a generation that moved on.
-            with pytest.raises(TransactionFailed) as refused:
-                output.send_offsets({stayed: 1}, stale, {stayed: "rhumbatron.txn=1"})
-                output.commit()
-            assert refused.value.abortable
-            output.abort()
-            output.begin()
-            output.send_offsets({stayed: 1}, member.group_metadata())  # no metadata: ""
+        bench.append(0, b"a")
+        bench.append(1, b"b")
+        member = bench.member()
+        drain(member, want=2)
+        stale = member.group_metadata()
+        second = bench.take_one(member, lambda: drain_quietly(member))
+        (stayed,) = member.assignment()
+        output = bench.output()
+        output.begin()
+        output.produce(OutRecord(bench.out_topic, "k", b"x", "rid-stale"))
+        # A zombie's offsets: the coordinator fences a generation that moved on.
+        with pytest.raises(TransactionFailed) as refused:
+            output.send_offsets({stayed: 1}, stale, {stayed: "rhumbatron.txn=1"})
             output.commit()
-            assert member.committed([stayed]) == {stayed: Committed(1, "")}
-            output.close()
-            second.close()
-            member.close()
-        finally:
-            bench.close()
+        assert refused.value.abortable
+        output.abort()
+        output.begin()
+        output.send_offsets({stayed: 1}, member.group_metadata())  # no metadata: ""
+        output.commit()
+        assert member.committed([stayed]) == {stayed: Committed(1, "")}
+        output.close()
+        second.close()
+        member.close()
