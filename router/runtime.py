@@ -53,6 +53,7 @@ def policy(settings: Settings, slug: str) -> RuntimePolicy:
         max_envelope_bytes=settings.max_envelope_bytes,
         on_failure=on_failure,
         control_check_interval_s=settings.control_check_interval_s,
+        output_search_margin_ms=int(settings.recovery_search_margin_s * 1000),
         streams=tuple(settings.topology.stream_names()),
         partitions_per_stream=settings.partitions,
     )

@@ -126,6 +126,12 @@ class Settings(BaseSettings):
     # transaction's commit at 30 s), so only a truly stalled worker loses its slot.
     worker_slot_ttl_s: int = 60
     transaction_timeout_ms: int = 30_000
+    recovery_search_margin_s: float = Field(
+        60.0,
+        ge=0,
+        description="when a pending copy's transaction marker is gone, how far before the "
+        "copy's store time recovery reads its output topics (clock skew between hosts)",
+    )
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
     failure_policies: dict[str, str] = Field(default_factory=dict)
 
