@@ -470,3 +470,24 @@ def test_skip_through_leaves_events_applied_past_a_held_one_in_the_fold() -> Non
     progress = world.store.load(tp)
     assert controls.fold(tp, progress, progress.acked_through).states == world.store.all_states(tp)
     assert world.states()[y] == {"count": 1, "seen": [1]}
+
+
+def test_a_second_reprocess_before_the_first_caught_up_keeps_its_duplicates() -> None:
+    # Found by the soak: Plan(order=[alpha 1, alpha 1, beta 1..4, delta 1], steps=[run...,
+    # reprocess from 1, reprocess from 1 again]) applied alpha 1's copy a second time.
+    world = World()
+    x, y, tp = _two_projects(world)
+    first = event(x, 1)
+    world.publish(first)
+    world.publish(first)  # a copy right behind
+    for n in range(1, 4):
+        world.publish(event(y, n))
+    runner = world.runner(Counter())
+    world.drain(runner)
+    controls = world.controls(Counter())
+    controls.reprocess_from(tp, 1, 0, who="oncall", why="rerun")
+    controls.reprocess_from(tp, 1, 1, who="oncall", why="rerun again, before it caught up")
+    world.drain(runner)
+    assert world.states()[x] == {"count": 1, "seen": [1]}
+    progress = world.store.load(tp)
+    assert world.store.all_states(tp) == controls.fold(tp, progress, progress.acked_through).states
