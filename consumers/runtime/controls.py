@@ -328,9 +328,10 @@ class Controls:
         fold = self.fold(tp, new, offset - 1)
         # The live path claims at the new revision; events folded above whose copies it will
         # meet again in the re-run range are duplicates, as the fold (by id) takes them.
-        rerun_through = max([progress.acked_through, *progress.applied_beyond])
-        new.rerun_through = max(rerun_through, progress.rerun_through)
-        new.rerun_duplicates = sorted(self._ids_in(tp, offset, rerun_through) & fold.seen)
+        # (A reprocess of a reprocess not yet caught up keeps the earlier, longer range.)
+        reached = max([progress.acked_through, *progress.applied_beyond])
+        new.rerun_through = max(reached, progress.rerun_through)
+        new.rerun_duplicates = sorted(self._ids_in(tp, offset, new.rerun_through) & fold.seen)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
         refused = self._swap_fold(tp, None, progress, new, fold, why, readmitted)
