@@ -6,7 +6,7 @@ the invariants are checked against an independent record kept by the test itself
 
 ``RHUMBATRON_PROPERTY_EXAMPLES`` sets how many examples each property runs in `make test`
 (default 30); the ``slow`` soak variants, run by `make test-slow`, run
-``RHUMBATRON_SOAK_EXAMPLES`` (default 400).
+``RHUMBATRON_SOAK_EXAMPLES`` (default 5,000).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from streams.envelopes import Event
 from tests.runtime_harness import Crash, FlakyEffects, World, event
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
-SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "400"))
+SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "5000"))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=HEALTH)
 SOAK = settings(max_examples=SOAK_EXAMPLES, deadline=None, suppress_health_check=HEALTH)
