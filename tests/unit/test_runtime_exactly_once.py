@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -491,3 +492,36 @@ def test_a_second_reprocess_before_the_first_caught_up_keeps_its_duplicates() ->
     assert world.states()[x] == {"count": 1, "seen": [1]}
     progress = world.store.load(tp)
     assert world.store.all_states(tp) == controls.fold(tp, progress, progress.acked_through).states
+
+
+class SideEffects(Counter):
+    """Acts on the world itself in process() (as the router writes its outbox), after asking
+    whether it still owns the partition; a test hook runs before the second event."""
+
+    acted: ClassVar[list[int]] = []
+    before_second: ClassVar[Callable[[], None]] = staticmethod(lambda: None)
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
+        if event.payload["n"] == 2:
+            type(self).before_second()
+        delivery.check_owner()
+        self.acted.append(int(event.payload["n"]))
+        return super().process(event, state, delivery)
+
+
+def test_an_owner_frozen_mid_batch_asks_again_before_acting_when_it_wakes() -> None:
+    world = World()
+    x, _, tp = _two_projects(world)
+    for n in range(1, 4):
+        world.publish(event(x, n))
+    runner = world.runner(SideEffects(), control_check_interval_s=5.0)
+
+    def frozen_past_its_session() -> None:
+        world.store.acquire(tp)  # the group moved on while this process was stopped
+        world.clock.advance(30)
+
+    SideEffects.acted = []
+    SideEffects.before_second = staticmethod(frozen_past_its_session)
+    runner.run_once(timeout=0)
+    assert SideEffects.acted == [1], "a process that lost the partition acted after waking"
+    assert tp not in runner.parts and runner.stats.fenced == 1
