@@ -249,6 +249,24 @@ class RedisStore:
             found.update(e for e, hit in zip(event_ids, answers, strict=True) if hit)
         return found
 
+    def decisions(
+        self, tp: TP, revision: int, event_ids: Sequence[str]
+    ) -> tuple[set[str], set[str]]:
+        if not event_ids:
+            return set(), set()
+        members = [claim_member(e, revision) for e in event_ids]
+        members += [claim_member(e, revision, dead=True) for e in event_ids]
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in self._bucket_keys(tp):
+            pipe.smismember(bucket, members)
+        applied: set[str] = set()
+        dead: set[str] = set()
+        n = len(event_ids)
+        for answers in pipe.execute():
+            applied.update(e for e, hit in zip(event_ids, answers[:n], strict=True) if hit)
+            dead.update(e for e, hit in zip(event_ids, answers[n:], strict=True) if hit)
+        return applied, dead
+
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         projects = list(projects)
         if not projects:

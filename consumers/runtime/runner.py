@@ -484,9 +484,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         takes once."""
         revision = progress.cursor_revision
         ids = [e.event_id for _, e in candidates]
-        applied = self.store.claimed(part.tp, revision, ids)
-        rest = [e for e in ids if e not in applied]
-        claimed = applied | self.store.claimed(part.tp, revision, rest, dead=True)
+        applied, dead_lettered = self.store.decisions(part.tp, revision, ids)
+        claimed = applied | dead_lettered
         stale: set[int] = set()
         if revision == 0:
             return applied, claimed, stale

@@ -93,6 +93,12 @@ class Store(Protocol):
         """Which of these events are already claimed at this cursor revision (``dead``: which
         were dead-lettered at it)."""
 
+    def decisions(
+        self, tp: TP, revision: int, event_ids: Sequence[str]
+    ) -> tuple[set[str], set[str]]:
+        """(applied, dead-lettered) among these events at this revision, in one lookup: the
+        live path asks it for every batch."""
+
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]: ...
 
     def all_states(self, tp: TP) -> dict[str, JSON]: ...
@@ -256,6 +262,13 @@ class MemoryStore:
             have = self._claims.get(tp, set())
             member = f"{revision}d" if dead else revision
             return {e for e in event_ids if (e, member) in have}
+
+    def decisions(
+        self, tp: TP, revision: int, event_ids: Sequence[str]
+    ) -> tuple[set[str], set[str]]:
+        return self.claimed(tp, revision, event_ids), self.claimed(
+            tp, revision, event_ids, dead=True
+        )
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         with self._lock:

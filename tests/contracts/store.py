@@ -238,12 +238,17 @@ class StoreContract:
         store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), dead_claims=[EVT]))
         assert store.claimed(TPX, 0, [EVT, EVT2], dead=True) == {EVT}
         assert store.claimed(TPX, 0, [EVT, EVT2]) == set()
+        assert store.decisions(TPX, 0, [EVT, EVT2]) == (set(), {EVT})
+        assert store.decisions(TPX, 0, []) == (set(), set())
         with pytest.raises(CursorMoved):  # the same dead claim twice means someone raced us
             store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), dead_claims=[EVT]))
         moved = Progress(acked_through=3, cursor_revision=1)
         store.replace_fold(TPX, None, (0, 0), moved, None, dead_claims=[EVT2])
         assert store.claimed(TPX, 1, [EVT, EVT2], dead=True) == {EVT2}
         assert store.claimed(TPX, 0, [EVT2], dead=True) == set()
+        applied = Progress(acked_through=4, cursor_revision=1)
+        store.commit(Commit(TPX, epoch, 3, 1, applied, claims=[EVT]))
+        assert store.decisions(TPX, 1, [EVT, EVT2]) == ({EVT}, {EVT2})
 
     def test_excluded_offsets_are_kept_per_partition_by_commits_and_fold_swaps(self) -> None:
         store = self.make_store()
