@@ -35,7 +35,7 @@ test-slow: up
 	$(PY) -m pytest -q -n 2 -m slow
 
 unit: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -m "not integration and not chaos and not slow"
 
 check: venv
 	.venv/bin/ruff format --check .

@@ -21,10 +21,10 @@ import orjson
 
 from bench.harness import BenchEnv, case
 from bench.runtime_cases import _published
-from consumers.subscriptions.analytics import METRIC_NAMES
-from router.analytics_cli import count_points, fetch_view
-from router.runtime import open_subscription
+from consumers.subscriptions.analytics.projector import METRIC_NAMES
 from router.settings import Settings
+from router.wiring.analytics import count_points, fetch_view
+from router.wiring.subscription import open_subscription
 from streams.admin import admin_client, provision
 from streams.envelopes import format_time
 from streams.errors import Unreachable

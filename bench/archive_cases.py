@@ -8,9 +8,9 @@ from pathlib import Path
 
 from bench.harness import BenchEnv, case
 from bench.runtime_cases import _published
-from router.archive import count_parts
-from router.runtime import open_subscription
 from router.settings import Settings
+from router.wiring.archive import count_parts
+from router.wiring.subscription import open_subscription
 
 
 @case(

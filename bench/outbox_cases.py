@@ -17,10 +17,10 @@ from pathlib import Path
 
 from bench import raw
 from bench.harness import BenchEnv, case
-from router.outbox_cli import build_publisher, open_outbox, publisher_policy, write_workload
+from router.wiring.outbox import build_publisher, open_outbox, publisher_policy
 from streams.admin import admin_client, provision
 from streams.outbox.states import Ordering
-from streams.workload import workload
+from streams.workload import workload, write_workload
 
 PROJECTS = 100  # with the default 50,000 events: 500 rows a project, so 500/pass can show
 RAW = "outbox: raw producer, same rows"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from bench.harness import BenchEnv, case
 from bench.runtime_cases import _published
 from consumers.redis_conn import connect
-from consumers.subscriptions.projector_view import count_views
-from router.runtime import open_subscription
+from consumers.subscriptions.projector.view import count_views
+from router.wiring.subscription import open_subscription
 
 
 @case(

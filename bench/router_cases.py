@@ -6,8 +6,8 @@ from __future__ import annotations
 from bench.harness import BenchEnv, case
 from bench.runtime_cases import _published
 from consumers.redis_conn import connect
-from consumers.subscriptions.causal_router import read_router_metrics
-from router.runtime import open_subscription
+from consumers.subscriptions.causal_router.processor import read_router_metrics
+from router.wiring.subscription import open_subscription
 
 
 @case(

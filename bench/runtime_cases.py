@@ -8,8 +8,8 @@ import uuid
 from bench import raw
 from bench.harness import BenchEnv, case
 from consumers.redis_conn import connect
-from router.runtime import open_subscription
 from router.settings import Settings
+from router.wiring.subscription import open_subscription
 from streams.admin import admin_client, provision
 from streams.producer import Producer, send_to_streams
 from streams.workload import slotted_events, workload

@@ -14,9 +14,9 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from bench import raw
 from bench.harness import BenchEnv, case
 from router.settings import QueuePolicy, Settings
+from router.wiring.workers import open_worker, provision_queues
 from router.workers.drills import FlakyHandler, OkHandler
 from router.workers.model import QueueHandler
-from router.workers.wiring import open_worker, provision_queues
 from streams.admin import admin_client
 from streams.envelopes import Command, build
 from streams.producer import Producer

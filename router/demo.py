@@ -33,17 +33,17 @@ from confluent_kafka import Message
 
 from consumers.kafka_consumer import drain
 from consumers.redis_conn import connect
-from consumers.subscriptions.projector_view import count_views
-from router.causal_router import router_outbox_path
-from router.outbox_cli import build_publisher, open_outbox, write_workload
+from consumers.subscriptions.projector.view import count_views
 from router.settings import QueuePolicy, Settings
+from router.wiring.causal import router_outbox_path
+from router.wiring.outbox import build_publisher, open_outbox
 from streams.admin import admin_client, provision
-from streams.envelopes import Command, Event, build, encode
+from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import EnvelopeError
 from streams.outbox.store import RowState
 from streams.producer import Producer
 from streams.topology import group_id, queue_name
-from streams.workload import Draft, workload
+from streams.workload import workload, write_workload
 
 SUBSCRIPTIONS = (
     "project-view-projector",
@@ -284,11 +284,11 @@ def run_all(settings: Settings, commands: list[list[str]]) -> list[tuple[int, st
 
 
 def print_figures(settings: Settings) -> None:
-    from router.analytics_cli import count_points
-    from router.archive import archived_events, count_parts
-    from router.causal_queues import commands_by_type
-    from router.runtime import dead_letters
-    from router.workers.wiring import worker_figures
+    from router.operator.queues import commands_by_type
+    from router.wiring.analytics import count_points
+    from router.wiring.archive import archived_events, count_parts
+    from router.wiring.subscription import dead_letters
+    from router.wiring.workers import worker_figures
 
     client = connect(settings.redis_url, timeout=settings.connect_timeout_s)
     letters = dead_letters(settings, client).list()

@@ -10,6 +10,7 @@ the value found there; an oversized envelope raises :class:`~streams.errors.Enve
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -184,3 +185,35 @@ def decode_event(data: bytes | str | None, *, max_bytes: int) -> Event:
 
 def decode_command(data: bytes | str | None, *, max_bytes: int) -> Command:
     return decode(Command, data, max_bytes=max_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """An event before the outbox gives it a slot and a time: what a writer appends."""
+
+    event_id: str
+    event_type: str
+    project_id: str
+    change_id: str | None
+    task_id: str | None
+    actor: str
+    payload: dict[str, object]
+    canonical_generation: int | None = None
+    resource: str | None = None
+
+    def to_event(self, *, tenant_id: str, timestamp: datetime, slot: int | None) -> Event:
+        return build(
+            Event,
+            event_id=self.event_id,
+            event_type=self.event_type,
+            tenant_id=tenant_id,
+            project_id=self.project_id,
+            change_id=self.change_id,
+            task_id=self.task_id,
+            actor=self.actor,
+            resource=self.resource,
+            canonical_generation=self.canonical_generation,
+            timestamp=timestamp,
+            payload=self.payload,
+            slot=slot,
+        )

@@ -74,7 +74,7 @@ def classify(error: KafkaError) -> Fault:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class DeliveryReport:
     """What a delivery callback receives: where the record landed, or why it did not."""
 
     topic: str
@@ -97,7 +97,7 @@ class Delivery:
         return f"{self.error.name()}: {self.error.str()}"
 
 
-DeliveryCallback = Callable[[Delivery], None]
+DeliveryCallback = Callable[[DeliveryReport], None]
 
 
 def event_headers(event: Event) -> Headers:
@@ -199,7 +199,7 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         def report(err: KafkaError | None, msg: Any) -> None:
-            delivery = Delivery(
+            delivery = DeliveryReport(
                 topic=msg.topic() if msg is not None else topic,
                 partition=msg.partition() if msg is not None else -1,
                 offset=msg.offset() if msg is not None and err is None else -1,
@@ -239,7 +239,7 @@ class Producer:
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 if on_delivery is not None:
-                    on_delivery(Delivery(topic, -1, -1, key, error))
+                    on_delivery(DeliveryReport(topic, -1, -1, key, error))
                     return
                 raise DeliveryFailed(
                     [FailedRecord(topic, key, error.str(), error.retriable(), error.fatal())]

@@ -9,46 +9,20 @@ given ``run`` so a test can rebuild the expectation.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from streams.envelopes import Event, build
+from streams.envelopes import Draft, Event
 from streams.ids import stable_event_id
+from streams.outbox.store import OutboxStore
+
+TENANT = "tenant-demo"
 
 TASKS_PER_CHANGE = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """An event before the outbox gives it a slot and a time: what a writer appends."""
-
-    event_id: str
-    event_type: str
-    project_id: str
-    change_id: str | None
-    task_id: str | None
-    actor: str
-    payload: dict[str, object]
-    canonical_generation: int | None = None
-    resource: str | None = None
-
-    def to_event(self, *, tenant_id: str, timestamp: datetime, slot: int | None) -> Event:
-        return build(
-            Event,
-            event_id=self.event_id,
-            event_type=self.event_type,
-            tenant_id=tenant_id,
-            project_id=self.project_id,
-            change_id=self.change_id,
-            task_id=self.task_id,
-            actor=self.actor,
-            resource=self.resource,
-            canonical_generation=self.canonical_generation,
-            timestamp=timestamp,
-            payload=self.payload,
-            slot=slot,
-        )
 
 
 def project_ids(run: str, projects: int) -> list[str]:
@@ -188,3 +162,85 @@ def slotted_events(
             )
         )
     return out
+
+
+# -- the synthetic workload written through an outbox ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WriteReport:
+    writers: int
+    writes: int  # transactions committed
+    events: int  # events appended
+    duplicates: int
+    seconds: float
+
+
+WRITER_TABLE = (
+    "CREATE TABLE IF NOT EXISTS synthetic_writer_state (writer TEXT NOT NULL, "
+    "project_id TEXT NOT NULL, last_slot INTEGER NOT NULL, writes INTEGER NOT NULL, "
+    "PRIMARY KEY (writer, project_id))"
+)
+
+
+def _chunks(drafts: Sequence[Draft], size: int) -> Iterator[tuple[str, list[Draft]]]:
+    """Up to ``size`` drafts of one project at a time, each project's in their order, projects
+    taken in turn (as a writer serving many projects would)."""
+    queues: dict[str, deque[Draft]] = {}
+    for draft in drafts:
+        queues.setdefault(draft.project_id, deque()).append(draft)
+    while queues:
+        for project_id in list(queues):
+            queue = queues[project_id]
+            yield project_id, [queue.popleft() for _ in range(min(size, len(queue)))]
+            if not queue:
+                del queues[project_id]
+
+
+def write_workload(
+    store: OutboxStore,
+    drafts: Sequence[Draft],
+    *,
+    writers: int,
+    events_per_write: int,
+    tenant_id: str = TENANT,
+) -> WriteReport:
+    """Write ``drafts`` through the outbox with ``writers`` concurrent writer threads. Each write
+    is one transaction: the writer's own state change (a row in its table) plus a few events of
+    one project. Each project belongs to one writer, so its events keep their causal order."""
+    shares: dict[int, list[Draft]] = defaultdict(list)
+    owner: dict[str, int] = {}
+    for draft in drafts:
+        shares[owner.setdefault(draft.project_id, len(owner) % writers)].append(draft)
+    with store.transaction() as unit:
+        unit.execute(WRITER_TABLE)
+
+    def write(writer: int) -> tuple[int, int, int]:
+        name = f"writer-{writer}"
+        seen: dict[str, int] = {}
+        writes = events = duplicates = 0
+        for project_id, batch in _chunks(shares[writer], events_per_write):
+            with store.transaction() as unit:
+                result = unit.append(
+                    project_id, batch, tenant_id=tenant_id, seen_slot=seen.get(project_id)
+                )
+                unit.execute(
+                    "INSERT INTO synthetic_writer_state (writer, project_id, last_slot, writes) "
+                    "VALUES (?, ?, ?, 1) ON CONFLICT (writer, project_id) DO UPDATE SET "
+                    "last_slot = excluded.last_slot, writes = writes + 1",
+                    (name, project_id, result.head),
+                )
+            seen[project_id] = result.head
+            writes += 1
+            events += len(result.events)
+            duplicates += len(result.duplicates)
+        return writes, events, duplicates
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="outbox-writer") as pool:
+        results = list(pool.map(write, range(writers)))
+    return WriteReport(
+        writers=writers,
+        writes=sum(r[0] for r in results),
+        events=sum(r[1] for r in results),
+        duplicates=sum(r[2] for r in results),
+        seconds=time.perf_counter() - started,
+    )

@@ -1,2 +1,2 @@
 """The subscriptions: processors that run on the runtime. Each is a class with its dependencies
-as constructor arguments; ``router/subscriptions.py`` builds them from settings by slug."""
+as constructor arguments; ``router/wiring/processors.py`` builds them from settings by slug."""

@@ -16,7 +16,7 @@ from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, E
 from streams.envelopes import Event
 
 
-class DrillFailure(RuntimeError):
+class LedgerDrillFailure(RuntimeError):
     pass
 
 
@@ -26,7 +26,7 @@ class Ledger(BaseProcessor):
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         if event.payload.get("drill") == "fail":
-            raise DrillFailure(f"drill: event {event.event_id} is marked to fail")
+            raise LedgerDrillFailure(f"drill: event {event.event_id} is marked to fail")
         position = event.slot if event.slot is not None else 0
         return Effects(
             redis=[

@@ -39,7 +39,7 @@ from consumers.runtime.dead_letters import (
     command_letter_id,
 )
 from consumers.runtime.types import Record
-from consumers.subscriptions.causal_commands import own_task
+from consumers.subscriptions.causal_router.commands import own_task
 from router.workers.model import (
     ATTEMPTS,
     ERROR,
@@ -56,10 +56,9 @@ from router.workers.model import (
     header_text,
 )
 from streams.clock import Clock
-from streams.envelopes import Command, format_time
+from streams.envelopes import Command, Draft, format_time
 from streams.ids import stable_event_id
 from streams.outbox.store import OutboxStore
-from streams.workload import Draft
 
 log = logging.getLogger("rhumbatron.dead_letter_consumer")
 

@@ -22,7 +22,7 @@ from router.workers.stores import prefix
 from streams.envelopes import Command
 
 
-class DrillFailure(Exception):
+class HandlerDrillFailure(Exception):
     pass
 
 
@@ -38,7 +38,7 @@ class FlakyHandler(QueueHandler):
 
     def handle(self, command: Command, ctx: CommandContext) -> str | None:
         if ctx.attempt == 1 and fails_once(command.command_id):
-            raise DrillFailure(f"flaky: first attempt of {command.command_id} fails")
+            raise HandlerDrillFailure(f"flaky: first attempt of {command.command_id} fails")
         return None
 
 
@@ -59,9 +59,9 @@ class DrillHandler(QueueHandler):
         self.client.hincrby(self.runs_key, command.command_id, 1)
         mode = command.payload.get("drill")
         if mode == "fail":
-            raise DrillFailure(f"drill: {command.command_id} fails on every attempt")
+            raise HandlerDrillFailure(f"drill: {command.command_id} fails on every attempt")
         if mode == "fail-once" and ctx.attempt == 1:
-            raise DrillFailure(f"drill: {command.command_id} fails on its first attempt")
+            raise HandlerDrillFailure(f"drill: {command.command_id} fails on its first attempt")
         if mode == "more-work":
             raise MoreWork()
         self.client.hset(self.ok_key, command.command_id, str(ctx.attempt))

@@ -32,7 +32,7 @@ from streams.clock import Clock
 from streams.outbox.sender import EventSender
 from streams.outbox.states import Deferred, NoStream, Ordering, Outcome, Published, RowFault
 from streams.outbox.store import OutboxRow
-from streams.producer import CONTENT_TYPE, Delivery, Fault, Headers
+from streams.producer import CONTENT_TYPE, DeliveryReport, Fault, Headers
 
 log = logging.getLogger("rhumbatron.outbox.publisher")
 tracer = trace.get_tracer(__name__)
@@ -171,7 +171,7 @@ class Dispatch:
             propagate.inject(carrier, context=trace.set_span_in_context(span))
             headers.extend((k, v.encode()) for k, v in carrier.items())
 
-        def report(delivery: Delivery) -> None:
+        def report(delivery: DeliveryReport) -> None:
             if self._in_flight.pop(row.event_id, None) is None:
                 return  # already settled (reported after being given up as lost)
             outcome: Outcome

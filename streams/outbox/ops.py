@@ -7,7 +7,6 @@ a pending row may be in flight right now, and a published or skipped one is fini
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,20 +14,6 @@ from streams.errors import OutboxError
 from streams.outbox.store import OutboxRow, OutboxStore, RowState
 
 ACTIONABLE = frozenset({RowState.FAILED, RowState.RETRY_WAIT})
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """'30s', '30m', '12h', '7d' -> seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise OutboxError(
-            f"duration {text!r} is not understood: use a whole number and one unit, "
-            "s (seconds), m (minutes), h (hours) or d (days), e.g. 7d, 12h, 30m"
-        )
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException
 
 from streams.errors import Unreachable
-from streams.producer import Delivery, DeliveryCallback, Headers, Producer
+from streams.producer import DeliveryCallback, DeliveryReport, Headers, Producer
 
 log = logging.getLogger("rhumbatron.outbox.sender")
 
@@ -93,7 +93,7 @@ class KafkaSender:
     def produce(
         self, topic: str, value: bytes, *, key: str, headers: Headers, on_delivery: DeliveryCallback
     ) -> None:
-        def report(delivery: Delivery) -> None:
+        def report(delivery: DeliveryReport) -> None:
             error = delivery.error
             if error is not None and (error.fatal() or error.code() == KafkaError._FATAL):
                 self._fatal(error)
@@ -105,9 +105,9 @@ class KafkaSender:
             error: KafkaError = exc.args[0]
             if error.fatal():
                 self._fatal(error)
-            report(Delivery(topic, -1, -1, key, error))
+            report(DeliveryReport(topic, -1, -1, key, error))
         except Unreachable as exc:
-            report(Delivery(topic, -1, -1, key, KafkaError(KafkaError._QUEUE_FULL, str(exc))))
+            report(DeliveryReport(topic, -1, -1, key, KafkaError(KafkaError._QUEUE_FULL, str(exc))))
 
     def poll(self, timeout: float) -> None:
         try:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from streams.envelopes import Draft
 from streams.errors import OutboxError
-from streams.workload import Draft
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,11 @@ import orjson
 from opentelemetry import propagate
 
 from streams.clock import Clock
-from streams.envelopes import Event, decode_event, encode
+from streams.envelopes import Draft, Event, decode_event, encode
 from streams.errors import SlotConflict
 from streams.outbox.slots import plan_append
 from streams.outbox.sqlite_schema import IN_CHUNK, SqliteOptions
 from streams.outbox.store import AppendResult
-from streams.workload import Draft
 
 
 class SqliteUnitOfWork:

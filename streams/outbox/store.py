@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from streams.envelopes import Event
-from streams.workload import Draft
+from streams.envelopes import Draft, Event
 
 
 class RowState(StrEnum):

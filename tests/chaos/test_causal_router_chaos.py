@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from router.causal_queues import read_commands
+from router.operator.queues import read_commands
 from router.settings import Settings
 from streams.envelopes import Event
-from tests.causal_router_helpers import (
+from tests.support.causal_router import (
     History,
     drive,
     graph_history,
     make_router,
     open_test_outbox,
 )
-from tests.conftest import subprocess_env
-from tests.kafka_helpers import events_of, read_all
-from tests.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.support.environment import subprocess_env
+from tests.support.kafka import events_of, read_all
+from tests.support.runtime_processes import ROOT, cli, publish, runtime_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

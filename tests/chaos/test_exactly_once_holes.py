@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from consumers.redis_conn import connect
-from router.causal_queues import read_commands
-from router.runtime import dead_letters
+from router.operator.queues import read_commands
 from router.settings import Settings
+from router.wiring.subscription import dead_letters
 from streams.envelopes import Event, build
 from streams.ids import stable_event_id
-from tests.runtime_processes import cli, consume_cli, publish, runtime_settings
+from tests.support.runtime_processes import cli, consume_cli, publish, runtime_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

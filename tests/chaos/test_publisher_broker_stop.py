@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from router.outbox_cli import build_publisher, kafka_senders, publisher_policy, write_workload
+from router.wiring.outbox import build_publisher, kafka_senders, publisher_policy
 from streams.admin import admin_client, provision
 from streams.outbox.publisher import PublisherTotals
 from streams.outbox.store import RowState
-from streams.workload import workload
-from tests.conftest import make_settings
-from tests.infra_helpers import PrivateServices
-from tests.kafka_helpers import events_of, read_all
-from tests.outbox_helpers import SlowSender, outbox_for, records_in
+from streams.workload import workload, write_workload
+from tests.support.environment import make_settings
+from tests.support.infra import PrivateServices
+from tests.support.kafka import events_of, read_all
+from tests.support.outbox import SlowSender, outbox_for, records_in
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

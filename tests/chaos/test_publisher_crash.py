@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from router.outbox_cli import write_workload
 from router.settings import Settings
 from streams.admin import admin_client, provision
 from streams.outbox.store import RowState
-from streams.workload import workload
-from tests.conftest import cleanup_environment, make_settings
-from tests.kafka_helpers import events_of, read_all
-from tests.outbox_helpers import cli_env, outbox_for
+from streams.workload import workload, write_workload
+from tests.support.environment import ROOT, cleanup_environment, make_settings
+from tests.support.kafka import events_of, read_all
+from tests.support.outbox import cli_env, outbox_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 PROJECTS, EVENTS, PER_PASS = 50, 3000, 10  # 60 events a project: six passes of 10
 
 

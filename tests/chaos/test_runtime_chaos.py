@@ -17,8 +17,8 @@ from consumers.subscriptions.ledger import read_ledger
 from router.settings import Settings
 from streams.admin import admin_client
 from streams.workload import project_events, slotted_events, workload
-from tests.kafka_helpers import read_all
-from tests.runtime_processes import (
+from tests.support.kafka import read_all
+from tests.support.runtime_processes import (
     cli,
     publish,
     run,

@@ -4,7 +4,7 @@ published twice, and one consumer process SIGKILLed mid-run.
 
 The expectations are computed here, independently of the subscriptions' code: the task graph's
 own rules say which tasks become ready when, so which commands the router owes; the view comes from
-a plain replay (tests/projector_oracle.py).
+a plain replay (tests/support/projector_oracle.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import pytest
 
 from consumers.redis_conn import connect
 from consumers.runtime.types import TP
-from consumers.subscriptions.projector_view import read_view
-from router.causal_queues import read_commands
+from consumers.subscriptions.projector.view import read_view
+from router.operator.queues import read_commands
 from router.settings import Settings
 from streams.envelopes import Event, build
 from streams.ids import stable_event_id
-from tests.kafka_helpers import read_all
-from tests.projector_oracle import expected_view
-from tests.runtime_processes import (
+from tests.support.kafka import read_all
+from tests.support.projector_oracle import expected_view
+from tests.support.runtime_processes import (
     cli,
     consume_cli,
     publish,

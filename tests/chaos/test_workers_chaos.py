@@ -11,12 +11,12 @@ import pytest
 
 from consumers.redis_conn import connect
 from router.settings import Settings
+from router.wiring.workers import provision_queues
 from router.workers.drills import read_drill
 from router.workers.model import ATTEMPT, retry_topic
-from router.workers.wiring import provision_queues
 from streams.envelopes import decode_command
-from tests.kafka_helpers import read_all
-from tests.worker_helpers import (
+from tests.support.kafka import read_all
+from tests.support.workers import (
     QUEUE,
     commands,
     finish,

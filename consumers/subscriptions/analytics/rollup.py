@@ -1,0 +1,306 @@
+"""The analytics rollup: a faust-streaming app that reads the metric points topic into per-minute
+tumbling-window tables — one per metric, one per project — and serves them over faust's HTTP web
+views.
+
+One stage, no repartition topic. Both tables are updated by the agent reading the points topic,
+and every table key is written from one points partition only, so each table change goes to the
+changelog partition of the point's own partition — the transaction that commits that partition's
+offset under ``exactly_once``:
+
+- ``by_project``: windows per project, each a ``{metric: count}`` object. The points topic is keyed
+  by project, so a project's windows live with the worker owning the project's partition, and its
+  view is routed there (``topic_route``).
+- ``by_metric``: windows per ``(metric, points partition)``; the metric view adds up the
+  partitions. A repartition by metric (``group_by``) would put one metric on one worker, but
+  faust 0.15 sends a forwarded record in the transaction of its *destination* partition, not with
+  the source offsets, and we measured points counted twice after a restart (docs/analytics.md).
+  The view says which partitions it covers; ``rhumbatron analytics`` refuses a partial answer.
+- Windows are by the point's ``time`` (the event's own timestamp), not by when the point was
+  produced or read; a window expires a while after its end by wall-clock time (a setting).
+- A point that does not parse is counted per partition (``invalid``), logged with its offset and
+  the reason, and shown by the status view; it is never folded into a window.
+
+faust's confluent-kafka driver does not work here (it never creates topics, and never polls before
+its first assignment, so it never learns its assignment); the app uses aiokafka (``kafka://``).
+What the rollup guarantees, as measured against our broker, is in docs/analytics.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import faust
+import orjson
+from faust.exceptions import ConsumerNotStarted
+from faust.tables.wrappers import WindowWrapper
+from faust.types import EventT, StreamT
+from faust.web import Request, Response, View
+from faust.web.exceptions import ServiceUnavailable
+
+from consumers.subscriptions.analytics.projector import METRIC_NAMES
+
+log = logging.getLogger("rhumbatron.analytics.rollup")
+
+_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+
+class PointError(ValueError):
+    """A record on the points topic that is not a valid metric point."""
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    metric: str
+    project_id: str
+    timestamp: float  # seconds since the epoch, from the point's ``time``
+
+
+def parse_point(raw: bytes | None) -> Point:
+    """Read a point's JSON; raise :class:`PointError` naming what is wrong with it."""
+    if raw is None:
+        raise PointError("empty record (no value)")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise PointError(f"not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise PointError(f"expected a JSON object, got {type(body).__name__}")
+    metric = body.get("metric")
+    if metric not in METRIC_NAMES:
+        raise PointError(f"unknown metric {metric!r}")
+    project = body.get("projectId")
+    if not isinstance(project, str) or not project:
+        raise PointError(f"projectId must be a non-empty string, got {project!r}")
+    time = body.get("time")
+    if not isinstance(time, str) or not _TIME.match(time):
+        raise PointError(f"time must be UTC as YYYY-MM-DDTHH:MM:SS.mmmZ, got {time!r}")
+    value = body.get("value")
+    if value != 1 or isinstance(value, bool):
+        raise PointError(f"value must be 1, got {value!r}")
+    stamp = datetime.fromisoformat(time).replace(tzinfo=UTC).timestamp()
+    return Point(metric, project, stamp)
+
+
+def _event_time(event: EventT[Any] | None) -> float:
+    """Window placement: the point's own time. Only valid points reach the tables."""
+    if event is None:
+        raise RuntimeError("a window was touched outside stream processing")
+    return parse_point(event.value).timestamp
+
+
+def format_epoch(seconds: float) -> str:
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class RollupConfig:
+    """What the rollup needs, built from the settings by the router (router.cli.analytics_commands)."""
+
+    app_id: str
+    bootstrap: str  # host:port[,host:port]
+    points_topic: str
+    partitions: int  # of the points topic; the app's own topics get as many (co-partitioning)
+    replication_factor: int
+    window_s: int
+    window_retention_s: int
+    guarantee: str  # "exactly_once" | "at_least_once"
+    host: str
+    port: int
+    datadir: str
+    session_timeout_s: float  # how soon a dead worker's partitions go to another
+
+    @property
+    def broker(self) -> str:
+        # aiokafka; faust's confluent driver cannot run against our broker (module docstring).
+        return ";".join(f"kafka://{b.strip()}" for b in self.bootstrap.split(","))
+
+
+def metric_shard(metric: str, partition: int) -> str:
+    """``by_metric``'s key: a metric's count from one points partition."""
+    return f"{metric}@{partition}"
+
+
+def _windows(data: Mapping[Any, Any], key: str, since: float) -> list[tuple[float, float, Any]]:
+    """The windows of ``key`` starting at or after ``since``, oldest first."""
+    found = [
+        (rng[0], rng[1], value)
+        for (k, rng), value in list(data.items())
+        if k == key and rng[0] >= since
+    ]
+    return sorted(found, key=lambda w: w[0])
+
+
+def _since(request: Request, window_s: int) -> float:
+    raw = request.query.get("since", "0")
+    try:
+        since = float(raw)
+    except ValueError as exc:
+        raise PointError(f"since must be seconds since the epoch, got {raw!r}") from exc
+    return since // window_s * window_s  # the window holding ``since`` counts too
+
+
+def build_app(config: RollupConfig) -> faust.App:
+    """The faust app with its topics, tables, agents and web views (not started)."""
+    app = faust.App(
+        config.app_id,
+        broker=config.broker,
+        store="memory://",
+        datadir=config.datadir,
+        autodiscover=False,
+        processing_guarantee=config.guarantee,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=config.partitions,
+        topic_replication_factor=config.replication_factor,
+        web_host=config.host,
+        web_port=config.port,
+        web_bind=config.host,
+        broker_session_timeout=config.session_timeout_s,
+    )
+    points = app.topic(
+        config.points_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    expires = timedelta(seconds=config.window_retention_s)
+    # faust's WindowWrapperT interface lacks relative_to(); the WindowWrapper it returns has it.
+    by_project = cast(
+        WindowWrapper,
+        app.Table("by_project", default=dict, partitions=config.partitions).tumbling(
+            config.window_s, expires=expires
+        ),
+    ).relative_to(_event_time)
+    by_metric = cast(
+        WindowWrapper,
+        app.Table("by_metric", default=int, partitions=config.partitions).tumbling(
+            config.window_s, expires=expires
+        ),
+    ).relative_to(_event_time)
+    invalid = app.Table("invalid", default=int, partitions=config.partitions)
+
+    @app.agent(points, name="rollup")
+    async def roll_points(stream: StreamT[bytes]) -> None:
+        async for event in stream.events():
+            partition = event.message.partition
+            try:
+                point = parse_point(event.value)
+            except PointError as exc:
+                invalid[str(partition)] += 1
+                log.error(
+                    "invalid point at %s[%d]@%d, not counted: %s",
+                    event.message.topic,
+                    partition,
+                    event.message.offset,
+                    exc,
+                )
+                continue
+            current = dict(by_project[point.project_id].value())
+            current[point.metric] = current.get(point.metric, 0) + 1
+            by_project[point.project_id] = current
+            by_metric[metric_shard(point.metric, partition)] += 1
+
+    def local_partitions() -> list[int]:
+        try:
+            assigned = app.consumer.assignment()
+        except ConsumerNotStarted as exc:
+            # The web view starts before the consumer thread: answer "not ready" (503), which
+            # `rhumbatron analytics` reports as such, rather than an internal error.
+            raise ServiceUnavailable("the rollup's consumer is still starting") from exc
+        return sorted(tp.partition for tp in assigned if tp.topic == config.points_topic)
+
+    @app.page("/analytics/metric/{metric}/")
+    class MetricView(View):
+        async def get(self, request: Request, metric: str) -> Response:
+            if metric not in METRIC_NAMES:
+                return self.json(
+                    {"error": f"unknown metric {metric!r}", "known": sorted(METRIC_NAMES)},
+                    status=404,
+                )
+            try:
+                since = _since(request, config.window_s)
+            except PointError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            partitions = local_partitions()
+            counts: dict[float, int] = {}
+            for partition in partitions:
+                shard = metric_shard(metric, partition)
+                for start, _, n in _windows(by_metric.table.data, shard, since):
+                    counts[start] = counts.get(start, 0) + n
+            windows = [
+                {"start": format_epoch(s), "end": format_epoch(s + config.window_s), "count": n}
+                for s, n in sorted(counts.items())
+            ]
+            return self.json(
+                {
+                    "metric": metric,
+                    "windowSeconds": config.window_s,
+                    "since": format_epoch(since),
+                    "partitions": partitions,
+                    "partitionsTotal": config.partitions,
+                    "windows": windows,
+                    "total": sum(w["count"] for w in windows),
+                }
+            )
+
+    @app.page("/analytics/project/{project}/")
+    class ProjectView(View):
+        @app.topic_route(topic=points, match_info="project")  # type: ignore[arg-type]
+        async def get(self, request: Request, project: str) -> Response:
+            try:
+                since = _since(request, config.window_s)
+            except PointError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            windows = [
+                {
+                    "start": format_epoch(s),
+                    "end": format_epoch(s + config.window_s),
+                    "counts": counts,
+                }
+                for s, _, counts in _windows(by_project.table.data, project, since)
+            ]
+            return self.json(
+                {
+                    "project": project,
+                    "windowSeconds": config.window_s,
+                    "since": format_epoch(since),
+                    "windows": windows,
+                }
+            )
+
+    @app.page("/analytics/status/")
+    class StatusView(View):
+        async def get(self, request: Request) -> Response:
+            return self.json(
+                {
+                    "app": config.app_id,
+                    "pointsTopic": config.points_topic,
+                    "windowSeconds": config.window_s,
+                    "windowRetentionSeconds": config.window_retention_s,
+                    "guarantee": config.guarantee,
+                    "partitions": local_partitions(),
+                    "partitionsTotal": config.partitions,
+                    "invalidPoints": {k: v for k, v in invalid.items()},
+                    # every point folded so far by this worker (its partitions, all windows)
+                    "pointsCounted": sum(by_metric.table.data.values()),
+                    "metrics": sorted(METRIC_NAMES),
+                }
+            )
+
+    return app
+
+
+def run_worker(app: faust.App, *, loglevel: str = "warning") -> None:
+    """Run the rollup until SIGTERM or SIGINT (faust's worker handles both)."""
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise

@@ -1,0 +1,101 @@
+"""``audit-archiver``: every event, once, in gzip NDJSON parts in an object store.
+
+A files processor on the runtime (``consumers/runtime/parts.py``): ``process`` turns each fresh
+event into one line (its topic, partition, offset and canonical envelope); the runtime collects a
+partition's lines in an open part and asks :meth:`AuditArchiver.should_close` when the part is
+done (event count, uncompressed size, age: settings). It then records the finished part with the
+cursor *before* anything moves, and calls :meth:`AuditArchiver.store`, which writes the part and
+then its index entry. A crash anywhere in between is recovered by the next owner of the partition
+re-running ``store`` with the recorded bytes, so every event lands in exactly one part and every
+stored part has its index entry. Formats and keys: ``archive_format`` and ``docs/archive.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from consumers.runtime.parts import Line
+from consumers.runtime.types import JSON, TP, BaseProcessor, Delivery, EffectKind, Effects
+from consumers.subscriptions.archive.format import (
+    IndexEntry,
+    PartKey,
+    compress,
+    decompress,
+    encode_line,
+    line_offsets,
+    part_key,
+    stream_of,
+)
+from consumers.subscriptions.archive.store import ObjectStore
+from streams.envelopes import Event
+
+
+@dataclass(frozen=True)
+class PartLimits:
+    """When an open part is done: whichever limit is reached first."""
+
+    max_events: int
+    max_bytes: int  # uncompressed NDJSON
+    max_age_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_events < 1 or self.max_bytes < 1 or self.max_age_s <= 0:
+            raise ValueError(
+                f"archive part limits must be positive, got events={self.max_events} "
+                f"bytes={self.max_bytes} age={self.max_age_s}s"
+            )
+
+
+class AuditArchiver(BaseProcessor):
+    slug: ClassVar[str] = "audit-archiver"
+    consumes: ClassVar[frozenset[str] | None] = None  # every event type
+    effect_kind: ClassVar[EffectKind] = EffectKind.FILES
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        limits: PartLimits,
+        streams: Mapping[str, int],
+        *,
+        max_envelope_bytes: int,
+        gzip_level: int = 6,
+    ) -> None:
+        self.objects = objects
+        self.limits = limits
+        self.streams = dict(streams)  # event stream name -> stream index (the NN of keys)
+        self.max_envelope_bytes = max_envelope_bytes
+        self.gzip_level = gzip_level
+
+    def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
+        # delivery.tp/offset are the event's origin, also for an operator's redelivery.
+        stream_of(self.streams, delivery.tp.topic)  # only event streams are archived
+        return Effects(
+            lines=[
+                encode_line(delivery.tp, delivery.offset, event, max_bytes=self.max_envelope_bytes)
+            ]
+        )
+
+    # -- PartWriter --------------------------------------------------------------------------------
+    def should_close(self, lines: int, size: int, age_s: float) -> bool:
+        limits = self.limits
+        return lines > 0 and (
+            lines >= limits.max_events or size >= limits.max_bytes or age_s >= limits.max_age_s
+        )
+
+    def finish(self, tp: TP, lines: list[Line]) -> tuple[str, bytes]:
+        content = b"".join(line.data + b"\n" for line in lines)
+        key = part_key(
+            stream_of(self.streams, tp.topic), tp.partition, lines[0].timestamp_ms, content
+        )
+        return key.key, compress(content, self.gzip_level)
+
+    def store(self, key: str, blob: bytes) -> None:
+        """The part, then its index entry. Both are idempotent (same key, same bytes), and the
+        runtime calls this again after a crash until it returns, so no stored part lacks its
+        entry."""
+        part = PartKey.parse(key)
+        _, first, last = line_offsets(decompress(blob, key=key), key=key)
+        self.objects.put(key, blob)
+        self.objects.put(IndexEntry.of(part, first, last).key, b"")

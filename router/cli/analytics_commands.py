@@ -1,0 +1,113 @@
+"""Analytics subcommands: ``analytics-rollup`` runs the faust rollup worker over the metric points
+topic; ``analytics`` reads a metric's (or a project's) per-minute windows from the rollup's web
+view. ``count_points`` counts the points on the topic as a ``read_committed`` reader sees them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+
+from consumers.subscriptions.analytics.projector import METRIC_NAMES
+from router.cli.common import parse_duration, print_json
+from router.settings import Settings
+from router.wiring.analytics import (
+    point_counts,
+    provision_points_topic,
+    read_metric,
+    read_project,
+    rollup_address,
+    rollup_config,
+)
+from streams.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    pass
+
+
+# -- the worker ----------------------------------------------------------------------------------
+def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        from consumers.subscriptions.analytics.rollup import build_app, run_worker
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"the rollup needs faust-streaming ({exc.name} is not installed); install the "
+            "'analytics' extra: pip install -e '.[analytics]'"
+        ) from exc
+    provision_points_topic(settings)
+    config = rollup_config(settings)
+    Path(config.datadir).mkdir(parents=True, exist_ok=True)
+    print(
+        f"analytics rollup '{config.app_id}' over {config.points_topic}, "
+        f"web view at {rollup_address(settings)} ({config.guarantee})",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_worker(build_app(config), loglevel=args.log_level)
+    return 0
+
+
+# -- reading the web view ------------------------------------------------------------------------
+
+
+def analytics(settings: Settings, args: argparse.Namespace) -> int:
+    since_s = parse_duration(args.since, option="--since")
+    now = time.time()
+    if args.project:
+        view = read_project(settings, args.project, since_s, now=now, metric=args.metric)
+    else:
+        if args.metric is None:
+            raise ConfigurationError("give --metric NAME, or --project ID (with or without it)")
+        view = read_metric(settings, args.metric, since_s, now=now)
+    if args.json:
+        print_json(view)
+        return 0
+    title = view.get("metric") or "all metrics"
+    where = f" of project {args.project}" if args.project else ""
+    print(f"{title}{where} since {view['since']} ({view['windowSeconds']}s windows)")
+    for w in view["windows"]:
+        value = w["count"] if "count" in w else orjson.dumps(w["counts"]).decode()
+        print(f"  {w['start']}  {value}")
+    if "total" in view:
+        print(f"  total {view['total']}")
+    return 0
+
+
+# -- counting the points -------------------------------------------------------------------------
+
+
+def points_cmd(settings: Settings, args: argparse.Namespace) -> int:
+    counts = point_counts(settings)
+    if args.json:
+        print_json(counts)
+    else:
+        print(f"{counts['points']} points from {counts['events']} events")
+        for metric, n in counts["byMetric"].items():
+            print(f"  {metric:<32} {n}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "analytics-rollup",
+        help="run the faust rollup of the metric points into per-minute windows (web view)",
+    )
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(handler=analytics_rollup)
+
+    p = sub.add_parser("analytics", help="per-minute counts of a metric, read from the rollup")
+    p.add_argument("--metric", help=f"one of: {', '.join(sorted(METRIC_NAMES))}")
+    p.add_argument("--project", help="a project's windows instead of the metric's overall ones")
+    p.add_argument("--since", default="1h", help="how far back: 90s, 30m, 2h, 1d (default 1h)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=analytics)
+
+    p = sub.add_parser(
+        "analytics-points", help="count the metric points on the topic (read_committed)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=points_cmd)

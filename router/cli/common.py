@@ -1,0 +1,53 @@
+"""What every command module shares: JSON output, durations given on the command line, the
+operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import signal
+import sys
+import threading
+
+import orjson
+
+from streams.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def print_json(value: object) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def parse_duration(text: str, *, option: str) -> int:
+    """``90s``, ``30m``, ``2h``, ``7d`` → seconds: a positive whole number and one unit."""
+    match = _DURATION.match(text)
+    if match is None or int(match.group(1)) == 0:
+        raise ConfigurationError(
+            f"{option} must be a positive duration: a whole number and one unit, s (seconds), "
+            f"m (minutes), h (hours) or d (days), e.g. 90s, 30m, 12h, 7d; got {text!r}"
+        )
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def operator_name(given: str | None) -> str:
+    """Who an operator action is recorded as: ``--who``, else the login name."""
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT. Install it before any slow start-up (connecting,
+    provisioning, joining the group), so a stop that arrives early still ends the process
+    cleanly instead of killing it mid-way."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

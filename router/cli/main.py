@@ -1,0 +1,69 @@
+"""The ``rhumbatron`` command line. Each subcommand is a thin shell over service code; every error
+we raise on purpose is printed as one line naming what was wrong, with a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from router.cli import (
+    analytics_commands,
+    archive_commands,
+    outbox_commands,
+    serve_commands,
+    stream_commands,
+    subscription_commands,
+    view_commands,
+    worker_commands,
+)
+from router.settings import Settings
+from streams.errors import RhumbatronError
+
+Handler = Callable[[Settings, argparse.Namespace], int]
+
+REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    stream_commands.register,
+    archive_commands.register,
+    subscription_commands.register,
+    outbox_commands.register,
+    view_commands.register,
+    analytics_commands.register,
+    serve_commands.register,
+    worker_commands.register,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rhumbatron", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # Each area registers its own subcommands (one module per area, each with `register`).
+    for register in REGISTRARS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        # librdkafka reports every refused connection; our own errors say it once, better.
+        logging.getLogger("rhumbatron.librdkafka").setLevel(logging.CRITICAL)
+    try:
+        settings = Settings()
+        handler: Handler = args.handler
+        return handler(settings, args)
+    except RhumbatronError as exc:
+        print(f"rhumbatron: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

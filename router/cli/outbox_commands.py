@@ -1,0 +1,244 @@
+"""The outbox's commands: ``publish``, ``outbox stats|retry|skip|purge``, and ``produce --outbox``
+(the synthetic workload written through the outbox by concurrent writers). Also the one place
+settings become the outbox's parameters (:func:`open_outbox`, :func:`publisher_policy`)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+from confluent_kafka import KafkaException
+
+from router.cli.common import operator_name, parse_duration, print_json
+from router.settings import Settings
+from router.wiring.outbox import build_publisher, open_outbox
+from streams.admin import admin_client
+from streams.errors import OutboxError
+from streams.outbox import ops
+from streams.outbox.publisher import PublisherTotals
+from streams.outbox.store import OutboxStore, RowState
+from streams.workload import workload, write_workload
+
+TENANT = "tenant-demo"
+
+
+def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
+    """``rhumbatron produce --outbox PATH``: the synthetic workload, written by concurrent
+    writers; ``rhumbatron publish --outbox PATH`` sends it."""
+    run = args.run or secrets.token_hex(4)
+    store = open_outbox(settings, args.outbox, create=True)
+    try:
+        report = write_workload(
+            store,
+            workload(run, args.projects, args.events),
+            writers=settings.produce_writers,
+            events_per_write=settings.produce_events_per_write,
+        )
+    finally:
+        store.close()
+    result = {
+        "run": run,
+        "outbox": str(args.outbox),
+        "projects": args.projects,
+        "events": report.events,
+        "duplicates": report.duplicates,
+        "writes": report.writes,
+        "writers": report.writers,
+        "seconds": round(report.seconds, 3),
+    }
+    if args.json:
+        print_json(result)
+    else:
+        print(
+            f"wrote {report.events} events over {args.projects} projects (run {run}) to the outbox "
+            f"{args.outbox}: {report.writes} transactions by {report.writers} writers in "
+            f"{report.seconds:.2f}s; now run: rhumbatron publish --outbox {args.outbox}"
+        )
+    return 0
+
+
+# -- publish -----------------------------------------------------------------------------------------
+def _check_streams(settings: Settings) -> None:
+    """Refuse to start when Kafka answers but none of the environment's streams exist (every row
+    would fail with 'no producer for stream'). If Kafka does not answer, start anyway: rows wait
+    in retry_wait until it does."""
+    base = settings.kafka_config()
+    try:
+        topics = admin_client(base).list_topics(timeout=settings.connect_timeout_s).topics
+    except KafkaException:  # unreachable: the publisher's outage handling takes over
+        return
+    if not set(settings.topology.stream_names()) & set(topics):
+        raise OutboxError(
+            f"none of the streams of environment '{settings.env}' exist on Kafka at "
+            f"{settings.kafka_bootstrap}; run 'rhumbatron provision' first"
+        )
+
+
+def _progress_line(store: OutboxStore, totals: PublisherTotals) -> str:
+    counts = store.counts()
+    elapsed = max(time.monotonic() - totals.started, 1e-9)
+    return (
+        f"publish: {totals.published} published ({totals.published / elapsed:.0f}/s), "
+        f"{totals.retries} retries, {totals.failed} failed; outbox: "
+        + ", ".join(f"{state.value} {n}" for state, n in counts.items())
+    )
+
+
+def publish(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    _check_streams(settings)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    last: list[tuple[int, int, int]] = []
+
+    def progress(totals: PublisherTotals) -> None:
+        # A line when something moved since the last one: an idle publisher stays quiet.
+        now = (totals.published, totals.retries, totals.failed)
+        if last and last[0] == now:
+            return
+        last[:] = [now]
+        print(_progress_line(store, totals), file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with build_publisher(settings, store) as publisher:
+            totals = publisher.run(
+                until_empty=args.until_empty,
+                stop=stop,
+                progress=progress,
+                progress_interval_s=settings.outbox_progress_interval_s,
+            )
+        stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        store.close()
+    elapsed = time.monotonic() - totals.started
+    summary = {**totals.as_dict(), "seconds": round(elapsed, 3), "outbox": stuck.as_dict()}
+    if args.json:
+        print_json(summary)
+    else:
+        print(
+            f"published {totals.published} rows in {elapsed:.2f}s "
+            f"({totals.published / max(elapsed, 1e-9):.0f} rows/s); {totals.retries} retries, "
+            f"{totals.failed} rows failed"
+        )
+    failed = stuck.counts[RowState.FAILED]
+    if args.until_empty and failed:
+        print(
+            f"rhumbatron: {failed} row(s) failed and hold their projects back; see "
+            f"'rhumbatron outbox stats --outbox {args.outbox}', then retry or skip them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# -- operator commands -------------------------------------------------------------------------------
+def stats(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        found = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
+    finally:
+        store.close()
+    shown = found.as_dict()
+    if args.json:
+        print_json(shown)
+        return 0
+    print(f"outbox {found.location}")
+    print("  " + ", ".join(f"{state.value} {n}" for state, n in found.counts.items()))
+    if found.oldest_pending_age_s is not None:
+        print(f"  oldest unpublished row: {found.oldest_pending_age_s:.1f}s old")
+    for row in shown["failed_rows"]:
+        print(
+            f"  failed {row['event_id']} ({row['project_id']} slot {row['slot']}): {row['last_error']}"
+        )
+    for held in found.held_projects:
+        print(
+            f"  held   {held['project_id']}: slot {held['failed_slot']} failed, "
+            f"{held['rows_waiting']} row(s) waiting behind it"
+        )
+    return 0
+
+
+def retry(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        row = ops.retry(store, args.event_id, who=operator_name(args.who), now=time.time())
+    finally:
+        store.close()
+    print(
+        f"{row.event_id} ({row.project_id} slot {row.slot}) was {row.state.value}; now pending "
+        "with its attempts reset"
+    )
+    return 0
+
+
+def skip(settings: Settings, args: argparse.Namespace) -> int:
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        row = ops.skip(
+            store, args.event_id, reason=args.reason, who=operator_name(args.who), now=time.time()
+        )
+    finally:
+        store.close()
+    print(
+        f"{row.event_id} ({row.project_id} slot {row.slot}) skipped: it will never be sent and "
+        f"project {row.project_id} moves on to slot {row.slot + 1}"
+    )
+    return 0
+
+
+def purge(settings: Settings, args: argparse.Namespace) -> int:
+    older_than = parse_duration(args.published_before, option="--published-before")
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        removed = ops.purge(store, older_than_s=older_than, now=time.time())
+    finally:
+        store.close()
+    print(f"purged {removed} row(s) published more than {args.published_before} ago")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("publish", help="send outbox rows to the streams, in order per project")
+    p.add_argument("--outbox", required=True, metavar="PATH", help="the outbox (SQLite file)")
+    p.add_argument("--until-empty", action="store_true", help="exit once nothing is left to send")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=publish)
+
+    outbox = sub.add_parser("outbox", help="inspect and repair an outbox")
+    commands = outbox.add_subparsers(dest="outbox_command", required=True)
+
+    p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=stats)
+
+    p = commands.add_parser("retry", help="send a failed (or waiting) row again (audited)")
+    p.add_argument("event_id", metavar="EVENT_ID")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--who", help="operator name for the audit log (default: the login name)")
+    p.set_defaults(handler=retry)
+
+    p = commands.add_parser("skip", help="never send a row; its project moves on (audited)")
+    p.add_argument("event_id", metavar="EVENT_ID")
+    p.add_argument("--reason", required=True, help="why, for the audit log")
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--who", help="operator name for the audit log (default: the login name)")
+    p.set_defaults(handler=skip)
+
+    p = commands.add_parser("purge", help="delete published rows older than a duration")
+    p.add_argument(
+        "--published-before", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m"
+    )
+    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.set_defaults(handler=purge)

@@ -1,0 +1,310 @@
+"""The operator HTTP API and web page over :class:`router.operator.service.OperatorService`.
+
+- Reads are open to whoever can reach the address (127.0.0.1 by default).
+- Every call that changes state (retry, dismiss) needs ``Authorization: Bearer <operator_token>``
+  (``RHUMBATRON_OPERATOR_TOKEN``): 401 without it or with another token; with no token configured
+  at all the server refuses every change (403) rather than allow it.
+- Every error is JSON ``{"reason": …, "field": …}``: 404 names the unknown id, 409 says why a
+  letter cannot take the action, 422 names the refused field, 503 names what is unreachable.
+- The OpenAPI document is at ``/openapi.json``; the page at ``/`` (one static file, no CDN).
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the route signatures at run
+# time, and some name limits taken from settings inside create_app.
+import hmac
+import re
+from importlib import resources
+from typing import Annotated, Any
+
+import redis
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from consumers.redis_conn import address_of
+from router.operator.models import (
+    NAME_PATTERN,
+    SLUG_PATTERN,
+    ActionResult,
+    DeadLetterDetail,
+    DeadLetterList,
+    ErrorBody,
+    Health,
+    HeldProjectBody,
+    Info,
+    LagReport,
+    LetterKind,
+    LetterStatus,
+    OutboxReport,
+    RecentFailures,
+    action_requests,
+)
+from router.operator.service import BadInput, OperatorError, OperatorService
+from streams.errors import RhumbatronError, Unreachable
+from streams.topology import QUEUE_PURPOSES
+
+PAGE = "static/operator.html"
+# The page is one file with its script and style inline; it loads nothing from elsewhere.
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+class Refused(RhumbatronError):
+    """A change was refused for want of the operator token."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        super().__init__(reason)
+
+
+def _error(status: int, reason: str, field: str | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        ErrorBody(reason=reason, field=field).model_dump(), status_code=status, headers=headers
+    )
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "no such dead letter or project view"},
+    422: {"model": ErrorBody, "description": "a refused argument (names the field)"},
+    503: {"model": ErrorBody, "description": "Kafka or Redis is unreachable"},
+}
+_CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    401: {"model": ErrorBody, "description": "no bearer token, or not the operator token"},
+    403: {"model": ErrorBody, "description": "no operator token is configured: changes refused"},
+    409: {"model": ErrorBody, "description": "the dead letter is not open, or cannot be retried"},
+}
+
+LetterId = Annotated[str, Path(description="the dead letter's id (dl_…)", max_length=200)]
+ProjectId = Annotated[
+    str, Path(description="the project's id", max_length=200, pattern=NAME_PATTERN)
+]
+QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
+
+
+_bearer = HTTPBearer(auto_error=False, description="the operator token")
+
+
+def _operator_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    token = request.app.state.service.settings.operator_token
+    expected = token.get_secret_value() if token is not None else ""
+    if not expected:
+        raise Refused(
+            403,
+            "no operator token is configured on this server, so every retry and dismiss is "
+            "refused: set RHUMBATRON_OPERATOR_TOKEN and restart rhumbatron serve",
+        )
+    if credentials is None:
+        raise Refused(
+            401,
+            "this call changes state: send the header 'Authorization: Bearer <operator token>'",
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise Refused(401, "the bearer token is not this server's operator token")
+
+
+def _who_and_reason(body: Any) -> tuple[str, str | None]:
+    # The body models are built per app (their caps come from settings), so typed as Any here.
+    return str(body.who), None if body.reason is None else str(body.reason)
+
+
+def page_html() -> str:
+    return resources.files("router.operator").joinpath(PAGE).read_text(encoding="utf-8")
+
+
+def create_app(service: OperatorService) -> FastAPI:
+    settings = service.settings
+    app = FastAPI(
+        title="Rhumbatron operator API",
+        version="1",
+        description=__doc__,
+        docs_url=None,  # the interactive docs load scripts from a CDN; the document is enough
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.service = service
+    html = page_html()
+    RetryBody, DismissBody = action_requests(settings.operator_text_max_chars)
+
+    Authorized = Depends(_operator_token)
+
+    # -- errors: always JSON with a reason ------------------------------------------------------
+    @app.exception_handler(OperatorError)
+    def _operator_error(request: Request, exc: OperatorError) -> JSONResponse:
+        return _error(exc.status, str(exc), exc.field if isinstance(exc, BadInput) else None)
+
+    @app.exception_handler(Refused)
+    def _refused(request: Request, exc: Refused) -> JSONResponse:
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(Unreachable)
+    def _unreachable(request: Request, exc: Unreachable) -> JSONResponse:
+        return _error(503, str(exc))
+
+    @app.exception_handler(redis.RedisError)
+    def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        where = address_of(settings.redis_url)
+        return _error(503, f"Redis at {where} failed: {type(exc).__name__}: {exc}")
+
+    @app.exception_handler(RhumbatronError)
+    def _ours(request: Request, exc: RhumbatronError) -> JSONResponse:
+        return _error(500, f"{type(exc).__name__}: {exc}")
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(part) for part in first.get("loc", ())]
+        where = loc[0] if loc else "request"
+        named = [part for part in loc[1:] if not part.isdigit()]
+        message = first.get("msg", "invalid")
+        if not named:  # the whole body: not JSON, or not an object
+            return _error(422, f"the request {where} was refused: {message}", where)
+        shown = first.get("input")
+        got = "" if isinstance(shown, dict) or shown is None else f" (got {str(shown)[:120]!r})"
+        return _error(422, f"{where} field {named[-1]!r}: {message}{got}", named[-1])
+
+    @app.exception_handler(StarletteHTTPException)
+    def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = str(exc.detail)
+        if exc.status_code == 404 and reason == "Not Found":
+            reason = (
+                f"no such endpoint: {request.method} {request.url.path} "
+                "(the API is described at /openapi.json)"
+            )
+        elif exc.status_code == 405:
+            reason = f"{request.method} is not allowed on {request.url.path}"
+        return _error(exc.status_code, reason)
+
+    @app.exception_handler(Exception)
+    def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    # -- the page --------------------------------------------------------------------------------
+    @app.get("/", include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(
+            html,
+            headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-store"},
+        )
+
+    # -- reads -----------------------------------------------------------------------------------
+    @app.get("/api/info", tags=["service"])
+    def info() -> Info:
+        """The environment, the page's refresh interval, whether changes are possible."""
+        return service.info()
+
+    @app.get(
+        "/api/health",
+        tags=["service"],
+        response_model=Health,
+        responses={503: {"model": Health, "description": "Kafka or Redis is unreachable"}},
+    )
+    def health() -> Any:
+        """Whether Kafka and Redis answer (each probe bounded by operator_health_timeout_s)."""
+        found = service.health()
+        if not found.ok:
+            return JSONResponse(found.model_dump(), status_code=503)
+        return found
+
+    @app.get("/api/dead-letters", tags=["dead letters"], responses=_ERRORS)
+    def list_dead_letters(
+        status: LetterStatus | None = None,
+        kind: LetterKind | None = None,
+        subscription: Annotated[str | None, Query(pattern=SLUG_PATTERN)] = None,
+        queue: Annotated[
+            str | None, Query(pattern=QUEUE_PATTERN, description="origin queue purpose")
+        ] = None,
+        limit: Annotated[
+            int | None,
+            Query(ge=1, le=settings.operator_page_size, description="operator_page_size at most"),
+        ] = None,
+    ) -> DeadLetterList:
+        """Dead letters of every kind (event batches, poison records, commands), newest first."""
+        return service.list_dead_letters(
+            status=status, kind=kind, subscription=subscription, queue=queue, limit=limit
+        )
+
+    @app.get("/api/dead-letters/{letter_id}", tags=["dead letters"], responses=_ERRORS)
+    def show_dead_letter(letter_id: LetterId) -> DeadLetterDetail:
+        """One letter with its original bytes (decoded as JSON when they are JSON), its headers
+        and its audit trail."""
+        return service.dead_letter(letter_id)
+
+    @app.get("/api/failures", tags=["dead letters"], responses=_ERRORS)
+    def recent_failures() -> RecentFailures:
+        """The newest dead letters (any status) and the outboxes' failed rows."""
+        return service.recent_failures()
+
+    @app.get("/api/outboxes", tags=["outboxes"], responses=_ERRORS)
+    def outboxes() -> list[OutboxReport]:
+        """Rows by state, the oldest unpublished row's age, failed rows and held projects, for
+        each configured outbox (operator_outboxes; default: the router's)."""
+        return service.outboxes()
+
+    @app.get("/api/held-projects", tags=["outboxes"], responses=_ERRORS)
+    def held_projects() -> list[HeldProjectBody]:
+        """Projects whose next row failed to publish, in every configured outbox."""
+        return service.held_projects()
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        """Prometheus scrape: lag, outbox depth and held projects, dead letters, workers."""
+        from router.operator.metrics import render
+
+        return PlainTextResponse(render(service), media_type="text/plain; version=0.0.4")
+
+    @app.get("/api/lag", tags=["consumers"], responses=_ERRORS)
+    def lag() -> LagReport:
+        """Consumer lag per subscription (consumer group) and partition."""
+        return service.lag()
+
+    @app.get("/api/projects/{project_id}/view", tags=["projects"], responses=_ERRORS)
+    def project_view(project_id: ProjectId) -> dict[str, Any]:
+        """The project's view kept by project-view-projector."""
+        return service.project_view(project_id)
+
+    @app.get("/api/projects/{project_id}/feed", tags=["projects"], responses=_ERRORS)
+    def project_feed(project_id: ProjectId) -> list[dict[str, Any]]:
+        """The project's recent events, newest applied first."""
+        return service.project_feed(project_id)
+
+    # -- changes (bearer token) ------------------------------------------------------------------
+    @app.post(
+        "/api/dead-letters/{letter_id}/retry",
+        tags=["dead letters"],
+        responses=_CHANGE_ERRORS,
+        dependencies=[Authorized],
+    )
+    def retry_dead_letter(
+        letter_id: LetterId,
+        body: RetryBody,  # type: ignore[valid-type]
+    ) -> ActionResult:
+        """Events go back to their subscription alone; a command goes back to its origin queue,
+        once (a second retry is refused with 409). Audited."""
+        who, reason = _who_and_reason(body)
+        return service.retry(letter_id, who=who, reason=reason)
+
+    @app.post(
+        "/api/dead-letters/{letter_id}/dismiss",
+        tags=["dead letters"],
+        responses=_CHANGE_ERRORS,
+        dependencies=[Authorized],
+    )
+    def dismiss_dead_letter(
+        letter_id: LetterId,
+        body: DismissBody,  # type: ignore[valid-type]
+    ) -> ActionResult:
+        """Close the letter without a retry; the reason goes to its audit trail."""
+        who, reason = _who_and_reason(body)
+        return service.dismiss(letter_id, who=who, reason=reason or "")
+
+    return app

@@ -1,0 +1,255 @@
+"""The shapes the operator surface answers with — one definition for the HTTP API (its OpenAPI
+document), the web page and ``rhumbatron dead-letters … --json`` — and a dead letter turned
+into them (its bytes decoded where they are JSON or text)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+
+from consumers.runtime.dead_letters import DeadLetter, Entry
+
+LetterStatus = Literal["open", "retrying", "retried", "dismissed"]
+LetterKind = Literal["event-batch", "poison", "command"]
+
+# streams.topology.check_slug's rule, stated for the OpenAPI document.
+SLUG_PATTERN = r"^[a-z][a-z0-9-]{0,60}$"
+# streams.envelopes' rule for names such as a project id.
+NAME_PATTERN = r"^[^\x00-\x1f]+$"
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorBody(_Shape):
+    reason: str = Field(description="what was wrong, with the value, and what to do")
+    field: str | None = Field(None, description="the input field that was refused, if any")
+
+
+class AuditEntryBody(_Shape):
+    action: str
+    who: str
+    why: str
+    at: str
+
+
+class DeadLetterSummary(_Shape):
+    id: str
+    kind: str = Field(description="event-batch, poison or command")
+    status: str = Field(description="open, retrying, retried or dismissed")
+    subscription: str | None
+    origin_queue: str | None
+    command_id: str | None
+    source: str = Field(description="topic[partition] the letter's records came from")
+    offsets: list[int]
+    events: list[str | None]
+    error_type: str
+    error: str
+    attempts: int
+    created_at: str
+    last_action: AuditEntryBody | None = Field(
+        None, description="the latest operator action (retry, dismiss), if any"
+    )
+
+
+class Header(_Shape):
+    name: str
+    text: str | None = Field(description="the value as UTF-8 text; null when it is not text")
+    b64: str
+
+
+class DeadLetterEntry(_Shape):
+    offset: int
+    event_id: str | None
+    event_type: str | None
+    project_id: str | None
+    key: str | None = Field(description="the record key as UTF-8 text (null: none or binary)")
+    value_b64: str | None = Field(description="the original bytes, base64")
+    value_is_json: bool
+    value_json: Any = Field(None, description="the original bytes decoded, when valid JSON")
+    value_text: str | None = Field(None, description="the bytes as text, when UTF-8 but not JSON")
+    headers: list[Header]
+
+
+class DeadLetterDetail(DeadLetterSummary):
+    source_topic: str
+    source_partition: int
+    entries: list[DeadLetterEntry]
+    audit: list[AuditEntryBody]
+
+
+class DeadLetterList(_Shape):
+    items: list[DeadLetterSummary] = Field(description="newest first")
+    matched: int = Field(description="letters that matched the filters (items is at most limit)")
+    truncated: bool = Field(
+        description="true when the store held more letters than one listing reads "
+        "(operator_dead_letter_scan_limit): narrow the filters"
+    )
+
+
+def action_requests(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
+    """The bodies of retry and dismiss, their text capped at ``max_chars``
+    (operator_text_max_chars). A name and a reason must hold more than blanks: they go to the
+    audit log."""
+    text = Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=max_chars, pattern=r"\S"),
+    ]
+    retry = create_model(
+        "RetryRequest",
+        __base__=_Shape,
+        who=(text, Field(description="who retries (goes to the audit log)")),
+        reason=(text | None, Field(None, description="why (goes to the audit log)")),
+    )
+    dismiss = create_model(
+        "DismissRequest",
+        __base__=_Shape,
+        who=(text, Field(description="who dismisses (goes to the audit log)")),
+        reason=(text, Field(description="why the letter is closed without a retry")),
+    )
+    return retry, dismiss
+
+
+class ActionResult(_Shape):
+    dead_letter: DeadLetterDetail
+    outcome: str = Field(description="what was done, in one line")
+
+
+class FailedRow(_Shape):
+    outbox: str
+    event_id: str
+    project_id: str
+    slot: int
+    event_type: str
+    attempts: int
+    last_error: str | None
+
+
+class HeldProjectBody(_Shape):
+    outbox: str
+    project_id: str
+    failed_event_id: str
+    failed_slot: int
+    rows_waiting: int
+
+
+class OutboxReport(_Shape):
+    outbox: str = Field(description="the outbox file")
+    present: bool = Field(description="false: the file does not exist (yet)")
+    error: str | None = Field(None, description="why its figures could not be read")
+    counts: dict[str, int] = Field(default_factory=dict, description="rows by state")
+    total: int = 0
+    oldest_pending_age_s: float | None = None
+    failed_rows: list[FailedRow] = Field(default_factory=list)
+    held_projects: list[HeldProjectBody] = Field(default_factory=list)
+    lists_truncated_at: int = Field(description="failed rows and held projects listed at most")
+
+
+class PartitionLagBody(_Shape):
+    topic: str
+    partition: int
+    committed: int | None = Field(description="the group's committed offset (null: none yet)")
+    end: int = Field(description="the log end offset")
+    lag: int
+
+
+class SubscriptionLag(_Shape):
+    subscription: str
+    group: str
+    kind: str = Field(
+        description="subscription (reads the streams), command-worker (reads a queue) or other"
+    )
+    total_lag: int
+    partitions: list[PartitionLagBody]
+
+
+class LagReport(_Shape):
+    env: str
+    subscriptions: list[SubscriptionLag]
+
+
+class RecentFailures(_Shape):
+    dead_letters: list[DeadLetterSummary] = Field(description="newest first, any status")
+    outbox_failed_rows: list[FailedRow]
+
+
+class Probe(_Shape):
+    ok: bool
+    address: str
+    detail: str
+
+
+class Health(_Shape):
+    ok: bool
+    env: str
+    kafka: Probe
+    redis: Probe
+    reason: str | None = Field(None, description="what is unreachable, when not ok")
+
+
+class Info(_Shape):
+    env: str
+    refresh_s: float = Field(description="how often the page refreshes itself")
+    mutations_enabled: bool = Field(
+        description="false: no operator token is configured, every retry and dismiss is refused"
+    )
+    page_size: int
+
+
+# -- a dead letter as the faces show it -----------------------------------------------------------
+def summary_of(letter: DeadLetter) -> DeadLetterSummary:
+    audit = letter.audit
+    return DeadLetterSummary(
+        **letter.summary(), last_action=AuditEntryBody(**audit[-1]) if audit else None
+    )
+
+
+def detail_of(letter: DeadLetter) -> DeadLetterDetail:
+    return DeadLetterDetail(
+        **summary_of(letter).model_dump(),
+        source_topic=letter.source_topic,
+        source_partition=letter.source_partition,
+        entries=[entry_of(e) for e in letter.entries],
+        audit=[AuditEntryBody(**a) for a in letter.audit],
+    )
+
+
+def entry_of(entry: Entry) -> DeadLetterEntry:
+    value_json: Any = None
+    is_json = False
+    text = None
+    if entry.value is not None:
+        try:
+            value_json = orjson.loads(entry.value)
+            is_json = True
+        except orjson.JSONDecodeError:
+            text = _utf8(entry.value)
+    return DeadLetterEntry(
+        offset=entry.offset,
+        event_id=entry.event_id,
+        event_type=entry.event_type,
+        project_id=entry.project_id,
+        key=_utf8(entry.key),
+        value_b64=_b64(entry.value),
+        value_is_json=is_json,
+        value_json=value_json,
+        value_text=text,
+        headers=[Header(name=k, text=_utf8(v), b64=_b64(v) or "") for k, v in entry.headers],
+    )
+
+
+def _utf8(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return base64.b64encode(raw).decode() if raw is not None else None

@@ -1,0 +1,447 @@
+"""The operator service: the one code the three faces call — ``rhumbatron dead-letters …`` (CLI),
+the HTTP API and the web page (``rhumbatron serve``).
+
+It reads and acts on what the other parts keep: the one dead-letter store (event batches, poison
+records and commands; retry and dismiss through :class:`DeadLetterActions`, audited), the
+outboxes' figures (``streams.outbox.ops.stats``), consumer lag (``consumers.lag``, computed there
+only), the project views (``projector_view``) and the reachability of Kafka and Redis.
+
+Errors a caller can act on are typed, so each face maps them once:
+
+    OperatorError          (RhumbatronError)
+    ├── NotFound           404: no dead letter / project view with that id (names it)
+    ├── Conflict           409: the letter is not open, or cannot be retried (poison)
+    ├── BadInput           422: an argument was refused (names the field and the value)
+    └── ActionFailed       503: a retry could not be sent; the letter is open again
+
+Kafka or Redis being down surfaces as ``streams.errors.Unreachable`` (503 over HTTP).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import redis
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from pydantic import TypeAdapter, ValidationError
+
+from consumers.lag import group_lag, list_groups
+from consumers.redis_conn import address_of, connect
+from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
+from consumers.runtime.types import TP
+from consumers.subscriptions.projector.view import ViewNotFound, read_feed, read_view
+from router.operator.models import (
+    ActionResult,
+    DeadLetterDetail,
+    DeadLetterList,
+    FailedRow,
+    Health,
+    HeldProjectBody,
+    Info,
+    LagReport,
+    OutboxReport,
+    PartitionLagBody,
+    Probe,
+    RecentFailures,
+    SubscriptionLag,
+    detail_of,
+    summary_of,
+)
+from router.settings import Settings
+from streams.admin import admin_client, bootstrap_of, ensure_reachable
+from streams.clock import Clock, SystemClock
+from streams.envelopes import Name
+from streams.errors import RhumbatronError, TopologyError, Unreachable
+from streams.outbox import ops
+from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_topic
+
+STATUSES = (Status.OPEN, Status.RETRYING, Status.RETRIED, Status.DISMISSED)
+KINDS = ("event-batch", "poison", "command")
+
+_PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
+T = TypeVar("T")
+
+
+class OperatorError(RhumbatronError):
+    status: ClassVar[int] = 400
+
+
+class NotFound(OperatorError):
+    status = 404
+
+
+class Conflict(OperatorError):
+    status = 409
+
+
+class BadInput(OperatorError):
+    status = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class ActionFailed(OperatorError):
+    status = 503
+
+
+class OperatorService:
+    """Thread-safe: the HTTP face calls it from a pool of threads. Redis and Kafka clients are
+    made on first use, so the service (and the page) comes up while either is down and says so.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        actions: DeadLetterActions | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self._actions = actions
+        self._client: redis.Redis[bytes] | None = None
+        self._admin: AdminClient | None = None
+        self._build = threading.Lock()
+        # One operator action at a time: the actions' producer keeps one list of failed sends.
+        self._acting = threading.Lock()
+
+    # -- parts, made on first use ------------------------------------------------------------
+    def redis(self) -> redis.Redis[bytes]:
+        with self._build:
+            if self._client is None:
+                from router.wiring.subscription import redis_client
+
+                self._client = redis_client(self.settings)
+            return self._client
+
+    def actions(self) -> DeadLetterActions:
+        if self._actions is None:
+            client = self.redis()
+            with self._build:
+                if self._actions is None:
+                    from router.wiring.subscription import dead_letter_actions
+
+                    self._actions = dead_letter_actions(self.settings, client, self.clock)
+        return self._actions
+
+    def letters(self) -> DeadLetterStore:
+        return self.actions().store
+
+    def admin(self) -> AdminClient:
+        with self._build:
+            if self._admin is None:
+                self._admin = admin_client(self.settings.kafka_config())
+            return self._admin
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    # -- dead letters --------------------------------------------------------------------------
+    def list_dead_letters(
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        subscription: str | None = None,
+        queue: str | None = None,
+        limit: int | None = None,
+    ) -> DeadLetterList:
+        """Newest first, filtered; at most ``limit`` (default and ceiling: operator_page_size)."""
+        page = self._limit(limit)
+        _choice("status", status, STATUSES)
+        _choice("kind", kind, KINDS)
+        _choice("queue", queue, QUEUE_PURPOSES)
+        if subscription is not None:
+            try:
+                check_slug(subscription)
+            except TopologyError as exc:
+                raise BadInput("subscription", str(exc)) from exc
+        scan = self.settings.operator_dead_letter_scan_limit
+        fetched = self.letters().list(status=status, limit=scan, newest_first=True)
+        matched = [
+            d
+            for d in fetched
+            if (kind is None or d.kind == kind)
+            and (subscription is None or d.subscription == subscription)
+            and (queue is None or d.origin_queue == queue)
+        ]
+        matched.sort(key=lambda d: (d.created_at, d.id), reverse=True)
+        return DeadLetterList(
+            items=[summary_of(d) for d in matched[:page]],
+            matched=len(matched),
+            truncated=len(fetched) >= scan,
+        )
+
+    def dead_letter(self, letter_id: str) -> DeadLetterDetail:
+        return detail_of(self._letter(letter_id))
+
+    def retry(self, letter_id: str, *, who: str, reason: str | None = None) -> ActionResult:
+        """Event letters go back to their subscription alone (its redelivery topic); a command
+        goes back to its origin queue, once: a second retry is a :class:`Conflict`."""
+        operator = self._text("who", who)
+        why = self._text("reason", reason, required=False) or "operator retry"
+        with self._acting:
+            letter = self._letter(letter_id)
+            if not self.actions().is_stale_retry(letter):
+                _must_be_open(letter, "retried")
+            if letter.kind == "poison":
+                raise Conflict(
+                    f"dead letter {letter_id} holds bytes that are not a valid event; it can only "
+                    "be dismissed (fix the producer, then dismiss it with a reason)"
+                )
+            try:
+                done = self.actions().retry(letter_id, who=operator, why=why)
+            except DeadLetterActionRefused as exc:
+                if exc.__cause__ is not None:  # the send failed; the letter is open again
+                    raise ActionFailed(str(exc)) from exc
+                raise Conflict(str(exc)) from exc
+        return ActionResult(dead_letter=detail_of(done), outcome=self._retried(done))
+
+    def dismiss(self, letter_id: str, *, who: str, reason: str) -> ActionResult:
+        operator = self._text("who", who)
+        why = self._text("reason", reason)
+        with self._acting:
+            letter = self._letter(letter_id)
+            _must_be_open(letter, "dismissed")
+            try:
+                done = self.actions().dismiss(letter_id, who=operator, why=why)
+            except DeadLetterActionRefused as exc:
+                raise Conflict(str(exc)) from exc
+        return ActionResult(dead_letter=detail_of(done), outcome=f"dismissed by {operator}: {why}")
+
+    def _letter(self, letter_id: str) -> DeadLetter:
+        letter = self.letters().get(letter_id)
+        if letter is None:
+            raise NotFound(
+                f"no dead letter with id {letter_id!r} in environment {self.settings.env!r} "
+                "(rhumbatron dead-letters list shows the ids)"
+            )
+        return letter
+
+    def _retried(self, letter: DeadLetter) -> str:
+        env = self.settings.env
+        if letter.kind == "command" and letter.origin_queue:
+            return (
+                f"command {letter.command_id} sent back to its origin queue "
+                f"{queue_name(letter.origin_queue, env)}"
+            )
+        n = sum(1 for e in letter.entries if e.value is not None)
+        sub = letter.subscription or "?"
+        return (
+            f"{n} event(s) redelivered to subscription {sub} alone "
+            f"(through {redelivery_topic(sub, env) if letter.subscription else '?'})"
+        )
+
+    def _limit(self, limit: int | None) -> int:
+        ceiling = self.settings.operator_page_size
+        if limit is None:
+            return ceiling
+        if not 1 <= limit <= ceiling:
+            raise BadInput(
+                "limit", f"limit {limit} is out of range 1..{ceiling} (operator_page_size)"
+            )
+        return limit
+
+    def _text(self, field: str, value: str | None, *, required: bool = True) -> str:
+        text = (value or "").strip()
+        if required and not text:
+            raise BadInput(
+                field,
+                f"{field} is required and may not be blank: it goes to the audit log",
+            )
+        cap = self.settings.operator_text_max_chars
+        if len(text) > cap:
+            raise BadInput(
+                field, f"{field} is {len(text)} characters, over {cap} (operator_text_max_chars)"
+            )
+        return text
+
+    # -- outboxes ------------------------------------------------------------------------------
+    def outbox_paths(self) -> list[Path]:
+        if self.settings.operator_outboxes:
+            return [Path(p) for p in self.settings.operator_outboxes]
+        from router.wiring.causal import router_outbox_path
+
+        return [router_outbox_path(self.settings)]
+
+    def outboxes(self) -> list[OutboxReport]:
+        return [self._outbox(path) for path in self.outbox_paths()]
+
+    def _outbox(self, path: Path) -> OutboxReport:
+        limit = self.settings.outbox_stats_row_limit
+        if not path.exists():
+            return OutboxReport(outbox=str(path), present=False, lists_truncated_at=limit)
+        from router.wiring.outbox import open_outbox
+
+        try:
+            store = open_outbox(self.settings, path, create=False)
+            try:
+                found = ops.stats(store, now=self.clock.now().timestamp(), row_limit=limit)
+            finally:
+                store.close()
+        except (RhumbatronError, sqlite3.Error) as exc:
+            return OutboxReport(
+                outbox=str(path),
+                present=True,
+                error=f"{type(exc).__name__}: {exc}",
+                lists_truncated_at=limit,
+            )
+        data = found.as_dict()
+        where = data.pop("outbox")
+        return OutboxReport(
+            outbox=where,
+            present=True,
+            counts={state.value: n for state, n in found.counts.items()},
+            total=data["total"],
+            oldest_pending_age_s=data["oldest_pending_age_s"],
+            failed_rows=[FailedRow(outbox=where, **row) for row in data["failed_rows"]],
+            held_projects=[HeldProjectBody(outbox=where, **h) for h in data["held_projects"]],
+            lists_truncated_at=limit,
+        )
+
+    def held_projects(self) -> list[HeldProjectBody]:
+        return [held for report in self.outboxes() for held in report.held_projects]
+
+    def recent_failures(self) -> RecentFailures:
+        n = self.settings.operator_recent_failures
+        letters = self.list_dead_letters(limit=min(n, self.settings.operator_page_size))
+        rows = [row for report in self.outboxes() for row in report.failed_rows]
+        return RecentFailures(dead_letters=letters.items, outbox_failed_rows=rows[:n])
+
+    # -- consumer lag --------------------------------------------------------------------------
+    def lag(self) -> LagReport:
+        """Every consumer group of the environment (``rhumbatron-<slug>-<env>``), per partition of
+        the topics it reads: the streams for a subscription, its queue and retry topic for a
+        command worker. A queue counts as read once the group committed an offset on it; a
+        subscription (a known one, or a group with a commit on any stream) reads every stream
+        from the start, so an uncommitted stream partition lags by all it holds."""
+        from router.wiring.processors import BUILDERS
+        from router.workers.model import retry_topic
+
+        settings = self.settings
+        env = settings.env
+        base = settings.kafka_config()
+        admin = self.admin()
+        timeout = settings.connect_timeout_s
+        streams = settings.topology.stream_names()
+        queues = [queue_name(p, env) for p in QUEUE_PURPOSES]
+        topics = [*streams, *queues, *(retry_topic(p, env) for p in QUEUE_PURPOSES)]
+        out = []
+        ensure_reachable(admin, base, timeout)
+        listing = (admin, "rhumbatron-", f"-{env}", timeout)
+        for group in _kafka(base, "listing consumer groups", list_groups, *listing):
+            slug = group.removeprefix("rhumbatron-").removesuffix(f"-{env}")
+            parts = _kafka(base, f"lag of {group}", group_lag, admin, base, group, topics, timeout)
+            read = {p.topic for p in parts if p.committed is not None}
+            if slug in BUILDERS or not read.isdisjoint(streams):
+                kind = "subscription"
+                read.update(streams)  # a subscription reads every stream
+            else:
+                kind = "command-worker" if not read.isdisjoint(queues) else "other"
+            shown = [PartitionLagBody(**p.as_dict()) for p in parts if p.topic in read]
+            out.append(
+                SubscriptionLag(
+                    subscription=slug,
+                    group=group,
+                    kind=kind,
+                    total_lag=sum(p.lag for p in shown),
+                    partitions=shown,
+                )
+            )
+        return LagReport(env=env, subscriptions=out)
+
+    # -- project views -------------------------------------------------------------------------
+    def project_view(self, project_id: str) -> dict[str, Any]:
+        tp = self._project_tp(project_id)
+        try:
+            return read_view(self.redis(), self.settings.env, tp, project_id)
+        except ViewNotFound as exc:
+            raise NotFound(str(exc)) from exc
+
+    def project_feed(self, project_id: str) -> list[dict[str, Any]]:
+        tp = self._project_tp(project_id)
+        try:
+            return read_feed(self.redis(), self.settings.env, tp, project_id)
+        except ViewNotFound as exc:
+            raise NotFound(str(exc)) from exc
+
+    def _project_tp(self, project_id: str) -> TP:
+        try:
+            _PROJECT_ID.validate_python(project_id)
+        except ValidationError as exc:
+            problem = exc.errors(include_url=False)[0]["msg"]
+            raise BadInput(
+                "project_id", f"project_id {project_id[:200]!r} is not a project id: {problem}"
+            ) from exc
+        topic, partition = self.settings.topology.partition_of(project_id)
+        return TP(topic, partition)
+
+    # -- health --------------------------------------------------------------------------------
+    def health(self) -> Health:
+        settings = self.settings
+        timeout = settings.operator_health_timeout_s
+        base = settings.kafka_config()
+        try:
+            metadata = ensure_reachable(self.admin(), base, timeout)
+            kafka = Probe(
+                ok=True, address=bootstrap_of(base), detail=f"{len(metadata.brokers)} broker(s)"
+            )
+        except Unreachable as exc:
+            kafka = Probe(ok=False, address=bootstrap_of(base), detail=str(exc))
+        where = address_of(settings.redis_url)
+        try:
+            probe = connect(settings.redis_url, timeout=timeout)  # pings
+            probe.close()
+            store = Probe(ok=True, address=where, detail="answered PING")
+        except Unreachable as exc:
+            store = Probe(ok=False, address=where, detail=str(exc))
+        down = [p.detail for p in (kafka, store) if not p.ok]
+        return Health(
+            ok=not down,
+            env=settings.env,
+            kafka=kafka,
+            redis=store,
+            reason="; ".join(down) or None,
+        )
+
+    def info(self) -> Info:
+        token = self.settings.operator_token
+        return Info(
+            env=self.settings.env,
+            refresh_s=self.settings.operator_refresh_s,
+            mutations_enabled=token is not None and bool(token.get_secret_value()),
+            page_size=self.settings.operator_page_size,
+        )
+
+
+def _kafka(base: dict[str, Any], what: str, call: Callable[..., T], *args: Any) -> T:
+    """A failed admin request becomes Unreachable, naming the address and the request."""
+    try:
+        return call(*args)
+    except KafkaException as exc:
+        raise Unreachable("Kafka", bootstrap_of(base), f"{what}: {exc}") from exc
+
+
+def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise BadInput(field, f"{field} {value!r} is not one of {', '.join(allowed)}")
+
+
+def _must_be_open(letter: DeadLetter, action: str) -> None:
+    if letter.status == Status.OPEN:
+        return
+    last = letter.audit[-1] if letter.audit else None
+    by = f" ({last['action']} by {last['who']} at {last['at']}: {last['why']})" if last else ""
+    raise Conflict(
+        f"dead letter {letter.id} is {letter.status}, not open: it was already handled{by}; "
+        f"only an open letter can be {action}"
+    )

@@ -1,0 +1,67 @@
+"""The outbox from settings: the one place settings become the SQLite outbox's options, the
+publisher's policy and its Kafka senders."""
+
+from __future__ import annotations
+
+import os
+
+from router.settings import Settings
+from streams.clock import Clock
+from streams.outbox.publisher import Publisher
+from streams.outbox.sender import KafkaSender, SenderFactory
+from streams.outbox.sqlite import SqliteOutbox
+from streams.outbox.sqlite_schema import SqliteOptions
+from streams.outbox.states import Ordering, PublisherPolicy
+from streams.outbox.store import OutboxStore
+
+
+def open_outbox(
+    settings: Settings, path: str | os.PathLike[str], *, create: bool, clock: Clock | None = None
+) -> SqliteOutbox:
+    return SqliteOutbox(
+        path,
+        options=SqliteOptions(
+            max_envelope_bytes=settings.max_envelope_bytes,
+            missed_report_limit=settings.outbox_missed_report_limit,
+            busy_timeout_s=settings.outbox_busy_timeout_s,
+            synchronous=settings.outbox_sqlite_synchronous,
+        ),
+        clock=clock,
+        create=create,
+    )
+
+
+def publisher_policy(settings: Settings) -> PublisherPolicy:
+    return PublisherPolicy(
+        rows_per_project=settings.outbox_rows_per_project_per_pass,
+        rows_per_pass=settings.outbox_rows_per_pass,
+        max_row_attempts=settings.outbox_max_row_attempts,
+        backoff_initial_s=settings.outbox_backoff_initial_s,
+        backoff_max_s=settings.outbox_backoff_max_s,
+        poll_interval_s=settings.outbox_poll_interval_s,
+        delivery_timeout_s=settings.outbox_delivery_timeout_s,
+        ordering=Ordering(settings.outbox_ordering),
+    )
+
+
+def kafka_senders(settings: Settings, policy: PublisherPolicy) -> SenderFactory:
+    base = settings.kafka_config()
+    gapless = policy.ordering is Ordering.PIPELINED
+    extra = {"linger.ms": settings.outbox_linger_ms}
+    return lambda: KafkaSender(base, gapless=gapless, extra=extra)
+
+
+def build_publisher(
+    settings: Settings,
+    store: OutboxStore,
+    *,
+    policy: PublisherPolicy | None = None,
+    senders: SenderFactory | None = None,
+) -> Publisher:
+    policy = policy or publisher_policy(settings)
+    return Publisher(
+        store,
+        senders or kafka_senders(settings, policy),
+        stream_for=settings.topology.stream_for,
+        policy=policy,
+    )

@@ -1,0 +1,244 @@
+"""Wiring a subscription from settings: the Kafka transport, the Redis store, the dead-letter
+store, the redelivery reader, the transactional output (for Kafka effects) and the controls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from consumers.redis_conn import connect
+from consumers.runtime.controls import Controls, RedisAuditLog
+from consumers.runtime.dead_letter_ops import DeadLetterActions
+from consumers.runtime.dead_letters import KafkaRedisDeadLetters
+from consumers.runtime.kafka_transport import (
+    KafkaOutput,
+    KafkaOutputLog,
+    KafkaReader,
+    KafkaRedelivery,
+    KafkaTransport,
+)
+from consumers.runtime.redis_store import RedisStore
+from consumers.runtime.runner import Runner, RuntimePolicy
+from consumers.runtime.types import TP, EffectKind, Processor
+from consumers.runtime.worker_slot import WorkerSlot
+from router.settings import Settings
+from streams.admin import admin_client, provision
+from streams.clock import Clock, SystemClock
+from streams.errors import ConfigurationError
+from streams.producer import Producer
+from streams.topology import group_id, queue_name, redelivery_topic
+
+
+def processor_for(
+    settings: Settings, slug: str, client: redis.Redis[bytes], clock: Clock
+) -> Processor:
+    from router.wiring.processors import build_processor
+
+    return build_processor(settings, slug, client, clock)
+
+
+def policy(settings: Settings, slug: str) -> RuntimePolicy:
+    on_failure = settings.failure_policies.get(slug, "dead-letter")
+    if on_failure not in ("dead-letter", "block"):
+        raise ConfigurationError(
+            f"failure policy of {slug} must be 'dead-letter' or 'block', got {on_failure!r}"
+        )
+    return RuntimePolicy(
+        batch_size=settings.batch_size,
+        max_batch_failures=settings.max_batch_failures,
+        retry_backoff_s=settings.batch_retry_backoff_s,
+        retry_backoff_max_s=settings.batch_retry_backoff_max_s,
+        max_envelope_bytes=settings.max_envelope_bytes,
+        on_failure=on_failure,
+        control_check_interval_s=settings.control_check_interval_s,
+        output_search_margin_ms=int(settings.recovery_search_margin_s * 1000),
+        streams=tuple(settings.topology.stream_names()),
+        partitions_per_stream=settings.partitions,
+    )
+
+
+def redis_client(settings: Settings) -> redis.Redis[bytes]:
+    return connect(settings.redis_url, timeout=settings.connect_timeout_s)
+
+
+def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Clock) -> RedisStore:
+    return RedisStore(
+        client,
+        env=settings.env,
+        slug=slug,
+        clock=clock,
+        claim_ttl_ms=settings.stream_retention_ms + settings.claim_retention_margin_ms,
+    )
+
+
+def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDeadLetters:
+    return KafkaRedisDeadLetters(
+        Producer(settings.kafka_config()),
+        client,
+        env=settings.env,
+        topic=settings.topology.internal_specs()[0].name,
+        flush_timeout=settings.connect_timeout_s * 3,
+    )
+
+
+def controls(
+    settings: Settings, processor: Processor, client: redis.Redis[bytes], clock: Clock
+) -> Controls:
+    from router.wiring.archive import archive_reader
+
+    return Controls(
+        processor,
+        store(settings, client, processor.slug, clock),
+        KafkaReader(settings.kafka_config()),
+        RedisAuditLog(client, env=settings.env, slug=processor.slug),
+        dead_letters(settings, client),
+        clock,
+        settings.max_envelope_bytes,
+        # The long-term log for folds that need events past the stream's retention.
+        archive=archive_reader(settings, client, clock),
+    )
+
+
+def dead_letter_actions(
+    settings: Settings, client: redis.Redis[bytes], clock: Clock
+) -> DeadLetterActions:
+    """Retry and dismiss for every dead letter: events back through their subscription's
+    redelivery topic, commands back to their origin queue."""
+    producer = Producer(settings.kafka_config())
+
+    def send(
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        if topic.startswith("rhumbatron_redelivery_"):
+            ensure_redelivery_topic(settings, topic)
+        producer.produce(
+            topic, value, key=key.decode() if key else None, headers=headers, partition=partition
+        )
+        producer.flush(settings.connect_timeout_s * 3)
+
+    run_policy = policy(settings, "ledger")
+    return DeadLetterActions(
+        dead_letters(settings, client),
+        clock,
+        send,
+        lambda slug: redelivery_topic(slug, settings.env),
+        run_policy.redelivery_partition,
+        lambda purpose: queue_name(purpose, settings.env),
+        stale_retry_s=settings.operator_stale_retry_s,
+    )
+
+
+def ensure_redelivery_topic(settings: Settings, topic: str) -> None:
+    specs = [
+        s
+        for s in (settings.topology.redelivery_spec(_slug_of(topic, settings.env)),)
+        if s.name == topic
+    ]
+    base = settings.kafka_config()
+    provision(
+        admin_client(base),
+        base,
+        specs,
+        topology=settings.topology,
+        timeout=settings.connect_timeout_s,
+    )
+
+
+def _slug_of(topic: str, env: str) -> str:
+    return topic.removeprefix("rhumbatron_redelivery_").removesuffix(f"_{env}").replace("_", "-")
+
+
+@dataclass
+class Subscription:
+    """A runnable subscription process and what it holds."""
+
+    runner: Runner
+    client: redis.Redis[bytes]
+    slot: WorkerSlot | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def tick(self) -> None:
+        if self.slot is not None:
+            self.slot.renew()
+
+    def close(self) -> None:
+        try:
+            self.runner.close()
+        finally:
+            for close in self.closers:
+                close()
+            if self.slot is not None:
+                self.slot.release()
+
+
+def open_subscription(
+    settings: Settings, slug: str, *, clock: Clock | None = None, processor: Processor | None = None
+) -> Subscription:
+    clock = clock or SystemClock()
+    client = redis_client(settings)
+    processor = processor or processor_for(settings, slug, client, clock)
+    base = settings.kafka_config()
+    topology = settings.topology
+    provision(
+        admin_client(base),
+        base,
+        [*topology.all_specs(), topology.redelivery_spec(processor.slug)],
+        topology=topology,
+        timeout=settings.connect_timeout_s,
+    )
+    slot = None
+    output = None
+    if processor.effect_kind == EffectKind.KAFKA:
+        slot = WorkerSlot(
+            client, env=settings.env, slug=processor.slug, ttl_s=settings.worker_slot_ttl_s
+        )
+        n = slot.acquire()
+        output = KafkaOutput(
+            base,
+            transactional_id=f"rhumbatron-{processor.slug}-{settings.env}-{n}",
+            transaction_timeout_ms=settings.transaction_timeout_ms,
+        )
+    transport = KafkaTransport(
+        base,
+        group_id=group_id(processor.slug, settings.env),
+        protocol=settings.group_protocol,
+        session_timeout_ms=settings.session_timeout_ms,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+    )
+    runner = Runner(
+        processor,
+        transport,
+        store(settings, client, processor.slug, clock),
+        dead_letters(settings, client),
+        policy(settings, processor.slug),
+        clock,
+        output=output,
+        output_log=KafkaOutputLog(base) if output is not None else None,
+        redelivery=KafkaRedelivery(base, redelivery_topic(processor.slug, settings.env)),
+        controls=controls(settings, processor, client, clock),
+    )
+    runner.start(topology.stream_names())
+    subscription = Subscription(runner, client, slot)
+    from router.wiring.processors import build_companion
+
+    companion = build_companion(settings, processor.slug, client, clock, processor)
+    if companion is not None:
+        companion.start()
+        subscription.closers.append(companion.close)
+    return subscription
+
+
+def tp_of(settings: Settings, topic: str, partition: int) -> TP:
+    if topic not in settings.topology.stream_names():
+        raise ConfigurationError(f"{topic!r} is not a stream of environment {settings.env!r}")
+    if not 0 <= partition < settings.partitions:
+        raise ConfigurationError(
+            f"partition {partition} is out of range 0..{settings.partitions - 1}"
+        )
+    return TP(topic, partition)

@@ -1,0 +1,202 @@
+"""Building workers from settings: the queue's policy, its topics, the Kafka transport and
+transactional output, the Redis ledger and counters; the dead-letter consumer with the router's
+outbox and its publisher; the figures the demo and operators read."""
+
+from __future__ import annotations
+
+import atexit
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
+from consumers.runtime.worker_slot import WorkerSlot
+from router.settings import Settings
+from router.wiring.subscription import dead_letters, redis_client
+from router.workers.dead_letter_consumer import DeadLetterRecorder
+from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
+from router.workers.model import CommandHandler, WorkerPolicy, retry_topic
+from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
+from router.workers.worker import Worker
+from streams.admin import admin_client, provision
+from streams.clock import Clock, SystemClock
+from streams.errors import ConfigurationError
+from streams.topology import TopicSpec, group_id
+
+DEAD_LETTER_QUEUE = "dead-letter"
+
+
+def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
+    if purpose not in settings.queues:
+        raise ConfigurationError(
+            f"no queue policy for {purpose!r} in settings.queues; known: "
+            f"{', '.join(sorted(settings.queues))}"
+        )
+    queue = settings.queues[purpose]
+    return WorkerPolicy(
+        purpose=purpose,
+        env=settings.env,
+        batch=queue.batch,
+        retries=queue.retries,
+        retry_delay_s=queue.retry_delay_s,
+        concurrency=queue.concurrency,
+        dead_letter=queue.dead_letter,
+        max_deliveries=settings.max_command_deliveries,
+        max_envelope_bytes=settings.max_envelope_bytes,
+        poll_interval_s=settings.worker_poll_interval_s,
+        error_max_bytes=settings.command_error_max_bytes,
+    )
+
+
+def worker_slug(purpose: str) -> str:
+    """The worker's name in group ids, transactional ids and slot leases."""
+    return f"worker-{purpose}"
+
+
+def retry_spec(settings: Settings, purpose: str) -> TopicSpec:
+    return TopicSpec(
+        retry_topic(purpose, settings.env),
+        settings.queue_partitions,
+        settings.replication_factor,
+        {"retention.ms": str(settings.queue_retention_ms), "cleanup.policy": "delete"},
+        "queue",
+    )
+
+
+def provision_queues(settings: Settings, purposes: list[str], *, streams: bool = False) -> None:
+    """The queues, their retry topics and the dead-letter store's topic, and with ``streams``
+    the event streams (where the dead-letter consumer's task events go); idempotent."""
+    base = settings.kafka_config()
+    topology = settings.topology
+    provision(
+        admin_client(base),
+        base,
+        [
+            *(topology.stream_specs() if streams else []),
+            *topology.queue_specs(),
+            *topology.internal_specs(),
+            *(retry_spec(settings, p) for p in purposes),
+        ],
+        topology=topology,
+        timeout=settings.connect_timeout_s,
+    )
+
+
+@dataclass
+class WorkerProcess:
+    """A runnable worker and what it holds."""
+
+    worker: Worker
+    client: redis.Redis[bytes]
+    slot: WorkerSlot
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def tick(self) -> None:
+        self.slot.renew()
+
+    def close(self) -> None:
+        try:
+            self.worker.close()
+        finally:
+            for close in self.closers:
+                close()
+            self.slot.release()
+
+
+def open_worker(
+    settings: Settings,
+    purpose: str,
+    handler: CommandHandler,
+    *,
+    clock: Clock | None = None,
+    client: redis.Redis[bytes] | None = None,
+) -> WorkerProcess:
+    clock = clock or SystemClock()
+    client = client or redis_client(settings)
+    policy = worker_policy(settings, purpose)
+    provision_queues(settings, [purpose])
+    base = settings.kafka_config()
+    slug = worker_slug(purpose)
+    slot = WorkerSlot(client, env=settings.env, slug=slug, ttl_s=settings.worker_slot_ttl_s)
+    n = slot.acquire()
+    output = KafkaOutput(
+        base,
+        transactional_id=f"rhumbatron-{slug}-{settings.env}-{n}",
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+    )
+    transport = KafkaTransport(
+        base,
+        group_id=group_id(slug, settings.env),
+        protocol=settings.group_protocol,
+        session_timeout_ms=settings.session_timeout_ms,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+    )
+    worker = Worker(
+        policy,
+        handler,
+        transport,
+        output,
+        RedisCommandLedger(
+            client,
+            env=settings.env,
+            ttl_ms=settings.queue_retention_ms + settings.command_dedupe_margin_ms,
+        ),
+        clock,
+        metrics=RedisWorkerMetrics(client, env=settings.env),
+    )
+    worker.start()
+    return WorkerProcess(worker, client, slot)
+
+
+def open_dead_letter_consumer(
+    settings: Settings, *, clock: Clock | None = None, publish: bool = True
+) -> WorkerProcess:
+    """The dead-letter consumer, and (with ``publish``) a publisher thread for the router's
+    outbox — the router's own, reused: the outbox lease lets one process publish at a time."""
+    from router.wiring.causal import RouterCompanion, open_router_outbox
+
+    clock = clock or SystemClock()
+    client = redis_client(settings)
+    provision_queues(settings, [DEAD_LETTER_QUEUE], streams=True)
+    outbox = open_router_outbox(settings)
+    recorder = DeadLetterRecorder(
+        dead_letters(settings, client),
+        outbox,
+        clock,
+        default_tenant=settings.dead_letter_tenant_id,
+    )
+    process = open_worker(settings, DEAD_LETTER_QUEUE, recorder, clock=clock, client=client)
+    if publish:
+        companion = RouterCompanion(
+            settings.model_copy(update={"maintenance_enabled": False}), client, clock, outbox
+        )
+        companion.start()
+        atexit.register(companion.close)
+        process.closers.append(companion.close)
+    return process
+
+
+def index_states(settings: Settings, client: redis.Redis[bytes]) -> RedisIndexStates:
+    return RedisIndexStates(client, env=settings.env)
+
+
+def workflow_registry(settings: Settings, client: redis.Redis[bytes]) -> RedisWorkflowRegistry:
+    return RedisWorkflowRegistry(client, env=settings.env, ttl_s=settings.workflow_instance_ttl_s)
+
+
+def worker_figures(settings: Settings, client: redis.Redis[bytes]) -> dict[str, Any]:
+    """What the workers did, for the demo and operators: each queue's counters (summed over its
+    worker processes) and the command dead letters by status and origin queue."""
+    letters = [d for d in dead_letters(settings, client).list() if d.kind == "command"]
+    return {
+        "queues": read_metrics(client, settings.env),
+        "command_dead_letters": {
+            "by_status": dict(sorted(Counter(d.status for d in letters).items())),
+            "by_origin_queue": dict(
+                sorted(Counter(d.origin_queue or "?" for d in letters).items())
+            ),
+        },
+    }

@@ -1,0 +1,90 @@
+"""The dead-letter store contract against the real store: the durable record on the Kafka topic,
+the index in Redis, built as the runtime builds it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import cast
+
+import pytest
+from confluent_kafka.admin import NewTopic
+
+from consumers.runtime.dead_letters import DeadLetterStore, Entry, KafkaRedisDeadLetters
+from consumers.runtime.kafka_transport import assign_only_consumer
+from router.settings import Settings
+from router.wiring.subscription import dead_letters, redis_client
+from streams.admin import admin_client
+from streams.producer import Producer
+from tests.contracts.dead_letters import SOURCE, DeadLetterStoreContract, letter
+from tests.contracts.transport import eventually
+from tests.support.environment import cleanup_environment, make_settings
+
+pytestmark = pytest.mark.integration
+
+# The failing view's producer talks to nothing; this long it waits for an acknowledgement.
+UNREACHABLE_FLUSH_S = 1.0
+
+
+class TestKafkaRedisDeadLetters(DeadLetterStoreContract):
+    settings: Settings
+
+    @pytest.fixture(autouse=True)
+    def _environment(self) -> Iterator[None]:
+        self.settings = make_settings()
+        spec = self.settings.topology.internal_specs()[0]
+        admin = admin_client(self.settings.kafka_config())
+        topics = [NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)]
+        for future in admin.create_topics(topics).values():
+            future.result()
+        yield
+        cleanup_environment(self.settings)
+
+    def make_store(self) -> DeadLetterStore:
+        return dead_letters(self.settings, redis_client(self.settings))
+
+    def failing_view(self, store: DeadLetterStore) -> DeadLetterStore:
+        real = store
+        assert isinstance(real, KafkaRedisDeadLetters)
+        return KafkaRedisDeadLetters(
+            Producer({"bootstrap.servers": "127.0.0.1:1"}),
+            real.client,
+            env=self.settings.env,
+            topic=real.topic,
+            flush_timeout=UNREACHABLE_FLUSH_S,
+        )
+
+
+def test_the_topic_holds_the_original_bytes_and_headers_a_tee_not_a_swallow() -> None:
+    settings = make_settings()
+    spec = settings.topology.internal_specs()[0]
+    admin = admin_client(settings.kafka_config())
+    topics = [NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)]
+    for future in admin.create_topics(topics).values():
+        future.result()
+    try:
+        store = dead_letters(settings, redis_client(settings))
+        d = letter(
+            3, entries=[Entry(3, b"\xff\x00raw", None, [("event_id", b"e3"), ("x", b"\x80")])]
+        )
+        store.write([d])
+        consumer = assign_only_consumer(settings.kafka_config(), "dead-letter-tee")
+        try:
+            consumer.subscribe([spec.name])
+            got = eventually(
+                lambda: [m for m in consumer.consume(10, 0.5) if m.error() is None],
+                bool,
+                "the dead-letter record",
+            )
+        finally:
+            consumer.close()
+        (record,) = got
+        headers = cast(list[tuple[str, bytes]], record.headers() or [])
+        assert record.value() == b"\xff\x00raw" and record.key() == f"{d.id}:3".encode()
+        assert headers[:2] == [("event_id", b"e3"), ("x", b"\x80")]
+        named = dict(headers[2:])
+        assert named["dlq.id"] == d.id.encode() and named["dlq.reason"] == b"boom"
+        assert named["dlq.source_topic"] == SOURCE.encode()
+        assert named["dlq.source_offset"] == b"3" and named["dlq.attempts"] == b"5"
+        assert named["dlq.subscription"] == b"ledger"
+    finally:
+        cleanup_environment(settings)

@@ -1,0 +1,321 @@
+"""analytics-projector and its faust rollup on the real broker.
+
+- The projector, run by the real CLI, writes exactly one point per event with a metric for
+  ``read_committed`` readers, with the workload published twice and with the process SIGKILLed
+  while its transaction is open.
+- The rollup (``rhumbatron analytics-rollup``, a faust worker on aiokafka) is run as a subprocess;
+  its per-minute windows, read over its web view by ``rhumbatron analytics``, equal the points
+  counted independently here — including after a SIGKILL in the middle of the stream and a
+  restart, and with points of an aborted transaction on the topic, which must not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter as Tally
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import orjson
+import pytest
+
+from consumers.subscriptions.analytics.projector import METRICS
+from router.settings import Settings
+from router.wiring.analytics import count_points, fetch_view, point_counts, rollup_app_id
+from streams.admin import admin_client, delete_topics
+from streams.envelopes import format_time
+from streams.errors import Unreachable
+from streams.topology import metrics_topic
+from streams.workload import slotted_events, workload
+from tests.support.environment import subprocess_env
+from tests.support.kafka import read_all
+from tests.support.runtime_processes import (
+    ROOT,
+    cli,
+    consume_cli,
+    publish,
+    runtime_settings,
+)
+
+pytestmark = pytest.mark.integration
+
+SLUG = "analytics-projector"
+# How long a test waits for the rollup to show what it is expected to show: generous, since a
+# restarted worker first waits out its dead predecessor's session (a few seconds).
+SETTLE_S = 150.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def rs(settings: Settings, tmp_path: Path) -> Iterator[Settings]:
+    s = runtime_settings(
+        settings,
+        analytics_rollup_port=_free_port(),
+        analytics_rollup_dir=str(tmp_path / "rollup"),
+    )
+    yield s
+    # The rollup's own topics (changelogs, leader topic) are named after its app id.
+    base = s.kafka_config()
+    admin = admin_client(base)
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(rollup_app_id(s))]
+    with contextlib.suppress(Exception):  # cleanup is best effort
+        delete_topics(admin, base, names, timeout=30)
+
+
+def _consume(s: Settings, **env: str) -> subprocess.CompletedProcess[str]:
+    return consume_cli(s, SLUG, timeout=240, env=env)
+
+
+def _points(s: Settings, expect: int) -> list[dict[str, Any]]:
+    messages = read_all(s.kafka_bootstrap, [metrics_topic(s.env)], expect=expect, timeout=60)
+    return [orjson.loads(m.value() or b"") for m in messages]
+
+
+def _check_one_point_per_event(points: list[dict[str, Any]], events: list[Any]) -> None:
+    expected = {e.event_id: METRICS[e.event_type] for e in events if e.event_type in METRICS}
+    assert Tally(p["eventId"] for p in points) == dict.fromkeys(expected, 1)
+    assert {p["eventId"]: p["metric"] for p in points} == expected
+    by_id = {e.event_id: e for e in events}
+    for p in points:
+        ev = by_id[p["eventId"]]
+        assert p == {
+            "metric": METRICS[ev.event_type],
+            "projectId": ev.project_id,
+            "changeId": ev.change_id,
+            "taskId": ev.task_id,
+            "eventId": ev.event_id,
+            "time": format_time(ev.timestamp),
+            "value": 1,
+        }
+
+
+def test_each_event_with_a_metric_has_exactly_one_point(rs: Settings) -> None:
+    events = slotted_events(workload("an1", 8, 400), tenant_id="t")
+    cli(rs, "provision")
+    publish(rs, events)
+    publish(rs, events)  # every event twice
+    done = _consume(rs)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    with_metric = [e for e in events if e.event_type in METRICS]
+    assert 0 < len(with_metric) < len(events)
+    _check_one_point_per_event(_points(rs, len(with_metric)), events)
+    assert count_points(rs) == len(with_metric)
+    printed = orjson.loads(cli(rs, "analytics-points", "--json").stdout)
+    assert printed["points"] == printed["events"] == len(with_metric)
+    assert printed["byMetric"] == dict(
+        sorted(Tally(METRICS[e.event_type] for e in with_metric).items())
+    )
+
+
+def test_a_sigkill_inside_the_transaction_leaves_one_point_per_event(rs: Settings) -> None:
+    rs = runtime_settings(rs, batch_size=20)
+    events = slotted_events(workload("an2", 6, 300), tenant_id="t")
+    cli(rs, "provision")
+    publish(rs, events)
+    killed = _consume(rs, RHUMBATRON_FAILPOINTS="runtime.before_transaction_commit@3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    publish(rs, events[:100])  # and the publisher re-sends some after the crash
+    done = _consume(rs)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    with_metric = [e for e in events if e.event_type in METRICS]
+    _check_one_point_per_event(_points(rs, len(with_metric)), events)
+    assert count_points(rs) == len(with_metric)
+
+
+# -- the rollup ------------------------------------------------------------------------------------
+def _produce_points(
+    s: Settings, *, committed: int, aborted: int, base: datetime
+) -> list[dict[str, Any]]:
+    """Points in transactions, as the projector writes them: ``committed`` of them committed (in
+    several transactions), and one transaction of ``aborted`` points aborted in the middle.
+    Times fall on and just before minute boundaries too. Returns the committed points."""
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": s.kafka_bootstrap,
+            "transactional.id": f"test-points-{s.env}",
+            "compression.type": "lz4",
+        }
+    )
+    producer.init_transactions(30)
+    metrics = sorted(set(METRICS.values()))
+    offsets_ms = [0, 59_999, 60_000, 1, 30_500, 119_999]
+
+    def point(n: int, kind: str) -> dict[str, Any]:
+        moment = base + timedelta(milliseconds=offsets_ms[n % len(offsets_ms)] + 60_000 * (n % 7))
+        return {
+            "metric": metrics[n % 3],
+            "projectId": f"proj-{n % 9}",
+            "changeId": None,
+            "taskId": None,
+            "eventId": f"evt_{kind}{n:031d}"[:36],
+            "time": format_time(moment),
+            "value": 1,
+        }
+
+    out: list[dict[str, Any]] = []
+    producer.begin_transaction()
+    for n in range(committed):
+        if n == committed // 2:
+            producer.commit_transaction(30)
+            producer.begin_transaction()
+            for m in range(aborted):
+                body = point(m, "a")
+                producer.produce(metrics_topic(s.env), orjson.dumps(body), key=body["projectId"])
+            producer.flush(30)
+            producer.abort_transaction(30)
+            producer.begin_transaction()
+        body = point(n, "c")
+        producer.produce(metrics_topic(s.env), orjson.dumps(body), key=body["projectId"])
+        out.append(body)
+        if n % 500 == 499:
+            producer.commit_transaction(30)
+            producer.begin_transaction()
+    producer.commit_transaction(30)
+    return out
+
+
+def _minute(time: str) -> str:
+    return time[:17] + "00.000Z"
+
+
+def _start_rollup(s: Settings, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "analytics-rollup", "--log-level", "info"],
+        cwd=ROOT,
+        env=subprocess_env(s),
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+    )
+
+
+def _metric_view(s: Settings, metric: str) -> dict[str, Any] | None:
+    try:
+        view: dict[str, Any] = fetch_view(s, f"/analytics/metric/{metric}/", {"since": "0"})
+    except Unreachable:
+        return None  # not up yet, or still recovering its tables
+    return view
+
+
+def _wait_for_total(s: Settings, metric: str, total: int) -> dict[str, Any]:
+    """The metric's view once it covers every partition and counted at least ``total``."""
+    deadline = time.monotonic() + SETTLE_S
+    view = None
+    while time.monotonic() < deadline:
+        view = _metric_view(s, metric)
+        if (
+            view is not None
+            and view["partitions"] == list(range(view["partitionsTotal"]))
+            and view["total"] >= total
+        ):
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"the rollup did not reach {total} {metric} points; last view: {view}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(30)
+
+
+def _check_windows(s: Settings, points: list[dict[str, Any]]) -> None:
+    for metric in sorted({p["metric"] for p in points}):
+        mine = [p for p in points if p["metric"] == metric]
+        view = _wait_for_total(s, metric, len(mine))
+        expected = Tally(_minute(p["time"]) for p in mine)
+        assert {w["start"]: w["count"] for w in view["windows"]} == dict(expected), metric
+        assert view["total"] == len(mine)
+        # The CLI reads the same view.
+        since = (
+            int(
+                time.time()
+                - min(datetime.fromisoformat(w["start"]).timestamp() for w in view["windows"])
+            )
+            + 120
+        )
+        printed = orjson.loads(
+            cli(s, "analytics", "--metric", metric, "--since", f"{since}s", "--json").stdout
+        )
+        assert printed["windows"] == view["windows"]
+    project = "proj-4"
+    view = fetch_view(s, f"/analytics/project/{project}/", {"since": "0"})
+    expected_project: dict[str, dict[str, int]] = {}
+    for p in points:
+        if p["projectId"] == project:
+            counts = expected_project.setdefault(_minute(p["time"]), {})
+            counts[p["metric"]] = counts.get(p["metric"], 0) + 1
+    assert {w["start"]: w["counts"] for w in view["windows"]} == expected_project
+
+
+def test_the_rollup_counts_each_committed_point_once_per_minute(
+    rs: Settings, tmp_path: Path
+) -> None:
+    cli(rs, "provision")
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    points = _produce_points(rs, committed=3000, aborted=400, base=base)
+    uncommitted = read_all(
+        rs.kafka_bootstrap, [metrics_topic(rs.env)], expect=3400, committed_only=False, timeout=30
+    )
+    assert len(uncommitted) == 3400, "the aborted points must be on the topic for this test"
+    assert point_counts(rs)["points"] == 3000
+
+    rollup = _start_rollup(rs, tmp_path / "rollup.log")
+    try:
+        _check_windows(rs, points)
+        status = fetch_view(rs, "/analytics/status/")
+        assert status["guarantee"] == "exactly_once"
+        assert status["invalidPoints"] == {}
+    finally:
+        _stop(rollup)
+
+
+def test_the_rollup_stays_exact_after_a_sigkill_mid_stream(rs: Settings, tmp_path: Path) -> None:
+    cli(rs, "provision")
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    points = _produce_points(rs, committed=8000, aborted=200, base=base)
+    metric = points[0]["metric"]
+    log = tmp_path / "rollup.log"
+
+    first = _start_rollup(rs, log)
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        seen = 0
+        while time.monotonic() < deadline and seen == 0:
+            view = _metric_view(rs, metric)
+            seen = view["total"] if view else 0
+            time.sleep(0.05)
+        assert seen > 0, "the rollup never started counting"
+        first.send_signal(signal.SIGKILL)
+    finally:
+        _stop(first)
+    second = _start_rollup(rs, log)
+    try:
+        _check_windows(rs, points)
+    finally:
+        _stop(second)
+
+
+def test_the_analytics_command_names_the_address_when_no_rollup_runs(rs: Settings) -> None:
+    result = cli(rs, "analytics", "--metric", "task_created", "--since", "30m", check=False)
+    assert result.returncode == 2
+    assert f"analytics rollup at http://127.0.0.1:{rs.analytics_rollup_port}" in result.stderr
+    assert "is unreachable" in result.stderr
+    bad = cli(rs, "analytics", "--metric", "task_created", "--since", "soon", check=False)
+    assert bad.returncode == 2 and "--since must be a positive duration" in bad.stderr
+    unknown = cli(rs, "analytics", "--metric", "tasks", "--since", "1h", check=False)
+    assert unknown.returncode == 2 and "unknown metric 'tasks'" in unknown.stderr

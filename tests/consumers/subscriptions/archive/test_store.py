@@ -1,0 +1,127 @@
+"""The ObjectStore contract, written once and run against each implementation.
+
+The S3 store runs here against moto's in-process S3 *mock*: this checks the requests our client
+makes (keys, prefixes, pagination, the missing-object error) — a unit test, not a test against a
+real S3-compatible server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.subscriptions.archive.store import (
+    ArchiveStoreError,
+    LocalObjectStore,
+    ObjectMissing,
+    ObjectStore,
+    S3ObjectStore,
+)
+
+
+class ObjectStoreTests:
+    @pytest.fixture
+    def store(self) -> ObjectStore:
+        raise NotImplementedError
+
+    def test_put_get_replace(self, store: ObjectStore) -> None:
+        store.put("events/2026-01-01/stream-00/a.gz", b"one")
+        store.put("events/2026-01-01/stream-00/a.gz", b"two")
+        assert store.get("events/2026-01-01/stream-00/a.gz") == b"two"
+        store.put("index/e", b"")
+        assert store.get("index/e") == b""
+
+    def test_list_by_prefix_in_order(self, store: ObjectStore) -> None:
+        keys = [
+            "events/2026-01-02/stream-01/b.gz",
+            "events/2026-01-01/stream-00/a.gz",
+            "events/2026-01-01/stream-07/c.gz",
+            "index/stream-00/p0/x",
+        ]
+        for key in keys:
+            store.put(key, key.encode())
+        assert list(store.list("events/")) == sorted(keys[:3])
+        assert list(store.list("events/2026-01-01/")) == sorted(keys[1:3])
+        assert list(store.list("events/2026-01-0")) == sorted(keys[:3])
+        assert list(store.list("index/stream-00/p0/")) == ["index/stream-00/p0/x"]
+        assert list(store.list("none/")) == []
+
+    def test_missing_and_delete(self, store: ObjectStore) -> None:
+        with pytest.raises(ObjectMissing, match="no object 'events/x'"):
+            store.get("events/x")
+        store.put("events/x", b"1")
+        store.delete("events/x")
+        store.delete("events/x")  # idempotent
+        with pytest.raises(ObjectMissing):
+            store.get("events/x")
+        assert list(store.list("events/")) == []
+
+    def test_bad_keys_are_refused_before_any_call(self, store: ObjectStore) -> None:
+        for bad in ("../x", "/abs", "a//b", "a/../b", "sp ace", ""):
+            with pytest.raises(ArchiveStoreError, match="is not a relative path"):
+                store.put(bad, b"")
+
+    def test_many_keys_list_completely(self, store: ObjectStore) -> None:
+        keys = [f"index/stream-00/p0/{n:020d}" for n in range(1100)]  # past one S3 list page
+        for key in keys:
+            store.put(key, b"")
+        assert list(store.list("index/")) == keys
+
+
+class TestLocalObjectStore(ObjectStoreTests):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> ObjectStore:
+        return LocalObjectStore(tmp_path)
+
+    def test_no_temporary_is_left_and_empty_directories_go(self, tmp_path: Path) -> None:
+        store = LocalObjectStore(tmp_path)
+        store.put("events/2026-01-01/stream-00/a.gz", b"x")
+        assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+        store.delete("events/2026-01-01/stream-00/a.gz")
+        assert list(tmp_path.iterdir()) == []
+
+    def test_a_temporary_left_by_a_crash_is_never_listed(self, tmp_path: Path) -> None:
+        store = LocalObjectStore(tmp_path)
+        store.put("events/d/a.gz", b"x")
+        (tmp_path / "events" / "d" / ".b.gz.tmp-0123").write_bytes(b"half")
+        assert list(store.list("events/")) == ["events/d/a.gz"]
+
+    def test_an_unwritable_root_is_reported_naming_the_key(self, tmp_path: Path) -> None:
+        (tmp_path / "events").write_text("a file where a directory should be")
+        with pytest.raises(ArchiveStoreError, match="cannot write 'events/a.gz' in directory"):
+            LocalObjectStore(tmp_path).put("events/a.gz", b"x")
+
+
+class TestS3ObjectStoreOnMoto(ObjectStoreTests):
+    """Request shapes only: moto is a mock of S3, not an S3-compatible server."""
+
+    @pytest.fixture
+    def store(self) -> Iterator[ObjectStore]:
+        moto = pytest.importorskip("moto")
+        boto3 = pytest.importorskip("boto3")
+        with moto.mock_aws():
+            client: Any = boto3.client("s3", region_name="us-east-1")
+            client.create_bucket(Bucket="archive")
+            client.put_object(Bucket="archive", Key="other-env/events/x", Body=b"not ours")
+            yield S3ObjectStore(bucket="archive", prefix="tenv/", client=client)
+
+    def test_keys_live_under_the_environments_prefix(self, store: ObjectStore) -> None:
+        assert isinstance(store, S3ObjectStore)
+        store.put("events/a", b"1")
+        listed = store.client.list_objects_v2(Bucket="archive")["Contents"]
+        assert sorted(o["Key"] for o in listed) == ["other-env/events/x", "tenv/events/a"]
+        assert list(store.list("events/")) == ["events/a"]
+
+    def test_a_missing_bucket_is_reported_naming_the_bucket(self, store: ObjectStore) -> None:
+        assert isinstance(store, S3ObjectStore)
+        gone = S3ObjectStore(bucket="no-such-bucket", client=store.client)
+        with pytest.raises(ArchiveStoreError, match="s3://no-such-bucket"):
+            gone.put("events/a", b"1")
+
+
+def test_the_s3_store_needs_a_bucket() -> None:
+    with pytest.raises(ArchiveStoreError, match="needs a bucket"):
+        S3ObjectStore(bucket="", client=object())

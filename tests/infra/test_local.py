@@ -1,0 +1,38 @@
+"""infra/local.sh on private instances: stop, kill and restart keep data; the cluster survives
+losing a broker."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from streams.admin import admin_client, ensure_reachable
+from tests.support.infra import PrivateServices
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+
+def test_redis_kill_and_restart_keeps_append_only_data() -> None:
+    with PrivateServices(kafka=False) as svc:
+        client = redis.Redis.from_url(svc.redis_url)
+        client.set("k", "v")
+        client.close()
+        svc.redis_kill()
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis.from_url(svc.redis_url, socket_connect_timeout=1).ping()
+        svc.redis_start()
+        assert redis.Redis.from_url(svc.redis_url).get("k") == b"v"
+        assert "already running" in svc.run("redis-start")
+
+
+def test_kafka_stop_start_and_kill_are_idempotent_and_report() -> None:
+    with PrivateServices(redis=False) as svc:
+        base = {"bootstrap.servers": svc.bootstrap}
+        ensure_reachable(admin_client(base), base, 10)
+        assert "already running" in svc.run("kafka-start")
+        assert "killed" in svc.run("kafka-kill")
+        assert "not running" in svc.run("kafka-kill")
+        svc.kafka_start()
+        ensure_reachable(admin_client(base), base, 10)
+        assert "stopped" in svc.run("kafka-stop")
+        assert "kafka node single: stopped" in svc.run("status")

@@ -1,0 +1,503 @@
+"""The operator service over the in-memory dead-letter store and real SQLite outboxes, and the
+HTTP face's auth and error mapping on a real server over those in-memory parts. The same flows
+against Kafka and Redis are in tests/router/operator/test_api.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from consumers.runtime.dead_letter_ops import DeadLetterActions
+from consumers.runtime.dead_letters import (
+    DeadLetter,
+    Entry,
+    MemoryDeadLetters,
+    batch_letter_id,
+    command_letter_id,
+)
+from consumers.runtime.types import TP
+from router.operator.api import PAGE_POLICY
+from router.operator.service import ActionFailed, BadInput, Conflict, NotFound, OperatorService
+from router.settings import Settings
+from router.wiring.subscription import policy
+from streams.clock import ManualClock
+from streams.envelopes import Command, build, encode, format_time
+from streams.errors import Unreachable
+from streams.outbox.store import RowState, RowUpdate
+from streams.topology import queue_name, redelivery_topic
+from tests.support.environment import make_settings
+from tests.support.operator import running_server
+from tests.support.outbox import append_all, drafts, outbox_for
+
+TOKEN = "s3cret-operator-token"
+
+Sent = tuple[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]]
+
+
+class Parts:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.clock = ManualClock()
+        self.store = MemoryDeadLetters()
+        self.sent: list[Sent] = []
+        self.fail_sends = 0
+        self.actions = DeadLetterActions(
+            self.store,
+            self.clock,
+            self.send,
+            lambda slug: redelivery_topic(slug, settings.env),
+            policy(settings, "ledger").redelivery_partition,
+            lambda purpose: queue_name(purpose, settings.env),
+        )
+        self.service = OperatorService(settings, clock=self.clock, actions=self.actions)
+
+    def send(
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        if self.fail_sends:
+            self.fail_sends -= 1
+            raise ConnectionError("broker unavailable (injected)")
+        self.sent.append((topic, partition, key, value, headers))
+
+    def at(self, minutes: int) -> str:
+        return format_time(self.clock.now() + timedelta(minutes=minutes))
+
+
+def event_letter(parts: Parts, offset: int, *, minutes: int, sub: str = "ledger") -> DeadLetter:
+    stream = parts.settings.topology.stream_names()[1]
+    body = {"eventId": f"evt_{offset:032x}", "eventType": "task.completed", "drill": "fail"}
+    return DeadLetter(
+        id=batch_letter_id(sub, stream, 1, offset, "event-batch"),
+        kind="event-batch",
+        source_topic=stream,
+        source_partition=1,
+        error="drill: event is marked to fail",
+        error_type="DrillFailure",
+        attempts=5,
+        created_at=parts.at(minutes),
+        entries=[
+            Entry(
+                offset=offset,
+                value=orjson.dumps(body),
+                key=b"proj-1",
+                headers=[("traceparent", b"00-abc-def-01"), ("bin", b"\xff\xfe")],
+                event_id=body["eventId"],
+                event_type="task.completed",
+                project_id="proj-1",
+            )
+        ],
+        subscription=sub,
+    )
+
+
+def poison_letter(parts: Parts, *, minutes: int) -> DeadLetter:
+    stream = parts.settings.topology.stream_names()[0]
+    return DeadLetter(
+        id=batch_letter_id("ledger", stream, 0, 7, "poison"),
+        kind="poison",
+        source_topic=stream,
+        source_partition=0,
+        error="not JSON",
+        error_type="EnvelopeError",
+        attempts=1,
+        created_at=parts.at(minutes),
+        entries=[Entry(offset=7, value=b"\x00\x01not json")],
+        subscription="ledger",
+    )
+
+
+def command_letter(parts: Parts, n: int, *, minutes: int) -> tuple[DeadLetter, bytes]:
+    command = build(
+        Command,
+        command_id=f"cmd_task-{n}_ready",
+        command_type="agent.wake",
+        project_id="proj-2",
+        task_id=f"task-{n}",
+        created_at=parts.clock.now(),
+        payload={"agent": "a1"},
+    )
+    raw = encode(command, max_bytes=parts.settings.max_envelope_bytes)
+    letter = DeadLetter(
+        id=command_letter_id(command.command_id),
+        kind="command",
+        source_topic=queue_name("dead-letter", parts.settings.env),
+        source_partition=0,
+        error="worker failed 4 times",
+        error_type="WorkerError",
+        attempts=4,
+        created_at=parts.at(minutes),
+        entries=[
+            Entry(
+                offset=n,
+                value=raw,
+                key=b"proj-2",
+                headers=[("rh.error", b"boom"), ("dlq.origin_queue", b"integration")],
+            )
+        ],
+        origin_queue="integration",
+        command_id=command.command_id,
+    )
+    return letter, raw
+
+
+@pytest.fixture
+def parts() -> Parts:
+    p = Parts(make_settings(operator_token=TOKEN, operator_page_size=50))
+    p.store.write([event_letter(p, 3, minutes=1), poison_letter(p, minutes=2)])
+    p.store.write([command_letter(p, 1, minutes=3)[0]])
+    return p
+
+
+# -- listing and showing ---------------------------------------------------------------------------
+def test_listing_is_newest_first_and_filters_by_status_kind_subscription_and_queue(
+    parts: Parts,
+) -> None:
+    s = parts.service
+    listed = s.list_dead_letters()
+    assert [d.kind for d in listed.items] == ["command", "poison", "event-batch"]
+    assert (listed.matched, listed.truncated) == (3, False)
+    assert [d.kind for d in s.list_dead_letters(kind="command").items] == ["command"]
+    assert [d.kind for d in s.list_dead_letters(subscription="ledger").items] == [
+        "poison",
+        "event-batch",
+    ]
+    assert [d.origin_queue for d in s.list_dead_letters(queue="integration").items] == [
+        "integration"
+    ]
+    assert s.list_dead_letters(queue="release").items == []
+    limited = s.list_dead_letters(limit=1)
+    assert len(limited.items) == 1 and limited.matched == 3
+    assert s.list_dead_letters(status="dismissed").items == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"status": "closed"}, "status"),
+        ({"kind": "batch"}, "kind"),
+        ({"queue": "nowhere"}, "queue"),
+        ({"subscription": "Not A Slug"}, "subscription"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 51}, "limit"),
+    ],
+)
+def test_bad_listing_arguments_are_refused_naming_the_field(
+    parts: Parts, arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(BadInput) as refused:
+        parts.service.list_dead_letters(**arguments)
+    assert refused.value.field == field and str(next(iter(arguments.values()))) in str(
+        refused.value
+    )
+
+
+def test_show_decodes_json_bytes_and_keeps_binary_ones_as_base64(parts: Parts) -> None:
+    s = parts.service
+    event = s.list_dead_letters(kind="event-batch").items[0]
+    shown = s.dead_letter(event.id)
+    (entry,) = shown.entries
+    assert entry.value_is_json and entry.value_json["drill"] == "fail"
+    assert entry.key == "proj-1" and entry.value_text is None
+    assert [(h.name, h.text) for h in entry.headers] == [
+        ("traceparent", "00-abc-def-01"),
+        ("bin", None),
+    ]
+    poison = s.dead_letter(s.list_dead_letters(kind="poison").items[0].id)
+    assert not poison.entries[0].value_is_json and poison.entries[0].value_json is None
+    assert poison.entries[0].value_b64 == "AAFub3QganNvbg=="
+    assert poison.entries[0].value_text == "\x00\x01not json"
+    with pytest.raises(NotFound, match="dl_missing"):
+        s.dead_letter("dl_missing")
+
+
+# -- actions ---------------------------------------------------------------------------------------
+def test_retry_of_a_command_sends_it_to_its_origin_queue_once(parts: Parts) -> None:
+    letter, raw = command_letter(parts, 2, minutes=4)
+    parts.store.write([letter])
+    done = parts.service.retry(letter.id, who="ann", reason="worker fixed")
+    assert done.dead_letter.status == "retried"
+    assert queue_name("integration", parts.settings.env) in done.outcome
+    ((topic, partition, key, value, headers),) = parts.sent
+    assert (topic, partition, key, value) == (
+        queue_name("integration", parts.settings.env),
+        None,
+        b"proj-2",
+        raw,
+    )
+    assert headers == [("rh.dead_letter", letter.id.encode())]  # the dead-letter headers dropped
+    with pytest.raises(Conflict, match="already handled"):
+        parts.service.retry(letter.id, who="bob")
+    assert len(parts.sent) == 1
+    audit = parts.service.dead_letter(letter.id).audit
+    assert [(a.action, a.who, a.why) for a in audit] == [
+        ("retrying", "ann", "worker fixed"),
+        ("retried", "ann", "worker fixed"),
+    ]
+
+
+def test_retry_of_events_goes_to_the_subscriptions_redelivery_topic(parts: Parts) -> None:
+    letter = event_letter(parts, 9, minutes=5, sub="project-view-projector")
+    parts.store.write([letter])
+    done = parts.service.retry(letter.id, who="ann")
+    ((topic, partition, key, _, headers),) = parts.sent
+    assert topic == redelivery_topic("project-view-projector", parts.settings.env)
+    assert partition == policy(parts.settings, "x").redelivery_partition(TP(letter.source_topic, 1))
+    assert key == b"proj-1" and ("rh.origin_offset", b"9") in headers
+    assert "redelivered to subscription project-view-projector" in done.outcome
+    assert done.dead_letter.audit[-1].why == "operator retry"
+
+
+def test_a_poison_letter_can_only_be_dismissed(parts: Parts) -> None:
+    poison = parts.service.list_dead_letters(kind="poison").items[0]
+    with pytest.raises(Conflict, match="only be dismissed"):
+        parts.service.retry(poison.id, who="ann")
+    assert parts.service.dead_letter(poison.id).status == "open" and not parts.sent
+    done = parts.service.dismiss(poison.id, who="ann", reason="producer bug #12 fixed")
+    assert done.dead_letter.status == "dismissed"
+    assert done.dead_letter.last_action is not None
+    assert done.dead_letter.last_action.why == "producer bug #12 fixed"
+
+
+def test_a_failed_send_leaves_the_letter_open_for_another_retry(parts: Parts) -> None:
+    letter = parts.service.list_dead_letters(kind="command").items[0]
+    parts.fail_sends = 1
+    with pytest.raises(ActionFailed, match="open again"):
+        parts.service.retry(letter.id, who="ann")
+    shown = parts.service.dead_letter(letter.id)
+    assert shown.status == "open" and "send failed" in shown.audit[-1].why
+    assert parts.service.retry(letter.id, who="ann").dead_letter.status == "retried"
+    assert len(parts.sent) == 1
+
+
+def test_dismiss_needs_a_reason_and_a_name_and_happens_once(parts: Parts) -> None:
+    letter = parts.service.list_dead_letters(kind="event-batch").items[0]
+    with pytest.raises(BadInput) as no_reason:
+        parts.service.dismiss(letter.id, who="ann", reason="   ")
+    assert no_reason.value.field == "reason"
+    with pytest.raises(BadInput) as no_name:
+        parts.service.dismiss(letter.id, who="", reason="duplicate of an applied event")
+    assert no_name.value.field == "who"
+    with pytest.raises(BadInput) as too_long:
+        parts.service.dismiss(letter.id, who="ann", reason="x" * 2001)
+    assert too_long.value.field == "reason" and "2001" in str(too_long.value)
+    parts.service.dismiss(letter.id, who="ann", reason="duplicate of an applied event")
+    with pytest.raises(Conflict, match="dismissed by ann"):
+        parts.service.dismiss(letter.id, who="bob", reason="again")
+    with pytest.raises(Conflict, match="already handled"):
+        parts.service.retry(letter.id, who="bob")
+    assert [d.id for d in parts.service.list_dead_letters(status="dismissed").items] == [letter.id]
+    assert not parts.sent
+
+
+# -- outboxes --------------------------------------------------------------------------------------
+def _outbox_with_a_failed_row(settings: Settings, path: Path) -> str:
+    store = outbox_for(settings, path)
+    append_all(store, drafts("proj-a", 3) + drafts("proj-b", 2))
+    head = next(r for r in store.sendable(3, 100, None) if r.project_id == "proj-a" and r.slot == 1)
+    store.apply(
+        [RowUpdate(head.event_id, RowState.FAILED, 10, 0, None, "MSG_SIZE_TOO_LARGE", None)]
+    )
+    store.close()
+    return head.event_id
+
+
+def test_outboxes_absent_present_and_unreadable(tmp_path: Path) -> None:
+    good, missing, broken = tmp_path / "o.sqlite", tmp_path / "none.sqlite", tmp_path / "bad.sqlite"
+    broken.write_bytes(b"this is not a database" * 100)
+    p = Parts(make_settings(operator_outboxes=[str(good), str(missing), str(broken)]))
+    failed = _outbox_with_a_failed_row(p.settings, good)
+    present, absent, unreadable = p.service.outboxes()
+    assert present.present and present.error is None
+    assert (present.counts["pending"], present.counts["failed"], present.total) == (4, 1, 5)
+    assert [(r.event_id, r.last_error) for r in present.failed_rows] == [
+        (failed, "MSG_SIZE_TOO_LARGE")
+    ]
+    assert [(h.project_id, h.failed_slot, h.rows_waiting) for h in present.held_projects] == [
+        ("proj-a", 1, 2)
+    ]
+    assert (absent.outbox, absent.present) == (str(missing), False)
+    assert unreadable.present and unreadable.error
+    assert [h.project_id for h in p.service.held_projects()] == ["proj-a"]
+    p.store.write([event_letter(p, 1, minutes=1)])
+    recent = p.service.recent_failures()
+    assert [r.event_id for r in recent.outbox_failed_rows] == [failed]
+    assert [d.kind for d in recent.dead_letters] == ["event-batch"]
+
+
+def test_the_default_outbox_is_the_routers(tmp_path: Path) -> None:
+    path = tmp_path / "router.sqlite"
+    p = Parts(make_settings(router_outbox_path=str(path)))
+    assert p.service.outbox_paths() == [path]
+    assert [(o.outbox, o.present) for o in p.service.outboxes()] == [(str(path), False)]
+
+
+# -- the HTTP face over the in-memory parts: auth and errors ---------------------------------------
+@contextmanager
+def _client(parts: Parts) -> Iterator[httpx.Client]:
+    """The real server on a loopback port, over the in-memory parts."""
+    with running_server(parts.service) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def http(parts: Parts) -> Iterator[httpx.Client]:
+    with _client(parts) as client:
+        yield client
+
+
+def test_changes_need_the_operator_token(parts: Parts, http: httpx.Client) -> None:
+    letter = parts.service.list_dead_letters(kind="command").items[0].id
+    url = f"/api/dead-letters/{letter}/retry"
+    body = {"who": "ann"}
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+    ):
+        refused = http.post(url, json=body, headers=headers)
+        assert refused.status_code == 401, headers
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert (
+            "Authorization: Bearer" in refused.json()["reason"]
+            or "not this server's" in (refused.json()["reason"])
+        )
+    # Refused before the body is even read: a bad body without a token is still a 401.
+    assert http.post(url, content=b"{nonsense").status_code == 401
+    assert parts.service.dead_letter(letter).status == "open" and not parts.sent
+    done = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert done.status_code == 200 and done.json()["dead_letter"]["status"] == "retried"
+    again = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert again.status_code == 409 and "already handled" in again.json()["reason"]
+    assert len(parts.sent) == 1
+
+
+def test_with_no_token_configured_every_change_is_refused() -> None:
+    p = Parts(make_settings())
+    p.store.write([command_letter(p, 1, minutes=1)[0]])
+    letter = p.service.list_dead_letters().items[0].id
+    with _client(p) as client:
+        for action, body in (("retry", {"who": "a"}), ("dismiss", {"who": "a", "reason": "r"})):
+            refused = client.post(
+                f"/api/dead-letters/{letter}/{action}",
+                json=body,
+                headers={"Authorization": "Bearer any-token"},
+            )
+            assert refused.status_code == 403
+            assert "RHUMBATRON_OPERATOR_TOKEN" in refused.json()["reason"]
+        assert client.get("/api/info").json()["mutations_enabled"] is False
+    assert p.service.dead_letter(letter).status == "open" and not p.sent
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "status", "field"),
+    [
+        ("get", "/api/dead-letters?status=closed", None, 422, "status"),
+        ("get", "/api/dead-letters?limit=0", None, 422, "limit"),
+        ("get", "/api/dead-letters?limit=51", None, 422, "limit"),
+        ("get", "/api/dead-letters?subscription=Bad%20Slug", None, 422, "subscription"),
+        ("get", "/api/projects/bad%01id/view", None, 422, "project_id"),
+        ("post", "/api/dead-letters/{id}/dismiss", {"who": "ann"}, 422, "reason"),
+        ("post", "/api/dead-letters/{id}/dismiss", {"who": " ", "reason": "r"}, 422, "who"),
+        ("post", "/api/dead-letters/{id}/retry", {}, 422, "who"),
+        ("post", "/api/dead-letters/{id}/retry", {"who": "a", "extra": 1}, 422, "extra"),
+        ("post", "/api/dead-letters/{id}/retry", "not an object", 422, "body"),
+        ("post", "/api/dead-letters/dl_nope/retry", {"who": "a"}, 404, None),
+        ("get", "/api/dead-letters/dl_nope", None, 404, None),
+        ("get", "/api/nowhere", None, 404, None),
+        ("delete", "/api/dead-letters/{id}", None, 405, None),
+    ],
+)
+def test_errors_are_json_with_a_reason(
+    parts: Parts,
+    http: httpx.Client,
+    method: str,
+    url: str,
+    body: Any,
+    status: int,
+    field: str | None,
+) -> None:
+    letter = parts.service.list_dead_letters(kind="event-batch").items[0].id
+    response = http.request(
+        method.upper(),
+        url.replace("{id}", letter),
+        json=body,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert response.status_code == status
+    error = response.json()
+    assert set(error) == {"reason", "field"} and error["reason"]
+    assert error["field"] == field
+    if "dl_nope" in url:
+        assert "dl_nope" in error["reason"]
+    assert parts.service.dead_letter(letter).status == "open"
+
+
+def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
+    document = http.get("/openapi.json").json()
+    paths = document["paths"]
+    assert set(paths) == {
+        "/api/info",
+        "/api/health",
+        "/api/dead-letters",
+        "/api/dead-letters/{letter_id}",
+        "/api/dead-letters/{letter_id}/retry",
+        "/api/dead-letters/{letter_id}/dismiss",
+        "/api/failures",
+        "/api/outboxes",
+        "/api/held-projects",
+        "/api/lag",
+        "/api/projects/{project_id}/view",
+        "/api/projects/{project_id}/feed",
+    }
+    secured = {
+        (path, method)
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+        if operation.get("security")
+    }
+    assert secured == {
+        ("/api/dead-letters/{letter_id}/retry", "post"),
+        ("/api/dead-letters/{letter_id}/dismiss", "post"),
+    }
+    page = http.get("/")
+    assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_POLICY
+    html = page.text
+    assert 'id="dl-rows"' in html and "sessionStorage" in html
+    # One file, nothing loaded from elsewhere.
+    for marker in ("http://", "https://", "<script src", "<link"):
+        assert marker not in html, marker
+    assert http.get("/docs").status_code == 404  # the interactive docs would load a CDN
+
+
+# -- Kafka and Redis out of reach -------------------------------------------------------------------
+def test_out_of_reach_kafka_and_redis_are_named_not_hidden() -> None:
+    # Port 1 on loopback: nothing listens, every connection is refused at once.
+    s = make_settings(
+        kafka_bootstrap="127.0.0.1:1",
+        redis_url="redis://127.0.0.1:1/0",
+        connect_timeout_s=1.0,
+        operator_health_timeout_s=1.0,
+    )
+    service = OperatorService(s)
+    health = service.health()
+    assert not health.ok and not health.kafka.ok and not health.redis.ok
+    assert health.reason is not None and health.reason.count("127.0.0.1:1") >= 2
+    with pytest.raises(Unreachable, match="Kafka at 127.0.0.1:1"):
+        service.lag()
+    with pytest.raises(Unreachable, match="Redis at 127.0.0.1:1"):
+        service.list_dead_letters()
+    with pytest.raises(Unreachable, match="Redis at 127.0.0.1:1"):
+        service.project_view("proj-1")

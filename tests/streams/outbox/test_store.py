@@ -1,0 +1,276 @@
+"""The SQLite outbox as a store: one transaction for the writer's change and its events, bad input
+refused (never dropped), the single-publisher lease, purge leaving the counters alone, the
+stats shape, and the in-process wake-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.clock import ManualClock
+from streams.errors import EnvelopeError, EnvelopeTooLarge, OutboxError, PublisherLocked
+from streams.outbox import ops
+from streams.outbox.store import RowState, RowUpdate
+from tests.support.outbox import drafts, sqlite_outbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_writers_change_and_its_events_commit_together(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    with store.transaction() as unit:
+        unit.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, state TEXT)")
+        unit.execute("INSERT INTO tasks VALUES ('t1', 'ready')")
+    with store.transaction() as unit:
+        unit.execute("UPDATE tasks SET state = 'done' WHERE id = 't1'")
+        result = unit.append("proj-a", drafts("proj-a", 2), tenant_id="tenant-a")
+    assert result.slots == [1, 2]
+    assert [e.tenant_id for e in result.events] == ["tenant-a", "tenant-a"]
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash), store.transaction() as unit:
+        unit.execute("UPDATE tasks SET state = 'failed' WHERE id = 't1'")
+        unit.append("proj-a", drafts("proj-a", 3), tenant_id="tenant-a")
+        raise Crash
+    conn = sqlite3.connect(tmp_path / "o.db")
+    assert conn.execute("SELECT state FROM tasks").fetchone()[0] == "done"
+    assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 2
+    conn.close()
+    assert store.last_slot("proj-a") == 2
+    with store.transaction() as unit:
+        assert unit.append("proj-a", drafts("proj-a", 1), tenant_id="t").slots == [3]
+    store.close()
+
+
+def test_invalid_events_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    bad_type = dataclasses.replace(drafts("proj-a", 1)[0], event_type="Not A Type")
+    with pytest.raises(EnvelopeError, match="eventType"), store.transaction() as unit:
+        unit.append("proj-a", [*drafts("proj-a", 1), bad_type], tenant_id="t")
+    huge = dataclasses.replace(drafts("proj-a", 1)[0], payload={"blob": "x" * 300_000})
+    with (
+        pytest.raises(EnvelopeTooLarge, match="over the 262144-byte limit"),
+        store.transaction() as unit,
+    ):
+        unit.append("proj-a", [huge], tenant_id="t")
+    assert store.counts()[RowState.PENDING] == 0 and store.last_slot("proj-a") == 0
+    store.close()
+
+
+def test_an_outbox_transaction_cannot_nest(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    with (
+        pytest.raises(OutboxError, match="inside an open outbox transaction"),
+        store.transaction(),
+        store.transaction(),
+    ):
+        pass
+    store.close()
+
+
+def test_missing_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    from streams.outbox.sqlite import SqliteOutbox
+
+    options = sqlite_outbox(tmp_path / "x.db").options
+    with pytest.raises(OutboxError, match=r"no outbox at .*missing\.db"):
+        SqliteOutbox(tmp_path / "missing.db", options=options, create=False)
+    (tmp_path / "notes.txt").write_text("not a database at all, but long enough to be read\n" * 50)
+    with pytest.raises(OutboxError, match="is not a SQLite database"):
+        SqliteOutbox(tmp_path / "notes.txt", options=options, create=False)
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("CREATE TABLE t (x)")
+    other.close()
+    with pytest.raises(OutboxError, match="holds no outbox tables"):
+        SqliteOutbox(tmp_path / "other.db", options=options, create=False)
+    newer = sqlite3.connect(tmp_path / "x.db")
+    newer.execute("PRAGMA user_version = 99")
+    newer.close()
+    with pytest.raises(OutboxError, match="schema version 99, newer than"):
+        SqliteOutbox(tmp_path / "x.db", options=options, create=False)
+
+
+def test_a_second_publisher_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    other = sqlite_outbox(tmp_path / "o.db")
+    with store.publisher_lease():
+        with pytest.raises(PublisherLocked) as refused, other.publisher_lease():
+            pass
+        message = str(refused.value)
+        assert f"process {os.getpid()}" in message and str(tmp_path / "o.db") in message
+        assert "only one publisher may run per outbox" in message
+    with other.publisher_lease():  # released: the next one may start
+        pass
+    store.close()
+    other.close()
+
+
+def test_the_lease_dies_with_its_holder(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    sqlite_outbox(path).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from tests.support.outbox import sqlite_outbox; "
+            f"lease = sqlite_outbox(Path({str(path)!r})).publisher_lease(); lease.__enter__(); "
+            "print('held', flush=True); time.sleep(600)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        store = sqlite_outbox(path)
+        with (
+            pytest.raises(PublisherLocked, match=f"process {holder.pid} "),
+            store.publisher_lease(),
+        ):
+            pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+        with store.publisher_lease():
+            pass
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+def test_purge_removes_old_published_rows_and_never_resets_counters(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = sqlite_outbox(tmp_path / "o.db", clock=clock)
+    with store.transaction() as unit:
+        old = unit.append("proj-a", drafts("proj-a", 3), tenant_id="t")
+    now = clock.now().timestamp()
+    store.apply(
+        [RowUpdate(e.event_id, RowState.PUBLISHED, 0, 0, None, None, now) for e in old.events[:2]]
+    )
+    clock.advance(8 * 86400)
+    with store.transaction() as unit:
+        recent = unit.append("proj-a", drafts("proj-a", 1), tenant_id="t")
+    store.apply(
+        [
+            RowUpdate(
+                recent.events[0].event_id,
+                RowState.PUBLISHED,
+                0,
+                0,
+                None,
+                None,
+                clock.now().timestamp(),
+            )
+        ]
+    )
+    removed = ops.purge(store, older_than_s=7 * 86_400, now=clock.now().timestamp())
+    assert removed == 2
+    assert store.get(old.events[0].event_id) is None
+    assert store.get(old.events[2].event_id) is not None  # unpublished: kept
+    assert store.get(recent.events[0].event_id) is not None  # too recent: kept
+    with store.transaction() as unit:
+        assert unit.append("proj-a", drafts("proj-a", 1), tenant_id="t").slots == [5]
+    with pytest.raises(OutboxError, match="needs a positive age"):
+        ops.purge(store, older_than_s=0, now=0)
+    store.close()
+
+
+def test_stats_shape(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = sqlite_outbox(tmp_path / "o.db", clock=clock)
+    with store.transaction() as unit:
+        a = unit.append("proj-a", drafts("proj-a", 3), tenant_id="t")
+        b = unit.append("proj-b", drafts("proj-b", 1), tenant_id="t")
+    created = clock.now().timestamp()
+    clock.advance(42)
+    store.apply(
+        [
+            RowUpdate(
+                a.events[0].event_id, RowState.FAILED, 10, 0, None, "MSG_SIZE_TOO_LARGE", None
+            ),
+            RowUpdate(b.events[0].event_id, RowState.PUBLISHED, 0, 0, None, None, created + 1),
+        ]
+    )
+    shown = ops.stats(store, now=clock.now().timestamp(), row_limit=10).as_dict()
+    for state in ("pending", "published", "retry_wait", "failed"):
+        assert type(shown[state]) is int
+    assert (shown["pending"], shown["published"], shown["retry_wait"], shown["failed"]) == (
+        2,
+        1,
+        0,
+        1,
+    )
+    assert shown["oldest_pending_age_s"] == 42.0
+    assert shown["failed_rows"] == [
+        {
+            "event_id": a.events[0].event_id,
+            "project_id": "proj-a",
+            "slot": 1,
+            "event_type": "task.completed",
+            "attempts": 10,
+            "last_error": "MSG_SIZE_TOO_LARGE",
+        }
+    ]
+    assert shown["held_projects"] == [
+        {
+            "project_id": "proj-a",
+            "failed_event_id": a.events[0].event_id,
+            "failed_slot": 1,
+            "rows_waiting": 2,
+        }
+    ]
+    store.close()
+
+
+def test_a_commit_wakes_a_waiting_publisher(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    generation = store.commits.generation
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(store.commits.wait(generation, 60)))
+    waiter.start()
+    time.sleep(0.05)
+    with store.transaction() as unit:
+        unit.append("proj-a", drafts("proj-a", 1), tenant_id="t")
+    waiter.join(10)
+    assert woke == [True]
+    # A transaction that appends nothing does not wake anyone.
+    generation = store.commits.generation
+    with store.transaction() as unit:
+        unit.execute("SELECT 1")
+    assert store.commits.generation == generation
+    assert store.commits.wait(generation, 0.01) is False
+    store.close()
+
+
+def test_a_capped_pass_shares_rows_evenly_and_rotates(tmp_path: Path) -> None:
+    store = sqlite_outbox(tmp_path / "o.db")
+    for n in range(5):
+        with store.transaction() as unit:
+            unit.append(f"proj-{n:02d}", drafts(f"proj-{n:02d}", 10), tenant_id="t")
+    rows = store.sendable(10, 20, None)
+    by_project: dict[str, list[int]] = {}
+    for row in rows:
+        by_project.setdefault(row.project_id, []).append(row.slot)
+    assert by_project == {f"proj-{n:02d}": [1, 2, 3, 4] for n in range(5)}
+    assert len(store.sendable(10, 1000, None)) == 50
+
+    for n in range(5, 30):
+        with store.transaction() as unit:
+            unit.append(f"proj-{n:02d}", drafts(f"proj-{n:02d}", 2), tenant_id="t")
+    first = store.sendable(10, 20, None)
+    assert [(r.project_id, r.slot) for r in first] == [(f"proj-{n:02d}", 1) for n in range(20)]
+    after = store.sendable(10, 20, "proj-19")
+    expected = [f"proj-{n:02d}" for n in [*range(20, 30), *range(10)]]
+    assert [r.project_id for r in after] == expected
+    store.close()

@@ -1,0 +1,66 @@
+"""Test environments on the shared servers: each test's own environment name, so its topics,
+groups and Redis keys never meet another test's; and the environment a CLI subprocess needs.
+
+The brokers are those named by RHUMBATRON_TEST_KAFKA_BOOTSTRAP and the Redis named by
+RHUMBATRON_TEST_REDIS_URL when set, else the local servers that `make test` starts."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from router.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m` runs from
+
+TEST_KAFKA = os.environ.get("RHUMBATRON_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+TEST_REDIS = os.environ.get("RHUMBATRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def make_settings(**overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "env": "t" + secrets.token_hex(5),
+        "kafka_bootstrap": TEST_KAFKA,
+        "redis_url": TEST_REDIS,
+        "partitions": 2,
+        "queue_partitions": 1,
+        "connect_timeout_s": 10.0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def cleanup_environment(s: Settings) -> None:
+    from consumers.redis_conn import connect
+    from streams.admin import admin_client, delete_topics
+
+    base = s.kafka_config()
+    admin = admin_client(base)
+    try:
+        names = [
+            t
+            for t in admin.list_topics(timeout=10).topics
+            if t.endswith(f"_{s.env}") or t.endswith(f"-{s.env}")
+        ]
+        delete_topics(admin, base, names, timeout=30)
+    except Exception:  # cleanup is best effort; the test's own result stands
+        pass
+    try:
+        client = connect(s.redis_url, timeout=5)
+        for key in client.scan_iter(match=f"*{s.env}*", count=1000):
+            client.delete(key)
+    except Exception:
+        pass
+
+
+def subprocess_env(s: Settings, **extra: str) -> dict[str, str]:
+    """The environment a CLI subprocess needs to act on ``s``'s environment."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RHUMBATRON_") or k.startswith("RHUMBATRON_TEST_")
+    }
+    env.update(s.as_environment())
+    env.update(extra)
+    return env
