@@ -8,6 +8,7 @@ partition, total order. Names are checked here, before any network call.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streams.errors import TopologyError
@@ -129,6 +130,38 @@ def redelivery_topic(subscription: str, env: str) -> str:
     return f"rhumbatron_redelivery_{check_slug(subscription).replace('-', '_')}_{check_env(env)}"
 
 
+def retry_topic(purpose: str, env: str) -> str:
+    """``rhumbatron-<purpose>-retry-<env>``: a command queue's retries, each with its due time."""
+    queue_name(purpose, env)
+    return f"rhumbatron-{purpose}-retry-{env}"
+
+
+def transactional_id(slug: str, env: str, lease: int) -> str:
+    """``rhumbatron-<slug>-<env>-<lease>``: stable per producer lease, so a process that takes
+    over a lease fences the one that held it before (librdkafka's zombie fencing)."""
+    return f"rhumbatron-{check_slug(slug)}-{check_env(env)}-{lease}"
+
+
+def redelivery_partition(
+    streams: Sequence[str], partitions_per_stream: int, topic: str, partition: int
+) -> int | None:
+    """Redelivery partition k belongs to origin (streams[k // P], k % P), so the consumer that
+    owns an origin partition also reads its redeliveries; ``None`` for a topic not a stream."""
+    if topic not in streams:
+        return None
+    return list(streams).index(topic) * partitions_per_stream + partition
+
+
+def redelivery_origin(
+    streams: Sequence[str], partitions_per_stream: int, redelivered: int
+) -> tuple[str, int] | None:
+    """The (stream, partition) a redelivery partition belongs to, if any."""
+    index, partition = divmod(redelivered, partitions_per_stream)
+    if not 0 <= index < len(streams):
+        return None
+    return streams[index], partition
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
@@ -218,6 +251,19 @@ class Topology:
                 "internal",
             ),
         ]
+
+    def redelivery_partition(self, topic: str, partition: int) -> int | None:
+        return redelivery_partition(self.stream_names(), self.partitions, topic, partition)
+
+    def retry_spec(self, purpose: str) -> TopicSpec:
+        config = {"retention.ms": str(self.queue_retention_ms), "cleanup.policy": "delete"}
+        return TopicSpec(
+            retry_topic(purpose, self.env),
+            self.queue_partitions,
+            self.replication_factor,
+            config,
+            "queue",
+        )
 
     def redelivery_spec(self, subscription: str) -> TopicSpec:
         """One partition per stream partition, so partition k belongs to origin

@@ -10,7 +10,8 @@ from typing import cast
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
 from consumers.runtime.parts import Line, OpenPart, PartWriter
-from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
+from consumers.runtime.store import Commit, Store
+from streams.errors import CursorMoved, Fenced, PendingEffects
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
@@ -23,6 +24,7 @@ from consumers.runtime.types import (
 from streams.clock import Clock
 from streams.envelopes import Event
 from streams.errors import EnvelopeError
+from streams.topology import redelivery_origin, redelivery_partition
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -39,20 +41,18 @@ class RuntimePolicy:
     # How far before a pending copy's store time recovery looks for its records on the output
     # topics (clock skew between this host and the one that stored the copy).
     output_search_margin_ms: int = 60_000
-    # Redelivery topic partition k belongs to origin (streams[k // P], k % P).
+    # The streams this subscription reads, for the redelivery mapping (streams.topology).
     streams: tuple[str, ...] = ()
     partitions_per_stream: int = 1
 
     def redelivery_partition(self, tp: TP) -> int | None:
-        if tp.topic not in self.streams:
-            return None
-        return self.streams.index(tp.topic) * self.partitions_per_stream + tp.partition
+        return redelivery_partition(
+            self.streams, self.partitions_per_stream, tp.topic, tp.partition
+        )
 
-    def origin_of(self, redelivery_partition: int) -> TP | None:
-        index, partition = divmod(redelivery_partition, self.partitions_per_stream)
-        if not 0 <= index < len(self.streams):
-            return None
-        return TP(self.streams[index], partition)
+    def origin_of(self, redelivered: int) -> TP | None:
+        origin = redelivery_origin(self.streams, self.partitions_per_stream, redelivered)
+        return None if origin is None else TP(*origin)
 
 
 @dataclass
@@ -97,15 +97,6 @@ class Outcome:
     first_unapplied: int | None
     letters: list[DeadLetter]
     lines: list[Line] = field(default_factory=list)
-
-
-class ProcessorError(Exception):
-    """Wraps what a processor raised, keeping which step (reduce or process) it came from."""
-
-    def __init__(self, step: str, cause: BaseException) -> None:
-        self.step = step
-        self.cause = cause
-        super().__init__(f"{step} raised {type(cause).__name__}: {cause}")
 
 
 class RunnerBase:

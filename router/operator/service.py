@@ -32,10 +32,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from consumers.lag import group_lag, list_groups
 from consumers.redis_conn import address_of, connect
-from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
+from consumers.runtime.dead_letter_ops import DeadLetterActions
+from streams.errors import DeadLetterActionRefused
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
 from consumers.runtime.types import TP
-from consumers.subscriptions.projector.view import ViewNotFound, read_feed, read_view
+from consumers.subscriptions.projector.view import read_feed, read_view
+from streams.errors import ViewNotFound
 from router.operator.models import (
     ActionResult,
     DeadLetterDetail,
@@ -66,30 +68,6 @@ KINDS = ("event-batch", "poison", "command")
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
 T = TypeVar("T")
-
-
-class OperatorError(RhumbatronError):
-    status: ClassVar[int] = 400
-
-
-class NotFound(OperatorError):
-    status = 404
-
-
-class Conflict(OperatorError):
-    status = 409
-
-
-class BadInput(OperatorError):
-    status = 422
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
-
-
-class ActionFailed(OperatorError):
-    status = 503
 
 
 class OperatorService:
@@ -325,7 +303,7 @@ class OperatorService:
         subscription (a known one, or a group with a commit on any stream) reads every stream
         from the start, so an uncommitted stream partition lags by all it holds."""
         from router.wiring.processors import BUILDERS
-        from router.workers.model import retry_topic
+        from streams.topology import retry_topic
 
         settings = self.settings
         env = settings.env

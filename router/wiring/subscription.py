@@ -19,16 +19,22 @@ from consumers.runtime.kafka_transport import (
     KafkaRedelivery,
     KafkaTransport,
 )
+from consumers.runtime.producer_lease import ProducerLease
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
-from consumers.runtime.worker_slot import WorkerSlot
 from router.settings import Settings
 from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
-from streams.topology import group_id, queue_name, redelivery_topic
+from streams.topology import (
+    dead_letter_topic,
+    group_id,
+    queue_name,
+    redelivery_topic,
+    transactional_id,
+)
 
 
 def processor_for(
@@ -78,7 +84,7 @@ def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDe
         Producer(settings.kafka_config()),
         client,
         env=settings.env,
-        topic=settings.topology.internal_specs()[0].name,
+        topic=dead_letter_topic(settings.env),
         flush_timeout=settings.connect_timeout_s * 3,
     )
 
@@ -115,43 +121,35 @@ def dead_letter_actions(
         value: bytes,
         headers: list[tuple[str, bytes]],
     ) -> None:
-        if topic.startswith("rhumbatron_redelivery_"):
-            ensure_redelivery_topic(settings, topic)
         producer.produce(
             topic, value, key=key.decode() if key else None, headers=headers, partition=partition
         )
         producer.flush(settings.connect_timeout_s * 3)
 
-    run_policy = policy(settings, "ledger")
     return DeadLetterActions(
         dead_letters(settings, client),
         clock,
         send,
-        lambda slug: redelivery_topic(slug, settings.env),
-        run_policy.redelivery_partition,
+        lambda slug: ensure_redelivery_topic(settings, slug),
+        lambda tp: settings.topology.redelivery_partition(tp.topic, tp.partition),
         lambda purpose: queue_name(purpose, settings.env),
         stale_retry_s=settings.operator_stale_retry_s,
     )
 
 
-def ensure_redelivery_topic(settings: Settings, topic: str) -> None:
-    specs = [
-        s
-        for s in (settings.topology.redelivery_spec(_slug_of(topic, settings.env)),)
-        if s.name == topic
-    ]
+def ensure_redelivery_topic(settings: Settings, slug: str) -> str:
+    """The subscription's redelivery topic, created if missing (an operator may retry a letter
+    of a subscription that never ran here); returns its name."""
+    spec = settings.topology.redelivery_spec(slug)
     base = settings.kafka_config()
     provision(
         admin_client(base),
         base,
-        specs,
+        [spec],
         topology=settings.topology,
         timeout=settings.connect_timeout_s,
     )
-
-
-def _slug_of(topic: str, env: str) -> str:
-    return topic.removeprefix("rhumbatron_redelivery_").removesuffix(f"_{env}").replace("_", "-")
+    return spec.name
 
 
 @dataclass
@@ -160,12 +158,12 @@ class Subscription:
 
     runner: Runner
     client: redis.Redis[bytes]
-    slot: WorkerSlot | None = None
+    lease: ProducerLease | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def tick(self) -> None:
-        if self.slot is not None:
-            self.slot.renew()
+        if self.lease is not None:
+            self.lease.renew()
 
     def close(self) -> None:
         try:
@@ -173,8 +171,8 @@ class Subscription:
         finally:
             for close in self.closers:
                 close()
-            if self.slot is not None:
-                self.slot.release()
+            if self.lease is not None:
+                self.lease.release()
 
 
 def open_subscription(
@@ -192,16 +190,16 @@ def open_subscription(
         topology=topology,
         timeout=settings.connect_timeout_s,
     )
-    slot = None
+    lease = None
     output = None
     if processor.effect_kind == EffectKind.KAFKA:
-        slot = WorkerSlot(
-            client, env=settings.env, slug=processor.slug, ttl_s=settings.worker_slot_ttl_s
+        lease = ProducerLease(
+            client, env=settings.env, slug=processor.slug, ttl_s=settings.producer_lease_ttl_s
         )
-        n = slot.acquire()
+        n = lease.acquire()
         output = KafkaOutput(
             base,
-            transactional_id=f"rhumbatron-{processor.slug}-{settings.env}-{n}",
+            transactional_id=transactional_id(processor.slug, settings.env, n),
             transaction_timeout_ms=settings.transaction_timeout_ms,
         )
     transport = KafkaTransport(
@@ -224,7 +222,7 @@ def open_subscription(
         controls=controls(settings, processor, client, clock),
     )
     runner.start(topology.stream_names())
-    subscription = Subscription(runner, client, slot)
+    subscription = Subscription(runner, client, lease)
     from router.wiring.processors import build_companion
 
     companion = build_companion(settings, processor.slug, client, clock, processor)

@@ -13,18 +13,18 @@ from typing import Any
 import redis
 
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
-from consumers.runtime.worker_slot import WorkerSlot
+from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
 from router.wiring.subscription import dead_letters, redis_client
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
-from router.workers.model import CommandHandler, WorkerPolicy, retry_topic
+from router.workers.model import CommandHandler, WorkerPolicy
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
 from router.workers.worker import Worker
 from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
-from streams.topology import TopicSpec, group_id
+from streams.topology import group_id, transactional_id
 
 DEAD_LETTER_QUEUE = "dead-letter"
 
@@ -52,18 +52,8 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
 
 
 def worker_slug(purpose: str) -> str:
-    """The worker's name in group ids, transactional ids and slot leases."""
+    """The worker's name in group ids, transactional ids and producer leases."""
     return f"worker-{purpose}"
-
-
-def retry_spec(settings: Settings, purpose: str) -> TopicSpec:
-    return TopicSpec(
-        retry_topic(purpose, settings.env),
-        settings.queue_partitions,
-        settings.replication_factor,
-        {"retention.ms": str(settings.queue_retention_ms), "cleanup.policy": "delete"},
-        "queue",
-    )
 
 
 def provision_queues(settings: Settings, purposes: list[str], *, streams: bool = False) -> None:
@@ -78,7 +68,7 @@ def provision_queues(settings: Settings, purposes: list[str], *, streams: bool =
             *(topology.stream_specs() if streams else []),
             *topology.queue_specs(),
             *topology.internal_specs(),
-            *(retry_spec(settings, p) for p in purposes),
+            *(topology.retry_spec(p) for p in purposes),
         ],
         topology=topology,
         timeout=settings.connect_timeout_s,
@@ -91,11 +81,11 @@ class WorkerProcess:
 
     worker: Worker
     client: redis.Redis[bytes]
-    slot: WorkerSlot
+    lease: ProducerLease
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def tick(self) -> None:
-        self.slot.renew()
+        self.lease.renew()
 
     def close(self) -> None:
         try:
@@ -103,7 +93,7 @@ class WorkerProcess:
         finally:
             for close in self.closers:
                 close()
-            self.slot.release()
+            self.lease.release()
 
 
 def open_worker(
@@ -120,11 +110,11 @@ def open_worker(
     provision_queues(settings, [purpose])
     base = settings.kafka_config()
     slug = worker_slug(purpose)
-    slot = WorkerSlot(client, env=settings.env, slug=slug, ttl_s=settings.worker_slot_ttl_s)
-    n = slot.acquire()
+    lease = ProducerLease(client, env=settings.env, slug=slug, ttl_s=settings.producer_lease_ttl_s)
+    n = lease.acquire()
     output = KafkaOutput(
         base,
-        transactional_id=f"rhumbatron-{slug}-{settings.env}-{n}",
+        transactional_id=transactional_id(slug, settings.env, n),
         transaction_timeout_ms=settings.transaction_timeout_ms,
     )
     transport = KafkaTransport(
@@ -148,7 +138,7 @@ def open_worker(
         metrics=RedisWorkerMetrics(client, env=settings.env),
     )
     worker.start()
-    return WorkerProcess(worker, client, slot)
+    return WorkerProcess(worker, client, lease)
 
 
 def open_dead_letter_consumer(

@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol
 
 from consumers.runtime.types import Record
 from streams.envelopes import Command
-from streams.topology import check_env, queue_name
+from streams.topology import check_env, queue_name, retry_topic
 
 # -- headers ---------------------------------------------------------------------------------
 # Names start with prefixes the dead-letter retry strips (consumers.runtime.dead_letter_ops), so
@@ -38,18 +38,6 @@ INTERNAL_PREFIXES = ("rh.retry.", "rh.error", "rh.origin_", "rh.dead_letter", "r
 REASON_FAILED = "failed"
 REASON_EXPIRED = "expired"
 REASON_UNDECODABLE = "undecodable"
-
-
-class MoreWork(Exception):
-    """Raised by a handler whose command has more work: deliver it again (at most
-    ``max_command_deliveries`` deliveries in all; the last one is acknowledged)."""
-
-
-class CommandExpired(Exception):
-    def __init__(self, command: Command, now: datetime) -> None:
-        super().__init__(
-            f"command {command.command_id} expired: deadline {command.deadline} passed at {now}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +82,6 @@ class WorkerPolicy:
     @property
     def dead_letter_topic(self) -> str | None:
         return queue_name(self.dead_letter, self.env) if self.dead_letter else None
-
-
-def retry_topic(purpose: str, env: str) -> str:
-    """``rhumbatron-<purpose>-retry-<env>``: the queue's retries, each with its due time."""
-    queue_name(purpose, env)
-    return f"rhumbatron-{purpose}-retry-{env}"
 
 
 def header_int(record: Record, name: str, default: int) -> int:

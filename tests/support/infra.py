@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.environment import ROOT
+
 LOCAL_SH = ROOT / "infra" / "local.sh"
 
 

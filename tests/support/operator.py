@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import redis
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, command_letter_id
-from router.cli.serve_commands import address_of, bind, server
+from router.operator.server import address_of, bind, server
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import dead_letters

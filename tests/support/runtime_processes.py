@@ -15,9 +15,7 @@ from router.settings import Settings
 from streams.envelopes import Event
 from streams.errors import DeliveryFailed
 from streams.producer import Producer, send_to_streams
-from tests.support.environment import subprocess_env
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.environment import ROOT, subprocess_env
 
 
 def runtime_settings(base: Settings, **overrides: Any) -> Settings:

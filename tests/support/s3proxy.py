@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.environment import ROOT
+
 POM = ROOT / "infra" / "s3proxy" / "pom.xml"
 JARS = ROOT / ".local" / "s3proxy" / "jars"
 IDENTITY = "rhumbatron-test"

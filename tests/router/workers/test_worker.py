@@ -22,16 +22,8 @@ from router.workers.helpers import (
     WorkflowInstance,
     WorkflowStartHandler,
 )
-from router.workers.model import (
-    ATTEMPTS,
-    ERROR,
-    ORIGIN_QUEUE,
-    REASON,
-    CommandContext,
-    MoreWork,
-    QueueHandler,
-    WorkerPolicy,
-)
+from router.workers.model import ATTEMPTS, ERROR, ORIGIN_QUEUE, REASON, CommandContext, QueueHandler, WorkerPolicy
+from streams.errors import MoreWork
 from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
 from router.workers.worker import Worker
 from streams.clock import ManualClock
@@ -427,14 +419,6 @@ def test_policies_come_from_settings_and_bad_names_are_refused_by_name() -> None
         worker_policy(s, "nope")
     with pytest.raises(TopologyError, match="unknown queue purpose 'nope'"):
         policy("nope")
-
-
-def test_the_worker_command_refuses_an_unknown_handler(capsys: pytest.CaptureFixture[str]) -> None:
-    from router.cli.main import main
-
-    assert main(["worker", "--queue", "agent-wakeups", "--handler", "nope"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown handler 'nope'" in err and "drill, flaky, ok" in err
 
 
 def test_an_aborted_transaction_ends_the_step_so_no_command_starts_a_second_retry_chain() -> None:

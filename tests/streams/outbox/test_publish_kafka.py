@@ -17,12 +17,11 @@ import pytest
 from router.settings import Settings
 from streams.admin import admin_client, delete_topics, provision
 from streams.outbox.store import RowState
+from tests.support.environment import ROOT
 from tests.support.kafka import events_of, read_all
 from tests.support.outbox import cli_env, drafts, outbox_for
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(s: Settings, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -20,9 +20,8 @@ from streams.clock import ManualClock
 from streams.errors import EnvelopeError, EnvelopeTooLarge, OutboxError, PublisherLocked
 from streams.outbox import ops
 from streams.outbox.store import RowState, RowUpdate
+from tests.support.environment import ROOT
 from tests.support.outbox import drafts, sqlite_outbox
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_writers_change_and_its_events_commit_together(tmp_path: Path) -> None:
