@@ -1,6 +1,7 @@
 """Analytics subcommands: ``analytics-rollup`` runs the faust rollup worker over the metric points
 topic; ``analytics`` reads a metric's (or a project's) per-minute windows from the rollup's web
-view. ``count_points`` counts the points on the topic as a ``read_committed`` reader sees them."""
+view; ``analytics-points`` counts the points on the topic as a ``read_committed`` reader sees
+them. The rollup's configuration and the readers are in :mod:`router.wiring.analytics`."""
 
 from __future__ import annotations
 

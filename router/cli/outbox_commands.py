@@ -1,6 +1,6 @@
 """The outbox's commands: ``publish``, ``outbox stats|retry|skip|purge``, and ``produce --outbox``
-(the synthetic workload written through the outbox by concurrent writers). Also the one place
-settings become the outbox's parameters (:func:`open_outbox`, :func:`publisher_policy`)."""
+(the synthetic workload written through the outbox by concurrent writers). The outbox and its
+publisher are built from settings in :mod:`router.wiring.outbox`."""
 
 from __future__ import annotations
 

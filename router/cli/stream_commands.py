@@ -1,4 +1,5 @@
-"""What each CLI subcommand does, over the service code in streams/ and consumers/."""
+"""The streams' commands: ``provision``, ``topology``, ``produce`` (the synthetic workload straight to
+the streams), ``status``, and ``demo``."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def produce(settings: Settings, args: argparse.Namespace) -> int:
         events,
         stream_for=settings.topology.stream_for,
         max_bytes=settings.max_envelope_bytes,
-        flush_timeout=max(settings.connect_timeout_s, 60.0),
+        flush_timeout=settings.produce_flush_timeout_s,
     )
     elapsed = time.perf_counter() - started
     result = {
