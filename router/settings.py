@@ -12,7 +12,7 @@ import json
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.topology import Topology
@@ -123,8 +123,19 @@ class Settings(BaseSettings):
     max_poll_interval_ms: int = 300_000
     control_check_interval_s: float = 1.0
     # Longer than any single blocking call of the loop (broker calls are bounded at 10 s, a
-    # transaction's commit at 30 s), so only a truly stalled worker loses its slot.
-    worker_slot_ttl_s: int = 60
+    # transaction's commit at 30 s), so only a truly stalled process loses its producer lease.
+    producer_lease_ttl_s: int = Field(
+        60,
+        ge=1,
+        validation_alias=AliasChoices(
+            "producer_lease_ttl_s",
+            "rhumbatron_producer_lease_ttl_s",
+            "rhumbatron_worker_slot_ttl_s",
+        ),
+        description="seconds a process's producer lease (the number in its transactional id) "
+        "lives without renewal; RHUMBATRON_PRODUCER_LEASE_TTL_S, or the old name "
+        "RHUMBATRON_WORKER_SLOT_TTL_S, which still works",
+    )
     transaction_timeout_ms: int = 30_000
     recovery_search_margin_s: float = Field(
         60.0,

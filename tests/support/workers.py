@@ -43,7 +43,7 @@ def settings_factory(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
             router_outbox_path=str(tmp_path / "router-outbox.sqlite"),
             session_timeout_ms=6000,
             transaction_timeout_ms=8000,
-            worker_slot_ttl_s=6,
+            producer_lease_ttl_s=6,
             outbox_poll_interval_s=0.2,
             **overrides,
         )
