@@ -12,7 +12,6 @@ from pathlib import Path
 
 import redis
 
-from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.types import TP
 from consumers.subscriptions.archive.archiver import AuditArchiver, PartLimits
 from consumers.subscriptions.archive.ops import count_parts as _count_parts
@@ -20,6 +19,7 @@ from consumers.subscriptions.archive.ops import verify_day
 from consumers.subscriptions.archive.reader import StoreArchiveReader
 from consumers.subscriptions.archive.store import LocalObjectStore, ObjectStore, S3ObjectStore
 from router.settings import Settings
+from router.wiring.subscription import store as runtime_store
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 
@@ -83,13 +83,7 @@ def archive_reader(
     it is written, so while one is pending the last part may not be readable yet."""
     if settings.archive_store == "none":
         return None
-    cursors = RedisStore(
-        client,
-        env=settings.env,
-        slug=SLUG,
-        clock=clock,
-        claim_ttl_ms=settings.stream_retention_ms + settings.claim_retention_margin_ms,
-    )
+    cursors = runtime_store(settings, client, SLUG, clock)
 
     def archived_through(tp: TP) -> int:
         progress = cursors.load(tp)

@@ -6,7 +6,7 @@ threads besides the consume loop — the subscription's *companion*, started by 
 the processor is built and stopped when the loop ends:
 
 - the **publisher** of the router's outbox (``router_outbox_path``, by default the environment's
-  outbox ``.local/outbox-<env>.sqlite``): it sends the events the router
+  outbox ``.local/outbox-{env}.sqlite``): it sends the events the router
   decided (``candidate.stale``) to the streams. Router processes on one host share the file; the
   outbox's publisher lease lets one of them publish at a time (a kernel lock, freed however its
   holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import redis
 
-from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.types import JSON, TP, Processor
 from consumers.subscriptions.causal_router.budget import RedisCommandBudget, RedisDailyCounter
 from consumers.subscriptions.causal_router.classifier import (
@@ -44,6 +43,7 @@ from consumers.subscriptions.causal_router.maintenance import MaintenanceTick
 from consumers.subscriptions.causal_router.processor import SLUG, CausalRouter, RouterConfig
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, open_outbox
+from router.wiring.subscription import store as runtime_store
 from streams.clock import Clock
 from streams.envelopes import Command
 from streams.errors import PublisherLocked
@@ -85,9 +85,7 @@ def router_outbox_path(settings: Settings) -> Path:
     environment's outbox the services write to as well: slots are allocated per outbox, and a
     project's log must be one dense sequence, so the router's events take their slots from the
     same counter as every other event of the project."""
-    if settings.router_outbox_path:
-        return Path(settings.router_outbox_path)
-    return Path(".local") / f"outbox-{settings.env}.sqlite"
+    return Path(settings.router_outbox_path.replace("{env}", settings.env))
 
 
 def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:
@@ -137,13 +135,7 @@ def companion(
 
 def read_states(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> dict[str, JSON]:
     """Every project's router fold, from the runtime's store (all streams and partitions)."""
-    store = RedisStore(
-        client,
-        env=settings.env,
-        slug=SLUG,
-        clock=clock,
-        claim_ttl_ms=settings.stream_retention_ms + settings.claim_retention_margin_ms,
-    )
+    store = runtime_store(settings, client, SLUG, clock)
     states: dict[str, JSON] = {}
     for topic in settings.topology.stream_names():
         for partition in range(settings.partitions):
@@ -159,7 +151,7 @@ def maintenance_tick(
             producer.produce_command(
                 queue_of(command, settings.env), command, max_bytes=settings.max_envelope_bytes
             )
-        producer.flush(settings.connect_timeout_s * 3)
+        producer.flush(settings.flush_timeout_s)
 
     def states() -> Mapping[str, JSON]:
         return read_states(settings, client, clock)
