@@ -153,7 +153,11 @@ class Settings(BaseSettings):
     classifier_url: str | None = None
     classifier_key: SecretStr | None = None
     classifier_timeout_s: float = 2.0
-    agents_per_change: int = 8
+    agents_per_change: int = Field(
+        8,
+        description="agent slots per change: the most tasks of one change in flight (dispatched "
+        "or started) at once; the causal router holds the rest until a task frees its agent slot",
+    )
     commands_per_change_per_day: int = 1000
     maintenance_at_utc: str = Field("04:17", pattern=r"^\d{2}:\d{2}$")
     archive_dir: str = ".local/archive"

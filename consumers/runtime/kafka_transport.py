@@ -230,8 +230,8 @@ class KafkaTransport:
 
 
 class KafkaOutput:
-    """A transactional producer: one stable transactional id per worker slot, so a restarted
-    worker fences its own zombie."""
+    """A transactional producer: one stable transactional id per producer lease, so a
+    process restarted under the same lease fences its own zombie."""
 
     def __init__(
         self, base: Mapping[str, Any], *, transactional_id: str, transaction_timeout_ms: int

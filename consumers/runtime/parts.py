@@ -23,7 +23,7 @@ from typing import Protocol
 
 from consumers.runtime.types import TP, OutRecord, Progress
 
-# The pending copy of a part rides in the store's pending-effects slot as one OutRecord whose
+# The pending copy of a part rides in the store's pending effects as one OutRecord whose
 # topic says what it is; ``key``/``record_id`` are the object key, ``value`` the part's bytes.
 PART_TOPIC = "<part>"
 

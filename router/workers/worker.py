@@ -17,8 +17,8 @@ A worker is a member of the queue's consumer group reading two topics: the queue
   project's index state) or — last resort — a loud log line naming the record.
 
 **Exact across crashes.** The records a batch sends (retries, dead letters, further deliveries)
-and the offsets it consumed commit in **one Kafka transaction** (transactional id per worker
-slot). A crash before the commit leaves neither: the batch is read again from the committed
+and the offsets it consumed commit in **one Kafka transaction** (transactional id per producer
+lease). A crash before the commit leaves neither: the batch is read again from the committed
 offsets, with the same attempt numbers, so an attempt is never counted twice nor skipped. A step
 settles what it holds in chunks of ``batch``, one transaction each; when one aborts, the step ends
 there and every partition of that chunk and of the chunks after it is rewound, so nothing behind an

@@ -72,7 +72,7 @@ class Dispatch:
         self.order_violations = 0
         self.lost_reports = False  # reports never came even after abandoning: replace the sender
         # event id -> produced at, in send order. An OrderedDict, because finding the oldest in a
-        # plain dict after many deletions scans their leftover slots: quadratic over a pass.
+        # plain dict after many deletions scans their leftover hash-table entries: quadratic over a pass.
         self._in_flight: OrderedDict[str, float] = OrderedDict()
         self._stopped: set[str] = set()  # projects with a failure this pass
         self._abandoned_at: float | None = None

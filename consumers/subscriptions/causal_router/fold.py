@@ -21,9 +21,9 @@ follows a block keeps the task ``blocked``, so the reason stays visible.
 
 A change's agent slots are its tasks in flight (``ready`` or ``started``): a task dispatched but
 not yet started already holds the agent it will get, so the router never dispatches more than
-``agents_per_change`` at once. A task blocked while in flight keeps its slot and its agent
+``agents_per_change`` at once. A task blocked while in flight keeps its agent slot and its agent
 (``held``) until the ``task.failed`` that follows the block: the block alone frees nothing; the
-failure frees the slot and re-dispatches a task waiting at the limit, as any failure does. ``by``/``why`` on a task name the event whose fold
+failure frees the agent slot and re-dispatches a task waiting at the limit, as any failure does. ``by``/``why`` on a task name the event whose fold
 dispatched it and why; ``by`` on a candidate the event that made it stale. ``process`` reads these
 marks to know what *this* event decided, so the decision lives in the fold and a retried batch
 decides exactly the same.
@@ -141,12 +141,12 @@ def task_of(s: JSON, change: str, task: str) -> JSON:
     return entry
 
 
-def holds_slot(task: JSON) -> bool:
+def holds_agent_slot(task: JSON) -> bool:
     return task["status"] in IN_FLIGHT or (task["status"] == BLOCKED and bool(task.get("held")))
 
 
 def in_flight(change: JSON) -> int:
-    return sum(1 for t in change["tasks"].values() if holds_slot(t))
+    return sum(1 for t in change["tasks"].values() if holds_agent_slot(t))
 
 
 def active_agents(s: JSON) -> list[str]:
@@ -231,7 +231,7 @@ def _task_finished(s: JSON, event: Event, limits: FoldLimits) -> None:
     task = task_of(s, change, name)
     completed = event.event_type == "task.completed"
     limit = None if completed else optional_text(event, "blockedLimit")
-    task["held"] = False  # a completion or a failure always frees the slot
+    task["held"] = False  # a completion or a failure always frees the agent slot
     if completed:
         task["status"], task["blockedLimit"] = COMPLETED, None
     elif limit is not None or task["status"] == BLOCKED:
@@ -261,9 +261,9 @@ def _task_blocked(s: JSON, event: Event, limits: FoldLimits) -> None:
     task = task_of(s, change, name)
     _unwait(change_of(s, change), name)
     if task["status"] != COMPLETED:
-        # The block alone frees nothing: the task keeps its slot and its agent until the
+        # The block alone frees nothing: the task keeps its agent slot and its agent until the
         # task.failed the dead-letter path writes after it.
-        task["held"] = holds_slot(task)
+        task["held"] = holds_agent_slot(task)
         task["status"] = BLOCKED
         task["blockedLimit"] = optional_text(event, "blockedLimit")
 

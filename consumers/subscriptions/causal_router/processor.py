@@ -129,7 +129,7 @@ class CausalRouter(BaseProcessor):
     # change.created, release.completed, agent.woken, model.routed) are not even claimed.
     consumes: ClassVar[frozenset[str] | None] = frozenset(FOLDERS)
     # 2: a task's blockedLimit, and a failure after a block keeps the task blocked.
-    # 3: a blocked task holds its slot and agent until the failure that follows the block.
+    # 3: a blocked task holds its agent slot and agent until the failure that follows the block.
     reducer_version: ClassVar[str] = "3"
     effect_kind: ClassVar[EffectKind] = EffectKind.KAFKA
 

@@ -84,7 +84,7 @@ def test_a_blocked_task_holds_its_slot_until_its_failure_frees_it_for_a_waiting_
 
     blocked, failed = dead_lettered(commands[0], tmp_path / "dl-outbox.sqlite")
     assert (blocked.event_type, blocked.task_id) == ("task.blocked", "w0")
-    # The block alone frees nothing: w0 still holds its slot, nobody is dispatched ...
+    # The block alone frees nothing: w0 still holds its agent slot, nobody is dispatched ...
     assert _dispatched(driver, blocked) == []
     assert in_flight(driver.states["proj-1"]["changes"]["chg-1"]) == 8
     # ... so a task completing meanwhile frees exactly one slot, for w8 only.
