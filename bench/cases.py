@@ -91,6 +91,7 @@ def our_consume(env: BenchEnv) -> int:
         max_envelope_bytes=s.max_envelope_bytes,
         batch_size=1000,
         until_idle_s=10,
+        join_timeout_s=s.group_join_timeout_s,
         until=lambda: seen >= 2 * env.size,
     )
     return seen

@@ -83,12 +83,14 @@ def drain(
     max_envelope_bytes: int,
     batch_size: int,
     until_idle_s: float,
+    join_timeout_s: float,
     until: Callable[[], bool] = lambda: False,
     max_wait_s: float | None = None,
 ) -> LoopStats:
     """Consume ``topics`` as ``group_id`` until nothing arrives for ``until_idle_s`` (or ``until()``
     says stop). Offsets are committed after each batch is handled, so a crash re-delivers (never
-    loses) the batch it was in."""
+    loses) the batch it was in. With no partition assigned ``until_idle_s + join_timeout_s`` after
+    the start, Kafka is reported unreachable."""
     consumer = confluent_kafka.Consumer(
         consumer_config(
             base, group_id=group_id, protocol=protocol, session_timeout_ms=session_timeout_ms
@@ -107,7 +109,7 @@ def drain(
             if not messages:
                 if now - last_activity > until_idle_s and consumer.assignment():
                     break
-                if not consumer.assignment() and now - started > until_idle_s + 30:
+                if not consumer.assignment() and now - started > until_idle_s + join_timeout_s:
                     raise Unreachable(
                         "Kafka", bootstrap_of(base), f"no partitions assigned to {group_id} in time"
                     )

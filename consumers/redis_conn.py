@@ -8,6 +8,10 @@ import redis
 
 from streams.errors import Unreachable
 
+# A connection idle this long is pinged before it is used again, so one a server restart
+# dropped is replaced instead of failing the next command.
+HEALTH_CHECK_INTERVAL_S = 30
+
 
 def address_of(url: str) -> str:
     parts = urlsplit(url)
@@ -21,7 +25,7 @@ def connect(url: str, *, timeout: float) -> redis.Redis[bytes]:
         url,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
-        health_check_interval=30,
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
         retry_on_timeout=False,
     )
     try:

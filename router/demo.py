@@ -213,9 +213,10 @@ def check_slot_order(
         session_timeout_ms=settings.session_timeout_ms,
         max_envelope_bytes=settings.max_envelope_bytes,
         batch_size=settings.batch_size,
-        until_idle_s=10.0,
+        until_idle_s=settings.demo_idle_s,
         until=lambda: seen >= expected,
-        max_wait_s=300.0,
+        max_wait_s=settings.demo_max_wait_s,
+        join_timeout_s=settings.group_join_timeout_s,
     )
     in_order = [p for p, s in slots.items() if s == list(range(1, len(s) + 1))]
     print()
@@ -253,7 +254,7 @@ def send_drill_command(settings: Settings, run: str) -> None:
         encode(command, max_bytes=settings.max_envelope_bytes),
         key=command.project_id,
     )
-    producer.flush(settings.connect_timeout_s * 3)
+    producer.flush(settings.flush_timeout_s)
 
 
 def run_all(settings: Settings, commands: list[list[str]]) -> list[tuple[int, str]]:

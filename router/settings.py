@@ -12,12 +12,24 @@ import json
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretBytes, SecretStr
+from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.topology import Topology
 
 DAY_MS = 86_400_000
+
+
+def _reveal(value: Any) -> Any:
+    """``value`` with every secret in it, however deep, in clear."""
+    if isinstance(value, (SecretStr, SecretBytes)):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {k: _reveal(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_reveal(v) for v in value]
+    return value
 
 
 class QueuePolicy(BaseModel):
@@ -51,6 +63,13 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
     connect_timeout_s: float = Field(10.0, gt=0, description="bound on reaching Kafka or Redis")
+    flush_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="bound on a producer's flush of a few records (dead letters, retries, the "
+        "router's commands, the demo's drill); also the margin past the transaction timeout "
+        "within which the router's queues must be read to their end",
+    )
 
     # -- topology (DESIGN.md §4) -------------------------------------------------------------
     streams: int = Field(
@@ -111,13 +130,43 @@ class Settings(BaseSettings):
     produce_events_per_write: int = Field(
         5, ge=1, description="events one synthetic writer transaction appends"
     )
+    produce_flush_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="bound on flushing a synthetic workload `produce` sends straight to the "
+        "streams (all of it, 10,000 events in the demo)",
+    )
+    demo_idle_s: float = Field(
+        10.0,
+        gt=0,
+        description="the demo stops reading the streams after this long with nothing new",
+    )
+    demo_max_wait_s: float = Field(
+        300.0, gt=0, description="longest the demo reads the streams back before it reports"
+    )
+    group_join_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long past its idle bound a reader of the streams (the demo) may wait "
+        "for its first partitions before Kafka is reported unreachable",
+    )
 
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
     max_batch_failures: int = Field(5, ge=1, description="failures of a batch before dead-letter")
     batch_retry_backoff_s: float = 1.0
     batch_retry_backoff_max_s: float = 60.0
-    claim_retention_margin_ms: int = 1 * DAY_MS
+    claim_retention_margin_ms: int = Field(
+        1 * DAY_MS,
+        ge=0,
+        description="claims are kept the stream's retention plus this (see claim_ttl_ms)",
+    )
+    batch_failure_ttl_s: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="how long a batch's failure count is kept after its last failure; past it "
+        "the count starts again from zero",
+    )
     group_protocol: str = Field("classic", pattern="^(classic|consumer)$")
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
@@ -201,11 +250,12 @@ class Settings(BaseSettings):
     command_ttl_s: float = Field(
         3600.0, gt=0, description="validity of a router command: deadline = created_at + this"
     )
-    router_outbox_path: str | None = Field(
-        None,
+    router_outbox_path: str = Field(
+        ".local/outbox-{env}.sqlite",
+        min_length=1,
         description="the outbox the router writes its decisions to (candidate.stale), published "
-        "by a thread of its consume process. Default: the environment's outbox, "
-        ".local/outbox-<env>.sqlite, which the demo's writers use too, so each project's slots "
+        "by a thread of its consume process; {env} stands for the environment's name. Default: "
+        "the environment's outbox, which the demo's writers use too, so each project's slots "
         "stay one dense sequence (slots are allocated per outbox)",
     )
     router_fold_history: int = Field(
@@ -276,7 +326,10 @@ class Settings(BaseSettings):
         description="a completed command id is remembered for the queue retention plus this",
     )
     command_error_max_bytes: int = Field(
-        1000, ge=64, description="longest error text carried in a retry or dead-letter header"
+        1000,
+        ge=64,
+        description="longest error text carried in a retry or dead-letter header (a retried "
+        "command's error header, a dead letter's on the dead-letter topic)",
     )
     workflow_instance_ttl_s: int = Field(
         30 * 86_400, ge=60, description="how long the workflow-instance registry keeps an instance"
@@ -330,20 +383,25 @@ class Settings(BaseSettings):
     )
 
     # -- derived -----------------------------------------------------------------------------
+    @property
+    def claim_ttl_ms(self) -> int:
+        """How long a claim is kept: while its event can still be read from the stream, plus
+        the margin (a redelivery just inside the retention still finds its claim)."""
+        return self.stream_retention_ms + self.claim_retention_margin_ms
+
     def as_environment(self) -> dict[str, str]:
         """These settings as ``RHUMBATRON_*`` variables, for a child process to read back the same
-        (complex fields as JSON, as pydantic-settings reads them; secrets revealed)."""
+        (complex fields as JSON, as pydantic-settings reads them). Every secret is revealed,
+        wherever it sits (a JSON dump would mask it as ``**********``, and the child would read
+        that back as the secret)."""
         out: dict[str, str] = {}
-        for name, value in self.model_dump(mode="json").items():
+        for name, raw in self.model_dump(mode="python").items():
+            value = to_jsonable_python(_reveal(raw))
             if value is None:
                 continue
             out[f"RHUMBATRON_{name.upper()}"] = (
                 json.dumps(value) if isinstance(value, (list, dict)) else str(value)
             )
-        for name in ("classifier_key", "operator_token"):
-            secret = getattr(self, name)
-            if secret is not None:
-                out[f"RHUMBATRON_{name.upper()}"] = secret.get_secret_value()
         return out
 
     def kafka_config(self, **overrides: Any) -> dict[str, Any]:

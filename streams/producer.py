@@ -40,6 +40,9 @@ BUFFER_FULL_WAIT_S = 30.0
 # init/commit/abort of a transaction: librdkafka's own default is the transaction timeout; we
 # bound it so a fenced or partitioned producer reports instead of hanging a consumer loop.
 TRANSACTION_CALL_TIMEOUT_S = 30.0
+# A bulk send serves delivery reports every this many records, so their callbacks do not pile up
+# in librdkafka's queue until the final flush.
+DELIVERY_POLL_EVERY = 1000
 
 Headers = list[tuple[str, bytes]]
 
@@ -371,7 +374,7 @@ def send_to_streams(
         topic = stream_for(event.project_id)
         producer.produce_event(topic, event, max_bytes=max_bytes)
         counts[topic] = counts.get(topic, 0) + 1
-        if n % 1000 == 999:
+        if n % DELIVERY_POLL_EVERY == DELIVERY_POLL_EVERY - 1:
             producer.poll(0)
     producer.flush(flush_timeout)
     return counts

@@ -220,11 +220,13 @@ class KafkaRedisDeadLetters:
         env: str,
         topic: str,
         flush_timeout: float,
+        reason_max_bytes: int,
     ) -> None:
         self.producer = producer
         self.client = client
         self.topic = topic
         self.flush_timeout = flush_timeout
+        self.reason_max_bytes = reason_max_bytes  # the dlq.reason header; the index keeps it all
         self.prefix = f"rh:{env}:{{dead-letters}}:"
 
     def _record_key(self, letter_id: str) -> str:
@@ -236,7 +238,7 @@ class KafkaRedisDeadLetters:
                 headers = list(entry.headers) + [
                     ("dlq.id", letter.id.encode()),
                     ("dlq.kind", letter.kind.encode()),
-                    ("dlq.reason", letter.error.encode()[:1000]),
+                    ("dlq.reason", letter.error.encode()[: self.reason_max_bytes]),
                     ("dlq.error_type", letter.error_type.encode()),
                     ("dlq.attempts", str(letter.attempts).encode()),
                     ("dlq.source_topic", letter.source_topic.encode()),

@@ -37,9 +37,10 @@ class QueueContents:
 def read_commands(settings: Settings, *, timeout_s: float | None = None) -> QueueContents:
     """Every committed command on the router's queues of ``settings.env``, up to the queues' end
     when called. Raises TransactionsOpen or Unreachable if that end cannot be read in time
-    (default: the transaction timeout plus a margin)."""
+    (default: the transaction timeout plus ``flush_timeout_s``: a transaction still open when
+    this starts is committed or aborted by then, and its last records flushed)."""
     if timeout_s is None:
-        timeout_s = settings.transaction_timeout_ms / 1000 + settings.connect_timeout_s * 3
+        timeout_s = settings.transaction_timeout_ms / 1000 + settings.flush_timeout_s
     contents = QueueContents()
 
     def visit(message: Message) -> None:

@@ -75,7 +75,8 @@ def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Cloc
         env=settings.env,
         slug=slug,
         clock=clock,
-        claim_ttl_ms=settings.stream_retention_ms + settings.claim_retention_margin_ms,
+        claim_ttl_ms=settings.claim_ttl_ms,
+        failure_ttl_s=settings.batch_failure_ttl_s,
     )
 
 
@@ -85,7 +86,8 @@ def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDe
         client,
         env=settings.env,
         topic=dead_letter_topic(settings.env),
-        flush_timeout=settings.connect_timeout_s * 3,
+        flush_timeout=settings.flush_timeout_s,
+        reason_max_bytes=settings.command_error_max_bytes,
     )
 
 
@@ -124,7 +126,7 @@ def dead_letter_actions(
         producer.produce(
             topic, value, key=key.decode() if key else None, headers=headers, partition=partition
         )
-        producer.flush(settings.connect_timeout_s * 3)
+        producer.flush(settings.flush_timeout_s)
 
     return DeadLetterActions(
         dead_letters(settings, client),

@@ -51,6 +51,7 @@ class TestKafkaRedisDeadLetters(DeadLetterStoreContract):
             env=self.settings.env,
             topic=real.topic,
             flush_timeout=UNREACHABLE_FLUSH_S,
+            reason_max_bytes=real.reason_max_bytes,
         )
 
 
