@@ -1,4 +1,4 @@
-"""One contract for the workers' ledgers (STYLE: shared test classes per interface): the
+"""One contract each for the workers' ledgers (STYLE: shared test classes per interface): the
 completed-command ledger (``CommandLedger``) and the per-queue counters (``WorkerMetrics``).
 Subclasses provide the factories; the in-memory twins run it in unit tests, the Redis ledgers
 against real Redis. Two objects a subclass makes within one test stand for two worker processes
@@ -6,6 +6,7 @@ of one environment: what one records, the other sees."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from router.workers.stores import CommandLedger, WorkerMetrics
@@ -19,28 +20,15 @@ def once(*ids: str) -> Iterator[str]:
     yield from ids
 
 
-class WorkerLedgersContract:
+class CommandLedgerContract:
     def make_ledger(self) -> CommandLedger:
         raise NotImplementedError
-
-    def make_metrics(self) -> WorkerMetrics:
-        raise NotImplementedError
-
-    def read_metrics(self) -> dict[str, dict[str, int]]:
-        """Every queue that counted anything: ``{queue: {counter: value}}``."""
-        raise NotImplementedError
-
-    # pytest rewrites asserts in test modules only, not here: each check names what it saw.
-    def expect_metrics(self, want: dict[str, dict[str, int]]) -> None:
-        got = self.read_metrics()
-        assert got == want, f"counters read {got}, expected {want}"
 
     @staticmethod
     def expect_done(ledger: CommandLedger, asked: list[str], want: set[str]) -> None:
         got = ledger.done_among(asked)
         assert got == want, f"done among {asked}: {got}, expected {want}"
 
-    # -- the completed-command ledger --------------------------------------------------------
     def test_unknown_ids_are_not_done(self) -> None:
         ledger = self.make_ledger()
         self.expect_done(ledger, ["cmd_a", "cmd_b"], set())
@@ -85,7 +73,19 @@ class WorkerLedgersContract:
         self.expect_done(second, ["cmd_a", "cmd_b"], {"cmd_a", "cmd_b"})
         self.expect_done(first, ["cmd_a", "cmd_b"], {"cmd_a", "cmd_b"})
 
-    # -- the counters ------------------------------------------------------------------------
+
+class WorkerMetricsContract:
+    def make_metrics(self) -> WorkerMetrics:
+        raise NotImplementedError
+
+    def read_metrics(self) -> dict[str, dict[str, int]]:
+        """Every queue that counted anything: ``{queue: {counter: value}}``."""
+        raise NotImplementedError
+
+    def expect_metrics(self, want: dict[str, dict[str, int]]) -> None:
+        got = self.read_metrics()
+        assert got == want, f"counters read {got}, expected {want}"
+
     def test_nothing_counted_reads_as_no_queues(self) -> None:
         self.make_metrics()
         self.expect_metrics({})
@@ -113,3 +113,20 @@ class WorkerLedgersContract:
         first.add(WAKES, {"ok": 3, "dead_lettered": 1})
         second.add(WAKES, {"ok": 2, "dead_lettered": 1})
         self.expect_metrics({WAKES: {"dead_lettered": 2, "ok": 5}})
+
+    def test_counts_added_at_once_by_many_threads_are_all_kept(self) -> None:
+        # A worker's handler threads and a second process add to one counter at the same time.
+        workers = [self.make_metrics() for _ in range(2)]
+        gate = threading.Barrier(8)
+
+        def count(metrics: WorkerMetrics) -> None:
+            gate.wait()
+            for _ in range(50):
+                metrics.add(WAKES, {"ok": 1, "retried": 2})
+
+        threads = [threading.Thread(target=count, args=(workers[n % 2],)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.expect_metrics({WAKES: {"ok": 400, "retried": 800}})

@@ -1,4 +1,5 @@
-"""The workers' ledgers contract against the in-memory twins the worker unit tests use."""
+"""The workers' ledger and counter contracts against the in-memory twins the worker unit tests
+use."""
 
 from __future__ import annotations
 
@@ -8,18 +9,22 @@ from router.workers.stores import (
     MemoryWorkerMetrics,
     WorkerMetrics,
 )
-from tests.contracts.worker_ledgers import WorkerLedgersContract
+from tests.contracts.worker_ledgers import CommandLedgerContract, WorkerMetricsContract
 
 
-class TestMemoryWorkerLedgers(WorkerLedgersContract):
+class TestMemoryCommandLedger(CommandLedgerContract):
     """One process: every "worker" of a test shares the same twin."""
 
     def setup_method(self) -> None:
         self.ledger = MemoryCommandLedger()
-        self.metrics = MemoryWorkerMetrics()
 
     def make_ledger(self) -> CommandLedger:
         return self.ledger
+
+
+class TestMemoryWorkerMetrics(WorkerMetricsContract):
+    def setup_method(self) -> None:
+        self.metrics = MemoryWorkerMetrics()
 
     def make_metrics(self) -> WorkerMetrics:
         return self.metrics
