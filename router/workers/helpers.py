@@ -166,11 +166,13 @@ class MemoryWorkflowRegistry:
             return self.instances.setdefault((instance.kind, instance.instance_id), instance)
 
     def mark_running(self, kind: str, instance_id: str) -> None:
+        # As in Redis (SET ... XX): an instance that is not there (expired) is not created.
         with self._lock:
-            found = self.instances[(kind, instance_id)]
-            self.instances[(kind, instance_id)] = WorkflowInstance(
-                **{**asdict(found), "status": RUNNING}
-            )
+            found = self.instances.get((kind, instance_id))
+            if found is not None:
+                self.instances[(kind, instance_id)] = WorkflowInstance(
+                    **{**asdict(found), "status": RUNNING}
+                )
 
     def get(self, kind: str, instance_id: str) -> WorkflowInstance | None:
         return self.instances.get((kind, instance_id))
