@@ -19,8 +19,8 @@ from router.settings import Settings
 from router.wiring.archive import count_parts
 from streams.workload import slotted_events, workload
 from tests.consumers.subscriptions.archive.test_store import ObjectStoreTests
-from tests.support.environment import subprocess_env
-from tests.support.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.support.environment import ROOT, subprocess_env
+from tests.support.runtime_processes import cli, publish, runtime_settings
 from tests.support.s3proxy import S3Server, s3proxy
 
 pytestmark = pytest.mark.integration
@@ -86,10 +86,6 @@ def test_the_archiver_writes_every_event_once_to_a_bucket(
         archive_part_max_events=40,
         batch_size=50,
     )
-    secrets = {
-        "RHUMBATRON_ARCHIVE_S3_ACCESS_KEY": server.identity,
-        "RHUMBATRON_ARCHIVE_S3_SECRET_KEY": server.credential,
-    }
     start = datetime(today.year, today.month, today.day, 0, 0, 1, tzinfo=UTC)
     events = slotted_events(workload("archs3", 10, 200), tenant_id="t", start=start)
     cli(s, "provision")
@@ -100,7 +96,7 @@ def test_the_archiver_writes_every_event_once_to_a_bucket(
         return subprocess.run(
             [sys.executable, "-m", "router.cli", *args],
             cwd=ROOT,
-            env=subprocess_env(s, **secrets),
+            env=subprocess_env(s),  # the S3 keys travel as every setting does
             capture_output=True,
             text=True,
             timeout=180,
