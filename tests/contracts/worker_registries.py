@@ -6,8 +6,6 @@ stand for two worker processes of one environment: what one records, the other s
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
@@ -18,6 +16,7 @@ from router.workers.helpers import (
     WorkflowInstance,
     WorkflowRegistry,
 )
+from tests.support.threads import all_at_once
 
 AT = "2026-01-01T00:00:00.000Z"
 
@@ -26,23 +25,6 @@ def instance(
     command_id: str, instance_id: str = "rel_p_3", kind: str = "release"
 ) -> WorkflowInstance:
     return WorkflowInstance(kind, instance_id, command_id, STARTING, AT)
-
-
-def all_at_once(calls: list[Callable[[], object]]) -> list[object]:
-    """Run the calls in threads released together; their results in call order."""
-    results: list[object] = [None] * len(calls)
-    gate = threading.Barrier(len(calls))
-
-    def run(n: int) -> None:
-        gate.wait()
-        results[n] = calls[n]()
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 class IndexStatesContract:

@@ -1,11 +1,9 @@
-"""The causal router's shared pieces on the real Redis and broker: the daily caps counted across
-clients, the maintenance tick (once a day, one process, with an injected clock), and the
-companion publisher of the router's outbox."""
+"""The causal router's shared pieces on the real Redis and broker: the maintenance tick (once a
+day, one process, with an injected clock) and the companion publisher of the router's outbox.
+(The daily caps across clients: tests/consumers/subscriptions/causal_router/test_budget_redis.)"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import pytest
 from consumers.redis_conn import connect
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.types import JSON, TP, Progress
-from consumers.subscriptions.causal_router.budget import RedisCommandBudget, RedisDailyCounter
 from consumers.subscriptions.causal_router.processor import SLUG
 from router.operator.queues import read_commands
 from router.settings import Settings
@@ -26,53 +23,9 @@ from streams.producer import Producer
 from tests.support.causal_router import Driver, History, make_router, open_test_outbox
 from tests.support.kafka import events_of, read_all
 from tests.support.runtime_processes import runtime_settings
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
-
-
-def test_the_classifier_counter_is_shared_across_clients(settings: Settings) -> None:
-    one = RedisDailyCounter(
-        connect(settings.redis_url, timeout=5), env=settings.env, ttl_s=86_400 * 2
-    )
-    two = RedisDailyCounter(
-        connect(settings.redis_url, timeout=5), env=settings.env, ttl_s=86_400 * 2
-    )
-    seen = [one.incr("classifier-calls:2026-03-02"), two.incr("classifier-calls:2026-03-02")]
-    seen.append(one.incr("classifier-calls:2026-03-02"))
-    assert seen == [1, 2, 3]
-    assert two.incr("classifier-calls:2026-03-03") == 1
-    ttl = one.client.ttl(f"rh:{settings.env}:causal-router:classifier-calls:2026-03-02")
-    assert 86_400 < ttl <= 2 * 86_400
-
-
-def test_the_command_budget_is_per_change_shared_and_idempotent_per_command(
-    settings: Settings,
-) -> None:
-    a = RedisCommandBudget(
-        connect(settings.redis_url, timeout=5), env=settings.env, cap=3, ttl_s=3600
-    )
-    b = RedisCommandBudget(
-        connect(settings.redis_url, timeout=5), env=settings.env, cap=3, ttl_s=3600
-    )
-    day = "2026-03-02"
-    assert [a.admit("p", "c1", day, f"cmd_{n}") for n in range(2)] == [True, True]
-    assert b.admit("p", "c1", day, "cmd_2")
-    assert not b.admit("p", "c1", day, "cmd_3")  # the fourth command of the change that day
-    assert a.admit("p", "c1", day, "cmd_0")  # a retried decision: same id, not counted again
-    assert a.used("p", "c1", day) == 3
-    assert a.admit("p", "c2", day, "cmd_3")  # another change has its own budget
-    assert a.admit("p", "c1", "2026-03-03", "cmd_3")  # and so has another day
-    # (project, change) pairs cannot collide by spelling.
-    assert a.key("a|b", "c", day) != a.key("a", "b|c", day)
 
 
 def _seed_folds(s: Settings, states: dict[str, JSON]) -> None:
@@ -166,7 +119,7 @@ def test_the_companion_publishes_the_routers_outbox_and_hands_over_the_lease(
     first = RouterCompanion(s, client, clock, outbox)
     second = RouterCompanion(s, client, clock, open_router_outbox(s))  # another process on the host
     first.start()
-    _wait_for(first.publishing.is_set, "the first companion holds the publisher lease")
+    wait_until(first.publishing.is_set, 60, "the first companion holds the publisher lease")
     second.start()
     drafts = [
         Draft(
@@ -190,7 +143,7 @@ def test_the_companion_publishes_the_routers_outbox_and_hands_over_the_lease(
         ]
         assert not second.publishing.is_set()
         first.close()  # the first process exits: the second takes over the lease
-        _wait_for(second.publishing.is_set, "the second companion took over the lease")
+        wait_until(second.publishing.is_set, 60, "the second companion took over the lease")
         with outbox.transaction() as unit:
             unit.append("companion-p", drafts[2:], tenant_id="t")
         got = events_of(read_all(s.kafka_bootstrap, [stream], expect=3, timeout=60))
