@@ -14,6 +14,10 @@ from hypothesis import settings as hypothesis_settings
 from router.settings import Settings
 from tests.support.environment import cleanup_environment, make_settings
 
+# The shared contract classes hold the asserts of the tests that inherit them: rewritten, a
+# failing one shows the values it compared, as in a test module.
+pytest.register_assert_rewrite("tests.contracts")
+
 # Property tests run beside real brokers and subprocesses on a small machine: a generated example
 # taking longer than hypothesis's default 200 ms is load, not a failure (timings are not tested).
 hypothesis_settings.register_profile("rhumbatron", deadline=None)
