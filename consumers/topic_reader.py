@@ -20,14 +20,10 @@ from confluent_kafka import Message
 
 from consumers.runtime.kafka_transport import assign_only_consumer
 from streams.admin import bootstrap_of
-from streams.errors import RhumbatronError, Unreachable
+from streams.errors import TransactionsOpen, Unreachable
 
 # How often to ask whether open transactions have ended: a cheap watermark request.
 SETTLE_POLL_S = 0.2
-
-
-class TransactionsOpen(RhumbatronError):
-    """A transaction open when the read started stayed open for the whole wait."""
 
 
 def _consumer(base: Mapping[str, Any], isolation: str) -> confluent_kafka.Consumer:

@@ -1,33 +1,80 @@
-"""Every error Rhumbatron raises, in one flat module.
+"""Every exception Rhumbatron defines, in one flat module: import them from here, never from the
+module that raises them.
 
-    RhumbatronError                 root: catch this to catch everything of ours
-    ├── EnvelopeError               an Event or Command failed validation (names field and value)
+Two roots, neither under the other. ``RhumbatronError`` is for errors: something was wrong, and the
+message says what, with what value, and what to do; the CLI prints one as a single line.
+``InternalSignal`` is for control flow: raised and caught inside our own code to steer it (deliver
+again, read again later, ask again); none reaches a user, and an ``except RhumbatronError`` never
+swallows one.
+
+    RhumbatronError                 root of errors: catch this to catch every error of ours
+    ├── EnvelopeError               (ValueError) an Event or Command failed validation
     │   └── EnvelopeTooLarge        the encoded envelope exceeds the size limit
-    ├── TopologyError               a bad stream/queue name or a plan the rules refuse
-    ├── Unreachable                 Kafka or Redis did not answer at the address tried
-    ├── DeliveryFailed              Kafka refused or timed out records; lists each one
+    ├── TopologyError               (ValueError) a bad stream/queue name or a plan the rules refuse
+    ├── ConfigurationError          (ValueError) a setting's bad value, or settings that clash
+    ├── Unreachable                 (ConnectionError) Kafka, Redis or a file did not answer
+    ├── DeliveryFailed              Kafka refused or timed out records; one FailedRecord each
     ├── TransactionFailed           a Kafka transaction could not commit (aborted or fenced)
-    ├── ConfigurationError          settings that cannot work together
-    └── OutboxError                 the outbox refused an operation (names the row or project)
-        ├── SlotConflict            a strict append was refused: the project moved past the slot
-        └── PublisherLocked         another publisher holds the outbox (names its pid)
+    ├── OutboxError                 the outbox refused an operation (names the row or project)
+    │   ├── SlotConflict            a strict append was refused: the project moved past the slot
+    │   └── PublisherLocked         another publisher holds the outbox (names its pid)
+    ├── Fenced                      a progress write by a stale owner: the partition moved on
+    ├── CursorMoved                 a compare-and-set found the cursor moved since it was read
+    ├── PendingEffects              new Kafka effects refused while earlier ones are unpublished
+    ├── ProducerLeaseLost           this process's transactional-id lease expired under it
+    ├── TransactionsOpen            a topic's end stayed behind an open transaction too long
+    ├── ControlRefused              an operator control (reset, reprocess …) was refused
+    │   └── ArchiveIncomplete       the archive cannot supply every offset a control needs
+    ├── DeadLetterActionRefused     a retry or dismiss of a dead letter was refused
+    ├── ArchiveFormatError          (ValueError) a key, part or line not in the archive's format
+    ├── ArchiveStoreError           the object store refused or failed an operation
+    │   └── ObjectMissing           (KeyError) no object under that key
+    ├── ClassifierError             the overlap classifier gave no usable answer
+    │   └── ClassifierTimeout       the overlap classifier did not answer in time
+    ├── RouterInputError            (ValueError) an event the causal router cannot fold
+    ├── ProjectorInputError         (ValueError) an event lacks what the project view needs
+    ├── PointError                  (ValueError) not a valid metric point (or query of points)
+    ├── ViewNotFound                a project has no view in that environment (yet)
+    ├── CommandExpired              a command's deadline passed before it ran (dead-lettered)
+    ├── LedgerDrillFailure          a failure a drill injects into the ledger subscription
+    ├── HandlerDrillFailure         a failure a drill injects into a command handler
+    ├── OperatorError               the operator service refused; ``status`` is its HTTP status
+    │   ├── NotFound                404: no dead letter / project view with that id
+    │   ├── Conflict                409: the letter is not open, or cannot be retried
+    │   ├── BadInput                422: an argument was refused (names the field)
+    │   └── ActionFailed            503: a retry could not be sent; the letter is open again
+    └── Refused                     the operator API: a change without the operator token
 
-Library errors (librdkafka, redis-py) are translated at the boundary into these, with the
-context a reader needs, and chained with ``raise ... from exc``.
+    InternalSignal                  root of control-flow signals: caught where they steer
+    ├── MoreWork                    a command handler asks for another delivery of its command
+    ├── LetterBeingRetried          the dead-letter consumer asks to read a record again later
+    ├── CommittedUnknown            the group's committed offsets cannot be known yet: ask later
+    └── ProcessorError              carries a processor's exception (and its step) to the runner
+
+Library errors (librdkafka, redis-py, sqlite3, OSError of our own files, a settings value pydantic
+refused) are translated at the boundary into these, with the context a reader needs, and chained
+with ``raise ... from exc``. Inside the loops, where a retry policy handles an outage on purpose,
+they are caught as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # envelopes imports this module; the annotation needs no runtime import
-    from streams.envelopes import Event
+    from streams.envelopes import Command, Event
 
 
 class RhumbatronError(Exception):
     """Root of every error this project raises on purpose."""
+
+
+class InternalSignal(Exception):
+    """Root of the exceptions our code raises to steer itself and catches again (never an error a
+    user sees). Deliberately not a :class:`RhumbatronError`, so catching errors never eats one."""
 
 
 class EnvelopeError(RhumbatronError, ValueError):
@@ -150,3 +197,212 @@ class PublisherLocked(OutboxError):
             f"outbox {outbox} already has a publisher ({holder} holds {lock_path}); only one "
             "publisher may run per outbox: stop that one first, or publish a different outbox"
         )
+
+
+# -- the subscription runtime ----------------------------------------------------------------------
+# A partition is named by ``consumers.runtime.types.TP``; streams sits below consumers and cannot
+# name that type, so the errors keep it as ``object`` and only print it.
+
+
+class Fenced(RhumbatronError):
+    """The caller no longer owns the partition: a newer owner bumped the epoch."""
+
+    def __init__(self, tp: object, epoch: int, current: int) -> None:
+        self.tp = tp
+        super().__init__(
+            f"write to {tp} refused: owner epoch {epoch} is stale (current {current}); "
+            "another process owns the partition now"
+        )
+
+
+class CursorMoved(RhumbatronError):
+    """The cursor is not where the caller read it (compare-and-set failed)."""
+
+    def __init__(self, tp: object, expected: tuple[int, int], found: tuple[int, int]) -> None:
+        self.tp = tp
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"cursor of {tp} moved: expected acked_through={expected[0]} revision={expected[1]}, "
+            f"found acked_through={found[0]} revision={found[1]}"
+        )
+
+
+class PendingEffects(RhumbatronError):
+    """New Kafka effects may not be stored while earlier ones are not known to be published."""
+
+    def __init__(self, tp: object) -> None:
+        self.tp = tp
+        super().__init__(
+            f"{tp} still has pending Kafka effects; recover them before committing new ones"
+        )
+
+
+class ProducerLeaseLost(RhumbatronError):
+    """The lease on this process's transactional-id number was not renewed in time and may be
+    another process's now: producing under it could fence that one, so this process stops."""
+
+
+class TransactionsOpen(RhumbatronError):
+    """A transaction open when the read started stayed open for the whole wait."""
+
+
+class ControlRefused(RhumbatronError):
+    """An operator control (reset, reprocess, re-reduce …) was refused; nothing was changed."""
+
+
+class ArchiveIncomplete(ControlRefused):
+    """The archive cannot supply every offset asked for; the message says which and why."""
+
+
+class DeadLetterActionRefused(RhumbatronError):
+    """A retry or dismiss of a dead letter was refused (unknown id, wrong status, no reason)."""
+
+
+# -- the subscriptions -----------------------------------------------------------------------------
+
+
+class ArchiveFormatError(RhumbatronError, ValueError):
+    """A key, part or line is not in the archive's format; the message names what and where."""
+
+
+class ArchiveStoreError(RhumbatronError):
+    """The object store refused or failed an operation; the message names the key and store."""
+
+
+class ObjectMissing(ArchiveStoreError, KeyError):
+    def __init__(self, key: str, where: str) -> None:
+        self.key = key
+        super().__init__(f"no object {key!r} in {where}")
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class ClassifierError(RhumbatronError):
+    """The classifier gave no usable answer (status, body, connection)."""
+
+
+class ClassifierTimeout(ClassifierError):
+    """The classifier did not answer within its timeout."""
+
+
+class RouterInputError(RhumbatronError, ValueError):
+    """A consumed event the router cannot fold: names the event, the field and what was there."""
+
+    def __init__(self, event: Event, field: str, value: object, expected: str) -> None:
+        shown = repr(value)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        super().__init__(
+            f"{event.event_type} {event.event_id}: {field} = {shown}: expected {expected} "
+            "(DESIGN.md §13); the event is not folded"
+        )
+
+
+class ProjectorInputError(RhumbatronError, ValueError):
+    """An event lacks what the view needs from it; names the event, the field and the value."""
+
+    def __init__(self, event: Event, field: str, value: object, reason: str) -> None:
+        self.event_id = event.event_id
+        self.field = field
+        super().__init__(
+            f"{event.event_type} {event.event_id} (project {event.project_id!r}): "
+            f"field '{field}' = {value!r}: {reason}"
+        )
+
+
+class PointError(RhumbatronError, ValueError):
+    """A record on the points topic that is not a valid metric point."""
+
+
+class ViewNotFound(RhumbatronError):
+    def __init__(self, project_id: str, env: str, tp: object, slug: str) -> None:
+        self.project_id = project_id
+        super().__init__(
+            f"project {project_id!r} has no view in environment {env!r} (looked in {tp}); "
+            f"either no event of it was published there, or {slug} has not consumed it yet "
+            f"(rhumbatron consume --subscription {slug})"
+        )
+
+
+class LedgerDrillFailure(RhumbatronError):
+    """The failure a drill injects on purpose into the ledger subscription."""
+
+
+# -- command workers -------------------------------------------------------------------------------
+
+
+class CommandExpired(RhumbatronError):
+    def __init__(self, command: Command, now: datetime) -> None:
+        super().__init__(
+            f"command {command.command_id} expired: deadline {command.deadline} passed at {now}"
+        )
+
+
+class HandlerDrillFailure(RhumbatronError):
+    """The failure a drill injects on purpose into a command handler."""
+
+
+# -- the operator service and its HTTP API ---------------------------------------------------------
+
+
+class OperatorError(RhumbatronError):
+    status: ClassVar[int] = 400
+
+
+class NotFound(OperatorError):
+    status = 404
+
+
+class Conflict(OperatorError):
+    status = 409
+
+
+class BadInput(OperatorError):
+    status = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class ActionFailed(OperatorError):
+    status = 503
+
+
+class Refused(RhumbatronError):
+    """A change was refused for want of the operator token."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        super().__init__(reason)
+
+
+# -- control-flow signals --------------------------------------------------------------------------
+
+
+class MoreWork(InternalSignal):
+    """Raised by a handler whose command has more work: deliver it again (at most
+    ``max_command_deliveries`` deliveries in all; the last one is acknowledged)."""
+
+
+class LetterBeingRetried(InternalSignal):
+    """The letter is mid-retry (an operator's send in flight): try this record again later. The
+    worker's retry path takes it like any handler failure, so the record comes back after the
+    queue's delay."""
+
+
+class CommittedUnknown(InternalSignal):
+    """The group's committed offsets cannot be known right now (an open transaction); recovery
+    asks again on a later loop."""
+
+
+class ProcessorError(InternalSignal):
+    """Wraps what a processor raised, keeping which step (reduce or process) it came from; the
+    runner unwraps it at once and records ``cause``, not the wrapper."""
+
+    def __init__(self, step: str, cause: BaseException) -> None:
+        self.step = step
+        self.cause = cause
+        super().__init__(f"{step} raised {type(cause).__name__}: {cause}")

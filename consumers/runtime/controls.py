@@ -27,11 +27,7 @@ from consumers.runtime.store import Store
 from consumers.runtime.types import JSON, TP, Processor, Progress, Record
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, format_time
-from streams.errors import EnvelopeError, RhumbatronError
-
-
-class ControlRefused(RhumbatronError):
-    pass
+from streams.errors import ControlRefused, EnvelopeError
 
 
 @dataclass

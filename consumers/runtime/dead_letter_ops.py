@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
 from consumers.runtime.types import TP
 from streams.clock import Clock
-from streams.errors import RhumbatronError
+from streams.errors import DeadLetterActionRefused
 
 # (topic, partition or None for the key's partition, key, value, headers) -> None; must not return
 # before the record is durable (acks=all).
@@ -32,10 +32,6 @@ SendFn = Callable[[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]
 
 # Headers the dead-letter path added; a retried record goes out without them.
 _DEAD_LETTER_HEADERS = ("dlq.", "rh.origin_", "rh.dead_letter", "rh.retry.", "rh.error")
-
-
-class DeadLetterActionRefused(RhumbatronError):
-    pass
 
 
 @dataclass

@@ -6,7 +6,7 @@ import logging
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, batch_letter_id
 from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
-from consumers.runtime.store import Commit, CursorMoved, Fenced
+from consumers.runtime.store import Commit
 from consumers.runtime.types import (
     TP,
     EffectKind,
@@ -14,7 +14,7 @@ from consumers.runtime.types import (
     Record,
 )
 from streams.envelopes import Event, format_time
-from streams.errors import EnvelopeError
+from streams.errors import CursorMoved, EnvelopeError, Fenced
 
 log = logging.getLogger("rhumbatron.runtime")
 

@@ -17,15 +17,10 @@ import confluent_kafka
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers.kafka_consumer import consumer_config
-from consumers.runtime.transport import (
-    AssignCallback,
-    Committed,
-    CommittedUnknown,
-    RevokeCallback,
-)
+from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
 from streams.admin import bootstrap_of, client_config
-from streams.errors import Unreachable
+from streams.errors import CommittedUnknown, Unreachable
 from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.transport")

@@ -13,7 +13,7 @@ import uuid
 
 import redis
 
-from streams.errors import RhumbatronError
+from streams.errors import ProducerLeaseLost, RhumbatronError
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -27,10 +27,6 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-
-
-class SlotLost(RhumbatronError):
-    pass
 
 
 class ProducerLease:
@@ -67,7 +63,7 @@ class ProducerLease:
         if not self._renew(
             keys=[self.prefix + str(self.number)], args=[self.holder, str(self.ttl_s)]
         ):
-            raise SlotLost(
+            raise ProducerLeaseLost(
                 f"producer lease {self.number} of {self.prefix} was lost (this process stalled "
                 f"past {self.ttl_s}s); stopping"
             )

@@ -19,17 +19,10 @@ from collections.abc import Iterable, Sequence
 import orjson
 import redis
 
-from consumers.runtime.store import (
-    OPS,
-    Commit,
-    CursorMoved,
-    Fenced,
-    PendingEffects,
-    decode_pending,
-    encode_pending,
-)
+from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress
 from streams.clock import Clock
+from streams.errors import CursorMoved, Fenced, PendingEffects
 
 DAY_MS = 86_400_000
 

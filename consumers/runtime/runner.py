@@ -34,14 +34,8 @@ from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
 from consumers.runtime.files import FilesMixin
 from consumers.runtime.parts import Line
-from consumers.runtime.runner_base import (
-    Outcome,
-    PartitionState,
-    ProcessorError,
-    RuntimePolicy,
-    Stats,
-)
-from consumers.runtime.store import Commit, Fenced, Store
+from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
+from consumers.runtime.store import Commit, Store
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
@@ -59,13 +53,13 @@ from consumers.runtime.types import (
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event
-from streams.errors import EnvelopeError
+from streams.errors import EnvelopeError, Fenced, ProcessorError
 
 log = logging.getLogger("rhumbatron.runtime")
 
 tracer = trace.get_tracer("rhumbatron.runtime")
 
-__all__ = ["ProcessorError", "Runner", "RuntimePolicy", "Stats"]
+__all__ = ["Runner", "RuntimePolicy", "Stats"]
 
 
 class Runner(FilesMixin, TransactionMixin, FailureMixin):

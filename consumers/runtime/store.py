@@ -17,41 +17,7 @@ from typing import Protocol
 import orjson
 
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
-from streams.errors import RhumbatronError
-
-
-class Fenced(RhumbatronError):
-    """The caller no longer owns the partition: a newer owner bumped the epoch."""
-
-    def __init__(self, tp: TP, epoch: int, current: int) -> None:
-        self.tp = tp
-        super().__init__(
-            f"write to {tp} refused: owner epoch {epoch} is stale (current {current}); "
-            "another process owns the partition now"
-        )
-
-
-class CursorMoved(RhumbatronError):
-    """The cursor is not where the caller read it (compare-and-set failed)."""
-
-    def __init__(self, tp: TP, expected: tuple[int, int], found: tuple[int, int]) -> None:
-        self.tp = tp
-        self.expected = expected
-        self.found = found
-        super().__init__(
-            f"cursor of {tp} moved: expected acked_through={expected[0]} revision={expected[1]}, "
-            f"found acked_through={found[0]} revision={found[1]}"
-        )
-
-
-class PendingEffects(RhumbatronError):
-    """New Kafka effects may not be stored while earlier ones are not known to be published."""
-
-    def __init__(self, tp: TP) -> None:
-        self.tp = tp
-        super().__init__(
-            f"{tp} still has pending Kafka effects; recover them before committing new ones"
-        )
+from streams.errors import CursorMoved, Fenced, PendingEffects
 
 
 @dataclass

@@ -7,14 +7,14 @@ from collections.abc import Mapping
 
 from consumers.runtime.parts import is_part
 from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
-from consumers.runtime.transport import Committed, CommittedUnknown
+from consumers.runtime.transport import Committed
 from consumers.runtime.types import (
     TP,
     EffectKind,
     OutRecord,
     parse_txn_marker,
 )
-from streams.errors import TransactionFailed, Unreachable
+from streams.errors import CommittedUnknown, TransactionFailed, Unreachable
 
 log = logging.getLogger("rhumbatron.runtime")
 

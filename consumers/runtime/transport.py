@@ -12,10 +12,6 @@ from typing import Any, Protocol
 from consumers.runtime.types import TP, OutRecord, Record
 
 
-class CommittedUnknown(Exception):
-    """The group's committed offsets cannot be known right now (an open transaction)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Committed:
     """A group's committed offset of one partition (the next offset to read) and the metadata

@@ -14,10 +14,7 @@ import redis
 
 from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, Effects, RedisOp
 from streams.envelopes import Event
-
-
-class LedgerDrillFailure(RuntimeError):
-    pass
+from streams.errors import LedgerDrillFailure
 
 
 class Ledger(BaseProcessor):

@@ -41,8 +41,8 @@ from router.operator.models import (
     RecentFailures,
     action_requests,
 )
-from router.operator.service import BadInput, OperatorError, OperatorService
-from streams.errors import RhumbatronError, Unreachable
+from router.operator.service import OperatorService
+from streams.errors import BadInput, OperatorError, Refused, RhumbatronError, Unreachable
 from streams.topology import QUEUE_PURPOSES
 
 PAGE = "static/operator.html"
@@ -52,14 +52,6 @@ PAGE_POLICY = (
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
-
-
-class Refused(RhumbatronError):
-    """A change was refused for want of the operator token."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        self.status = status
-        super().__init__(reason)
 
 
 def _error(status: int, reason: str, field: str | None = None) -> JSONResponse:

@@ -23,7 +23,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from confluent_kafka import KafkaException
@@ -33,11 +33,9 @@ from pydantic import TypeAdapter, ValidationError
 from consumers.lag import group_lag, list_groups
 from consumers.redis_conn import address_of, connect
 from consumers.runtime.dead_letter_ops import DeadLetterActions
-from streams.errors import DeadLetterActionRefused
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector.view import read_feed, read_view
-from streams.errors import ViewNotFound
 from router.operator.models import (
     ActionResult,
     DeadLetterDetail,
@@ -59,7 +57,17 @@ from router.settings import Settings
 from streams.admin import admin_client, bootstrap_of, ensure_reachable
 from streams.clock import Clock, SystemClock
 from streams.envelopes import Name
-from streams.errors import RhumbatronError, TopologyError, Unreachable
+from streams.errors import (
+    ActionFailed,
+    BadInput,
+    Conflict,
+    DeadLetterActionRefused,
+    NotFound,
+    RhumbatronError,
+    TopologyError,
+    Unreachable,
+    ViewNotFound,
+)
 from streams.outbox import ops
 from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_topic
 

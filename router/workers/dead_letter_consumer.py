@@ -57,6 +57,7 @@ from router.workers.model import (
 )
 from streams.clock import Clock
 from streams.envelopes import Command, Draft, format_time
+from streams.errors import LetterBeingRetried
 from streams.ids import stable_event_id
 from streams.outbox.store import OutboxStore
 
@@ -64,10 +65,6 @@ log = logging.getLogger("rhumbatron.dead_letter_consumer")
 
 ACTOR = "service:dead-letter-consumer"
 BLOCKED_LIMIT = "dead_letter"
-
-
-class LetterBeingRetried(Exception):
-    """The letter is mid-retry (an operator's send in flight): try this record again later."""
 
 
 class DeadLetterRecorder(QueueHandler):

@@ -17,13 +17,10 @@ from typing import ClassVar
 
 import redis
 
-from router.workers.model import CommandContext, CommandHandler, MoreWork, QueueHandler
+from router.workers.model import CommandContext, CommandHandler, QueueHandler
 from router.workers.stores import prefix
 from streams.envelopes import Command
-
-
-class HandlerDrillFailure(Exception):
-    pass
+from streams.errors import HandlerDrillFailure, MoreWork
 
 
 class OkHandler(QueueHandler):

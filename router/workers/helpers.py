@@ -24,9 +24,10 @@ from typing import ClassVar, Protocol
 import orjson
 import redis
 
-from router.workers.model import CommandContext, CommandExpired, QueueHandler
+from router.workers.model import CommandContext, QueueHandler
 from router.workers.stores import prefix
 from streams.envelopes import Command, format_time
+from streams.errors import CommandExpired
 
 log = logging.getLogger("rhumbatron.worker")
 

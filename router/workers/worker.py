@@ -49,9 +49,7 @@ from router.workers.model import (
     REASON_FAILED,
     REASON_UNDECODABLE,
     CommandContext,
-    CommandExpired,
     CommandHandler,
-    MoreWork,
     WorkerPolicy,
     header_int,
 )
@@ -60,7 +58,7 @@ from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
-from streams.errors import EnvelopeError
+from streams.errors import CommandExpired, EnvelopeError, MoreWork
 
 log = logging.getLogger("rhumbatron.worker")
 

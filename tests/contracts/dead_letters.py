@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
+from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import (
     DeadLetter,
     DeadLetterStore,
@@ -25,7 +25,7 @@ from consumers.runtime.dead_letters import (
 from consumers.runtime.types import TP
 from streams.clock import ManualClock
 from streams.envelopes import format_time
-from streams.errors import DeliveryFailed
+from streams.errors import DeadLetterActionRefused, DeliveryFailed
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 SOURCE = "rhumbatron_events_00_t"

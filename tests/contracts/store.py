@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.runtime.store import Commit, CursorMoved, Fenced, PendingEffects, Store
+from consumers.runtime.store import Commit, Store
 from consumers.runtime.types import TP, OutRecord, Progress, RedisOp
+from streams.errors import CursorMoved, Fenced, PendingEffects
 
 TPX = TP("rhumbatron_events_00_t", 1)
 EVT = "evt_" + "ab" * 16

@@ -43,14 +43,11 @@ from faust.web import Request, Response, View
 from faust.web.exceptions import ServiceUnavailable
 
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
+from streams.errors import PointError
 
 log = logging.getLogger("rhumbatron.analytics.rollup")
 
 _TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
-
-
-class PointError(ValueError):
-    """A record on the points topic that is not a valid metric point."""
 
 
 @dataclass(frozen=True, slots=True)

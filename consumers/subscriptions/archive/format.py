@@ -35,7 +35,7 @@ import orjson
 
 from consumers.runtime.types import TP
 from streams.envelopes import Event, decode_event, encode
-from streams.errors import EnvelopeError, RhumbatronError
+from streams.errors import ArchiveFormatError, EnvelopeError
 
 # 24 hex characters (96 bits) of SHA-256: collisions between parts of one partition are out of
 # reach, and keys stay short enough for any object store.
@@ -52,10 +52,6 @@ _INDEX = re.compile(
     r"(?P<first>\d{20})-(?P<last>\d{20})--(?P<day>\d{4}-\d{2}-\d{2})--(?P<name>part-[^/]+)$"
 )
 _EXPIRED = re.compile(r"^index/stream-(\d{2})/p(\d+)/expired-through-(\d{20})$")
-
-
-class ArchiveFormatError(RhumbatronError, ValueError):
-    """A key, part or line is not in the archive's format; the message names what and where."""
 
 
 def stream_of(streams: Mapping[str, int], topic: str) -> int:

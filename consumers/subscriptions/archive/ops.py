@@ -13,7 +13,6 @@ from datetime import date, timedelta
 from typing import Any
 
 from consumers.subscriptions.archive.format import (
-    ArchiveFormatError,
     IndexEntry,
     PartKey,
     content_hash,
@@ -24,7 +23,8 @@ from consumers.subscriptions.archive.format import (
     expired_key,
     index_prefix,
 )
-from consumers.subscriptions.archive.store import ArchiveStoreError, ObjectStore
+from consumers.subscriptions.archive.store import ObjectStore
+from streams.errors import ArchiveFormatError, ArchiveStoreError
 
 # Called with (done, total) as a sweep goes.
 Progress = Callable[[int, int], None]

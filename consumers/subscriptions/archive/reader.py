@@ -21,11 +21,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator, Mapping
 
-from consumers.runtime.controls import ControlRefused
 from consumers.runtime.types import TP, Record
 from consumers.subscriptions.archive.format import (
     ArchivedLine,
-    ArchiveFormatError,
     IndexEntry,
     PartKey,
     content_hash,
@@ -36,10 +34,7 @@ from consumers.subscriptions.archive.format import (
     stream_of,
 )
 from consumers.subscriptions.archive.store import ObjectStore
-
-
-class ArchiveIncomplete(ControlRefused):
-    """The archive cannot supply every offset asked for; the message says which and why."""
+from streams.errors import ArchiveFormatError, ArchiveIncomplete
 
 
 class StoreArchiveReader:

@@ -21,23 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from streams.errors import RhumbatronError
+from streams.errors import ArchiveStoreError, ObjectMissing
 
 _KEY = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _TMP_MARK = ".tmp-"
-
-
-class ArchiveStoreError(RhumbatronError):
-    """The object store refused or failed an operation; the message names the key and store."""
-
-
-class ObjectMissing(ArchiveStoreError, KeyError):
-    def __init__(self, key: str, where: str) -> None:
-        self.key = key
-        super().__init__(f"no object {key!r} in {where}")
-
-    def __str__(self) -> str:  # KeyError would quote the whole message
-        return str(self.args[0])
 
 
 class ObjectStore(Protocol):

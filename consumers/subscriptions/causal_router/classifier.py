@@ -47,6 +47,7 @@ import orjson
 from pydantic import SecretStr
 
 from consumers.subscriptions.causal_router.budget import DailyCounter
+from streams.errors import ClassifierError, ClassifierTimeout
 
 log = logging.getLogger("rhumbatron.causal_router.classifier")
 
@@ -80,14 +81,6 @@ class OverlapQuestion:
 class Answer:
     wake: bool
     probability: float
-
-
-class ClassifierError(Exception):
-    """The classifier gave no usable answer (status, body, connection)."""
-
-
-class ClassifierTimeout(ClassifierError):
-    """The classifier did not answer within its timeout."""
 
 
 class Classifier(Protocol):

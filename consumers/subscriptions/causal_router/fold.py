@@ -51,7 +51,6 @@ import orjson
 
 from consumers.runtime.types import JSON
 from consumers.subscriptions.causal_router.payload import (
-    RouterInputError,
     event_ms,
     need_change,
     need_flag,
@@ -63,6 +62,7 @@ from consumers.subscriptions.causal_router.payload import (
     task_ids,
 )
 from streams.envelopes import Event
+from streams.errors import RouterInputError
 
 CREATED, WAITING, READY, STARTED = "created", "waiting", "ready", "started"
 COMPLETED, FAILED, BLOCKED = "completed", "failed", "blocked"

@@ -8,19 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from streams.envelopes import Event
-
-
-class RouterInputError(ValueError):
-    """A consumed event the router cannot fold: names the event, the field and what was there."""
-
-    def __init__(self, event: Event, field: str, value: object, expected: str) -> None:
-        shown = repr(value)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        super().__init__(
-            f"{event.event_type} {event.event_id}: {field} = {shown}: expected {expected} "
-            "(DESIGN.md §13); the event is not folded"
-        )
+from streams.errors import RouterInputError
 
 
 def event_ms(event: Event) -> int:

@@ -75,7 +75,7 @@ import orjson
 
 from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, Effects, RedisOp
 from streams.envelopes import Event, format_time
-from streams.errors import RhumbatronError
+from streams.errors import ProjectorInputError
 
 SLUG = "project-view-projector"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -127,18 +127,6 @@ BLOCKED = "blocked"
 
 # Events that name the task's agent (checked; a start also records it as the task's agent).
 AGENT_EVENTS = frozenset({"task.started", "task.completed", "task.failed"})
-
-
-class ProjectorInputError(RhumbatronError, ValueError):
-    """An event lacks what the view needs from it; names the event, the field and the value."""
-
-    def __init__(self, event: Event, field: str, value: object, reason: str) -> None:
-        self.event_id = event.event_id
-        self.field = field
-        super().__init__(
-            f"{event.event_type} {event.event_id} (project {event.project_id!r}): "
-            f"field '{field}' = {value!r}: {reason}"
-        )
 
 
 # -- logical keys (the runtime puts them under the partition's namespace and hash tag) ----------

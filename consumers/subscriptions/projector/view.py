@@ -28,7 +28,7 @@ from consumers.subscriptions.projector.processor import (
 )
 from streams.clock import SystemClock
 from streams.envelopes import format_time
-from streams.errors import RhumbatronError
+from streams.errors import ViewNotFound
 
 VIEW_PARTS = (
     "meta",
@@ -42,16 +42,6 @@ VIEW_PARTS = (
     "task_blocked_at",
     "task_blocked",
 )
-
-
-class ViewNotFound(RhumbatronError):
-    def __init__(self, project_id: str, env: str, tp: TP) -> None:
-        self.project_id = project_id
-        super().__init__(
-            f"project {project_id!r} has no view in environment {env!r} (looked in {tp}); "
-            f"either no event of it was published there, or {SLUG} has not consumed it yet "
-            f"(rhumbatron consume --subscription {SLUG})"
-        )
 
 
 def _store(client: redis.Redis[bytes], env: str) -> RedisStore:
@@ -78,7 +68,7 @@ def read_view(client: redis.Redis[bytes], env: str, tp: TP, project_id: str) -> 
         parts[part] = {m.decode() for m in raw} if part == "missing" else _text(raw)
     view = view_from_parts(project_id, tp, parts)
     if view is None:
-        raise ViewNotFound(project_id, env, tp)
+        raise ViewNotFound(project_id, env, tp, SLUG)
     return view
 
 
@@ -147,7 +137,7 @@ def read_feed(
     store = _store(client, env)
     entries = client.lrange(store.key(tp, view_key(project_id, "feed")), 0, -1)
     if not entries:
-        raise ViewNotFound(project_id, env, tp)
+        raise ViewNotFound(project_id, env, tp, SLUG)
     return feed_from_entries(entries)
 
 

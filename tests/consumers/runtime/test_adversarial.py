@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.controls import ControlRefused
 from consumers.runtime.dead_letters import Status
 from consumers.runtime.memory_transport import MemoryTransport, cuts_from
 from consumers.runtime.runner import Runner
 from consumers.runtime.types import JSON, TP
 from streams.envelopes import Event
+from streams.errors import ControlRefused
 from tests.support.runtime_harness import Crash, FlakyEffects, World, event
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))

@@ -10,13 +10,13 @@ from typing import ClassVar
 
 import pytest
 
-from consumers.runtime.controls import ControlRefused
 from consumers.runtime.memory_transport import cuts_from
 from consumers.runtime.transport import Committed
 from consumers.runtime.types import JSON, TP, Delivery, Effects
 from consumers.subscriptions.archive.archiver import AuditArchiver, PartLimits
 from consumers.subscriptions.archive.store import LocalObjectStore
 from streams.envelopes import Event, encode
+from streams.errors import ControlRefused
 from tests.support.runtime_harness import (
     LIMIT,
     PROJECTS_SHARING,

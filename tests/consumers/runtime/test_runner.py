@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.controls import ControlRefused
 from consumers.runtime.dead_letters import Status
 from consumers.runtime.memory_transport import MemoryReader, cuts_from
-from consumers.runtime.store import Commit, CursorMoved, Fenced
+from consumers.runtime.store import Commit
 from consumers.runtime.types import TP, Progress
 from consumers.subscriptions.ledger import Ledger
+from streams.errors import ControlRefused, CursorMoved, Fenced
 from tests.support.runtime_harness import Counter, Crash, World, event
 
 PROJECTS = ["alpha", "beta", "gamma", "delta", "eps"]

@@ -24,12 +24,12 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.types import TP
 from router.operator.api import PAGE_POLICY
-from router.operator.service import ActionFailed, BadInput, Conflict, NotFound, OperatorService
+from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import policy
 from streams.clock import ManualClock
 from streams.envelopes import Command, build, encode, format_time
-from streams.errors import Unreachable
+from streams.errors import ActionFailed, BadInput, Conflict, NotFound, Unreachable
 from streams.outbox.store import RowState, RowUpdate
 from streams.topology import queue_name, redelivery_topic
 from tests.support.environment import make_settings

@@ -24,18 +24,12 @@ from hypothesis import strategies as st
 
 from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTransport
 from consumers.runtime.types import TP
-from router.workers.model import (
-    ATTEMPT,
-    CommandContext,
-    MoreWork,
-    QueueHandler,
-    WorkerPolicy,
-    header_int,
-)
+from router.workers.model import ATTEMPT, CommandContext, QueueHandler, WorkerPolicy, header_int
 from router.workers.stores import MemoryCommandLedger
 from router.workers.worker import Worker
 from streams.clock import ManualClock
 from streams.envelopes import Command, build, decode_command, encode
+from streams.errors import MoreWork
 from streams.topology import queue_name
 
 ENV = "unit"

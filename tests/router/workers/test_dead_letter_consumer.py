@@ -10,12 +10,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from consumers.runtime.dead_letter_ops import DeadLetterActionRefused, DeadLetterActions
+from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import MemoryDeadLetters, Status, command_letter_id
 from consumers.subscriptions.projector.processor import ProjectViewProjector
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.model import CommandContext
 from streams.envelopes import Command, Event, build, decode_event, encode
+from streams.errors import DeadLetterActionRefused
 from streams.ids import new_event_id
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions

@@ -7,12 +7,12 @@ import orjson
 import pytest
 
 from consumers.subscriptions.analytics.rollup import (
-    PointError,
     _windows,
     format_epoch,
     metric_shard,
     parse_point,
 )
+from streams.errors import PointError
 
 GOOD = {
     "metric": "task_started",

@@ -18,21 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.controls import ControlRefused, Controls, MemoryAuditLog
+from consumers.runtime.controls import Controls, MemoryAuditLog
 from consumers.runtime.memory_transport import MemoryReader, cuts_from
 from consumers.runtime.types import JSON, TP, BaseProcessor, EffectKind, Record
 from consumers.subscriptions.archive.archiver import AuditArchiver, PartLimits
-from consumers.subscriptions.archive.format import (
-    ArchiveFormatError,
-    IndexEntry,
-    PartKey,
-    compress,
-    decode_line,
-)
+from consumers.subscriptions.archive.format import IndexEntry, PartKey, compress, decode_line
 from consumers.subscriptions.archive.ops import count_parts, expire, verify_day
-from consumers.subscriptions.archive.reader import ArchiveIncomplete, StoreArchiveReader
+from consumers.subscriptions.archive.reader import StoreArchiveReader
 from consumers.subscriptions.archive.store import LocalObjectStore
 from streams.envelopes import Event, build, decode_event
+from streams.errors import ArchiveFormatError, ArchiveIncomplete, ControlRefused
 from streams.ids import stable_event_id
 from tests.support.runtime_harness import LIMIT, PARTITIONS, STREAMS, Crash, World, event
 
@@ -54,7 +49,7 @@ class MemoryObjects:
         self.objects[key] = data
 
     def get(self, key: str) -> bytes:
-        from consumers.subscriptions.archive.store import ObjectMissing
+        from streams.errors import ObjectMissing
 
         if key not in self.objects:
             raise ObjectMissing(key, "memory")
@@ -511,7 +506,7 @@ def _cursor(world: World, tp: TP) -> tuple[int, int]:
 def test_the_local_store_writes_atomically_lists_by_prefix_and_refuses_bad_keys(
     tmp_path: Path,
 ) -> None:
-    from consumers.subscriptions.archive.store import ArchiveStoreError, ObjectMissing
+    from streams.errors import ArchiveStoreError, ObjectMissing
 
     store = LocalObjectStore(tmp_path)
     store.put("events/2026-01-01/stream-00/a.gz", b"one")

@@ -163,7 +163,7 @@ def test_a_fold_past_the_streams_log_start_is_rebuilt_from_the_archive(rs: Setti
     assert {p: s["slots"] for p, s in states.items()} == expected
 
     # Without the archive the same fold refuses, naming what is missing.
-    from consumers.runtime.controls import ControlRefused
+    from streams.errors import ControlRefused
 
     ctl.archive = None
     with pytest.raises(ControlRefused, match="no longer holds offsets"):

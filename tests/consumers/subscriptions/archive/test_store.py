@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from consumers.subscriptions.archive.store import (
-    ArchiveStoreError,
-    LocalObjectStore,
-    ObjectMissing,
-    ObjectStore,
-    S3ObjectStore,
-)
+from consumers.subscriptions.archive.store import LocalObjectStore, ObjectStore, S3ObjectStore
+from streams.errors import ArchiveStoreError, ObjectMissing
 
 
 class ObjectStoreTests:

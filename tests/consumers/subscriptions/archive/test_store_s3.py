@@ -14,9 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from consumers.subscriptions.archive.store import ArchiveStoreError, ObjectStore, S3ObjectStore
+from consumers.subscriptions.archive.store import ObjectStore, S3ObjectStore
 from router.settings import Settings
 from router.wiring.archive import count_parts
+from streams.errors import ArchiveStoreError
 from streams.workload import slotted_events, workload
 from tests.consumers.subscriptions.archive.test_store import ObjectStoreTests
 from tests.support.environment import ROOT, subprocess_env

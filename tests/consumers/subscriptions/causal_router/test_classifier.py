@@ -18,13 +18,13 @@ from pydantic import SecretStr
 from consumers.subscriptions.causal_router.budget import MemoryDailyCounter
 from consumers.subscriptions.causal_router.classifier import (
     Answer,
-    ClassifierError,
     HeuristicClassifier,
     HttpClassifier,
     OverlapQuestion,
 )
 from streams.clock import ManualClock
 from streams.envelopes import Command
+from streams.errors import ClassifierError
 from tests.support.causal_router import (
     START,
     History,

@@ -16,10 +16,10 @@ import pytest
 from consumers.subscriptions.causal_router.budget import MemoryCommandBudget
 from consumers.subscriptions.causal_router.classifier import Answer
 from consumers.subscriptions.causal_router.fold import DECLARING, empty_state
-from consumers.subscriptions.causal_router.payload import RouterInputError
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from router.settings import Settings
 from streams.envelopes import Event, decode_command, decode_event
+from streams.errors import RouterInputError
 from streams.ids import derived_command_id, stable_event_id
 from streams.topology import queue_name
 from tests.support.causal_router import (

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from consumers.runtime.memory_transport import cuts_from
 from consumers.runtime.types import TP, Delivery, Phase
 from consumers.subscriptions.projector.processor import (
-    ProjectorInputError,
     ProjectViewProjector,
     decode_state,
     encode_state,
@@ -22,6 +21,7 @@ from consumers.subscriptions.projector.processor import (
 )
 from consumers.subscriptions.projector.view import view_from_parts
 from streams.envelopes import Event, build
+from streams.errors import ProjectorInputError
 from streams.ids import new_event_id
 from streams.workload import project_events, slotted_events, workload
 from tests.support.projector_oracle import expected_feed, expected_view, memory_feed, memory_view
