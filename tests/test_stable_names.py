@@ -20,6 +20,7 @@ from router.wiring.workers import worker_slug
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics
 from streams.clock import ManualClock
+from streams.producer import Producer
 from streams.topology import (
     QUEUE_PURPOSES,
     dead_letter_topic,
@@ -87,7 +88,7 @@ def test_redis_keys_of_the_runtime() -> None:
         client,
         env=ENV,
         slug="project-view-projector",
-        clock=ManualClock(0.0),
+        clock=ManualClock(),
         claim_ttl_ms=86_400_000,
     )
     tp = TP("rhumbatron_events_03_pin", 1)
@@ -96,12 +97,12 @@ def test_redis_keys_of_the_runtime() -> None:
         "rh:pin:{project-view-projector|rhumbatron_events_03_pin|1}:x:view:p1"
     )
     letters = KafkaRedisDeadLetters(
-        None,
+        Producer({"bootstrap.servers": "127.0.0.1:1"}),  # lazy: never connects here
         client,
         env=ENV,
         topic=dead_letter_topic(ENV),
         reason_max_bytes=1000,
-        flush_timeout=1.0,  # type: ignore[arg-type]
+        flush_timeout=1.0,
     )
     assert letters.prefix == "rh:pin:{dead-letters}:"
     assert ProducerLease(client, env=ENV, slug="causal-router", ttl_s=30).prefix == (
@@ -125,7 +126,7 @@ def test_redis_keys_of_the_router_and_the_workers() -> None:
         lock_ttl_s=1,
         read_states=lambda: {},
         send=lambda *_: None,
-        clock=ManualClock(0.0),  # type: ignore[arg-type]
+        clock=ManualClock(),
     )
     assert (tick.day_key, tick.marks_key, tick.lock_prefix) == (
         "rh:pin:causal-router:maintenance:day",

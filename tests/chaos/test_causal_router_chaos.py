@@ -23,9 +23,9 @@ from tests.support.causal_router import (
     make_router,
     open_test_outbox,
 )
-from tests.support.environment import subprocess_env
+from tests.support.environment import ROOT, subprocess_env
 from tests.support.kafka import events_of, read_all
-from tests.support.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.support.runtime_processes import cli, publish, runtime_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -12,6 +12,7 @@ import orjson
 from consumers.runtime.controls import Controls, MemoryAuditLog
 from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import MemoryDeadLetters
+from consumers.runtime.memory_store import MemoryStore
 from consumers.runtime.memory_transport import (
     MemoryLog,
     MemoryOutput,
@@ -21,7 +22,6 @@ from consumers.runtime.memory_transport import (
     MemoryTransport,
 )
 from consumers.runtime.runner import Runner, RuntimePolicy
-from consumers.runtime.store import MemoryStore
 from consumers.runtime.types import (
     JSON,
     TP,

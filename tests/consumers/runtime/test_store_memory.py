@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from consumers.runtime.store import MemoryStore, Store
+from consumers.runtime.memory_store import MemoryStore
+from consumers.runtime.store import Store
 from tests.contracts.store import StoreContract
 
 

@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from router.settings import Settings
-from tests.support.environment import subprocess_env
-from tests.support.runtime_processes import ROOT
+from tests.support.environment import ROOT, subprocess_env
 
 pytestmark = pytest.mark.integration
 

@@ -35,15 +35,9 @@ from streams.envelopes import format_time
 from streams.errors import Unreachable
 from streams.topology import metrics_topic
 from streams.workload import slotted_events, workload
-from tests.support.environment import subprocess_env
+from tests.support.environment import ROOT, subprocess_env
 from tests.support.kafka import read_all
-from tests.support.runtime_processes import (
-    ROOT,
-    cli,
-    consume_cli,
-    publish,
-    runtime_settings,
-)
+from tests.support.runtime_processes import cli, consume_cli, publish, runtime_settings
 
 pytestmark = pytest.mark.integration
 

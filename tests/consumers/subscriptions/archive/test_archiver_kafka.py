@@ -23,8 +23,8 @@ from streams.admin import admin_client
 from streams.clock import SystemClock
 from streams.envelopes import Event
 from streams.workload import slotted_events, workload
-from tests.support.environment import subprocess_env
-from tests.support.runtime_processes import ROOT, cli, publish, runtime_settings
+from tests.support.environment import ROOT, subprocess_env
+from tests.support.runtime_processes import cli, publish, runtime_settings
 
 pytestmark = pytest.mark.integration
 
