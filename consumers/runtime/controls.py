@@ -64,17 +64,22 @@ class AuditLog(Protocol):
 
 
 class MemoryAuditLog:
+    """Keeps each entry as the JSON the Redis log stores, so neither the writer nor a reader can
+    change it afterwards, and it reads back as Redis gives it."""
+
     def __init__(self) -> None:
-        self._entries: list[dict[str, Any]] = []
+        self._entries: list[bytes] = []
         self._lock = threading.Lock()
 
     def append(self, entry: dict[str, Any]) -> None:
+        raw = orjson.dumps(entry)
         with self._lock:
-            self._entries.append(entry)
+            self._entries.append(raw)
 
     def entries(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:
-            return list(reversed(self._entries[-limit:]))
+            newest = list(reversed(self._entries[-limit:]))
+        return [orjson.loads(raw) for raw in newest]
 
 
 class RedisAuditLog:
