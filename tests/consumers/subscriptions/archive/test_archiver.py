@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,40 +28,13 @@ from consumers.subscriptions.archive.store import LocalObjectStore
 from streams.envelopes import Event, build, decode_event
 from streams.errors import ArchiveFormatError, ArchiveIncomplete, ControlRefused
 from streams.ids import stable_event_id
+from tests.support.archive import MemoryObjects
 from tests.support.runtime_harness import LIMIT, PARTITIONS, STREAMS, Crash, World, event
 
 PROJECTS = ["alpha", "beta", "gamma", "delta", "eps"]
 STREAM_INDEX = {name: n for n, name in enumerate(STREAMS)}
 DAY = date(2026, 1, 1)
 KEY = re.compile(r"^events/\d{4}-\d{2}-\d{2}/stream-\d{2}/part-\d+-p\d+-[0-9a-f]{24}\.ndjson\.gz$")
-
-
-class MemoryObjects:
-    """An object store in a dict (for the property tests; LocalObjectStore is tested too)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.puts = 0
-
-    def put(self, key: str, data: bytes) -> None:
-        self.puts += 1
-        self.objects[key] = data
-
-    def get(self, key: str) -> bytes:
-        from streams.errors import ObjectMissing
-
-        if key not in self.objects:
-            raise ObjectMissing(key, "memory")
-        return self.objects[key]
-
-    def list(self, prefix: str) -> Iterator[str]:
-        return iter(sorted(k for k in self.objects if k.startswith(prefix)))
-
-    def delete(self, key: str) -> None:
-        self.objects.pop(key, None)
-
-    def describe(self) -> str:
-        return "memory"
 
 
 def archiver(objects: Any, events: int = 7, max_bytes: int = 1 << 20, age: float = 60.0) -> Any:
@@ -498,36 +470,6 @@ def test_a_new_subscriptions_first_fold_replays_the_archive_then_continues_from_
 def _cursor(world: World, tp: TP) -> tuple[int, int]:
     p = world.store.load(tp)
     return p.acked_through, p.cursor_revision
-
-
-# -- the local store -------------------------------------------------------------------------------
-
-
-def test_the_local_store_writes_atomically_lists_by_prefix_and_refuses_bad_keys(
-    tmp_path: Path,
-) -> None:
-    from streams.errors import ArchiveStoreError, ObjectMissing
-
-    store = LocalObjectStore(tmp_path)
-    store.put("events/2026-01-01/stream-00/a.gz", b"one")
-    store.put("events/2026-01-01/stream-00/a.gz", b"two")  # replaced whole
-    store.put("events/2026-01-02/stream-01/b.gz", b"three")
-    assert store.get("events/2026-01-01/stream-00/a.gz") == b"two"
-    assert list(store.list("events/2026-01-0")) == [
-        "events/2026-01-01/stream-00/a.gz",
-        "events/2026-01-02/stream-01/b.gz",
-    ]
-    assert list(store.list("events/2026-01-02/")) == ["events/2026-01-02/stream-01/b.gz"]
-    assert list(store.list("nothing/")) == []
-    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
-    store.delete("events/2026-01-02/stream-01/b.gz")
-    store.delete("events/2026-01-02/stream-01/b.gz")  # deleting twice is fine
-    assert not (tmp_path / "events" / "2026-01-02").exists()
-    with pytest.raises(ObjectMissing, match="no object"):
-        store.get("events/2026-01-02/stream-01/b.gz")
-    for bad in ("../x", "/abs", "a//b", "a/./b", "sp ace", "x.tmp-1"):
-        with pytest.raises(ArchiveStoreError, match="key"):
-            store.put(bad, b"")
 
 
 def test_a_line_holds_position_and_event() -> None:

@@ -1,4 +1,5 @@
-"""The ObjectStore contract, written once and run against each implementation.
+"""The ObjectStore contract (tests/contracts/object_store.py) on the in-memory twin, the directory
+store and the S3 store, and what each of them adds.
 
 The S3 store runs here against moto's in-process S3 *mock*: this checks the requests our client
 makes (keys, prefixes, pagination, the missing-object error) — a unit test, not a test against a
@@ -14,59 +15,20 @@ from typing import Any
 import pytest
 
 from consumers.subscriptions.archive.store import LocalObjectStore, ObjectStore, S3ObjectStore
-from streams.errors import ArchiveStoreError, ObjectMissing
+from streams.errors import ArchiveStoreError
+from tests.contracts.object_store import ObjectStoreContract
+from tests.support.archive import MemoryObjects
 
 
-class ObjectStoreTests:
+class TestMemoryObjects(ObjectStoreContract):
+    """The twin the archiver's unit and property tests write to."""
+
     @pytest.fixture
     def store(self) -> ObjectStore:
-        raise NotImplementedError
-
-    def test_put_get_replace(self, store: ObjectStore) -> None:
-        store.put("events/2026-01-01/stream-00/a.gz", b"one")
-        store.put("events/2026-01-01/stream-00/a.gz", b"two")
-        assert store.get("events/2026-01-01/stream-00/a.gz") == b"two"
-        store.put("index/e", b"")
-        assert store.get("index/e") == b""
-
-    def test_list_by_prefix_in_order(self, store: ObjectStore) -> None:
-        keys = [
-            "events/2026-01-02/stream-01/b.gz",
-            "events/2026-01-01/stream-00/a.gz",
-            "events/2026-01-01/stream-07/c.gz",
-            "index/stream-00/p0/x",
-        ]
-        for key in keys:
-            store.put(key, key.encode())
-        assert list(store.list("events/")) == sorted(keys[:3])
-        assert list(store.list("events/2026-01-01/")) == sorted(keys[1:3])
-        assert list(store.list("events/2026-01-0")) == sorted(keys[:3])
-        assert list(store.list("index/stream-00/p0/")) == ["index/stream-00/p0/x"]
-        assert list(store.list("none/")) == []
-
-    def test_missing_and_delete(self, store: ObjectStore) -> None:
-        with pytest.raises(ObjectMissing, match="no object 'events/x'"):
-            store.get("events/x")
-        store.put("events/x", b"1")
-        store.delete("events/x")
-        store.delete("events/x")  # idempotent
-        with pytest.raises(ObjectMissing):
-            store.get("events/x")
-        assert list(store.list("events/")) == []
-
-    def test_bad_keys_are_refused_before_any_call(self, store: ObjectStore) -> None:
-        for bad in ("../x", "/abs", "a//b", "a/../b", "sp ace", ""):
-            with pytest.raises(ArchiveStoreError, match="is not a relative path"):
-                store.put(bad, b"")
-
-    def test_many_keys_list_completely(self, store: ObjectStore) -> None:
-        keys = [f"index/stream-00/p0/{n:020d}" for n in range(1100)]  # past one S3 list page
-        for key in keys:
-            store.put(key, b"")
-        assert list(store.list("index/")) == keys
+        return MemoryObjects()
 
 
-class TestLocalObjectStore(ObjectStoreTests):
+class TestLocalObjectStore(ObjectStoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> ObjectStore:
         return LocalObjectStore(tmp_path)
@@ -90,7 +52,7 @@ class TestLocalObjectStore(ObjectStoreTests):
             LocalObjectStore(tmp_path).put("events/a.gz", b"x")
 
 
-class TestS3ObjectStoreOnMoto(ObjectStoreTests):
+class TestS3ObjectStoreOnMoto(ObjectStoreContract):
     """Request shapes only: moto is a mock of S3, not an S3-compatible server."""
 
     @pytest.fixture

@@ -19,7 +19,7 @@ from router.settings import Settings
 from router.wiring.archive import count_parts
 from streams.errors import ArchiveStoreError
 from streams.workload import slotted_events, workload
-from tests.consumers.subscriptions.archive.test_store import ObjectStoreTests
+from tests.contracts.object_store import ObjectStoreContract
 from tests.support.environment import ROOT, subprocess_env
 from tests.support.runtime_processes import cli, publish, runtime_settings
 from tests.support.s3proxy import S3Server, s3proxy
@@ -47,7 +47,7 @@ def _bucket(server: S3Server) -> str:
     return name
 
 
-class TestS3ObjectStoreOnS3Proxy(ObjectStoreTests):
+class TestS3ObjectStoreOnS3Proxy(ObjectStoreContract):
     @pytest.fixture
     def store(self, server: S3Server) -> ObjectStore:
         return S3ObjectStore(
