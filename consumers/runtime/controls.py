@@ -22,7 +22,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Entry, batch_letter_id
+from consumers.runtime.dead_letters import (
+    DeadLetter,
+    DeadLetterStore,
+    Entry,
+    LetterKind,
+    batch_letter_id,
+)
 from consumers.runtime.store import Store
 from consumers.runtime.types import JSON, TP, Processor, Progress, Record
 from streams.clock import Clock
@@ -204,7 +210,7 @@ class Controls:
         letters = [
             DeadLetter(
                 id=batch_letter_id(self.processor.slug, tp.topic, tp.partition, r.offset, "refold"),
-                kind="event-batch",
+                kind=LetterKind.EVENT_BATCH,
                 subscription=self.processor.slug,
                 source_topic=tp.topic,
                 source_partition=tp.partition,

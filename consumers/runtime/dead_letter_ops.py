@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKind, LetterStatus
 from consumers.runtime.types import TP
 from streams.clock import Clock
 from streams.errors import DeadLetterActionRefused
@@ -52,17 +52,17 @@ class DeadLetterActions:
 
     def retry(self, letter_id: str, *, who: str, why: str = "operator retry") -> DeadLetter:
         letter = self.get(letter_id)
-        frm = Status.OPEN
+        frm = LetterStatus.OPEN
         if self.is_stale_retry(letter):
-            frm = Status.RETRYING  # its sender died mid-send: take the retry over
-        elif letter.status != Status.OPEN:
+            frm = LetterStatus.RETRYING  # its sender died mid-send: take the retry over
+        elif letter.status != LetterStatus.OPEN:
             raise DeadLetterActionRefused(
                 f"dead letter {letter_id} is {letter.status}, not open: it was already handled"
             )
         sends = self._plan(letter)
         now = self.clock.now()
         if not self.store.transition(
-            letter_id, to=Status.RETRYING, who=who, why=why, now=now, frm=frm
+            letter_id, to=LetterStatus.RETRYING, who=who, why=why, now=now, frm=frm
         ):
             raise DeadLetterActionRefused(
                 f"dead letter {letter_id} was already handled by someone else meanwhile"
@@ -73,39 +73,39 @@ class DeadLetterActions:
         except Exception as exc:
             self.store.transition(
                 letter_id,
-                to=Status.OPEN,
+                to=LetterStatus.OPEN,
                 who=who,
                 why=f"send failed: {type(exc).__name__}: {exc}",
                 now=self.clock.now(),
-                frm=Status.RETRYING,
+                frm=LetterStatus.RETRYING,
             )
             raise DeadLetterActionRefused(
                 f"retry of {letter_id} could not be sent ({exc}); it is open again, retry later"
             ) from exc
         self.store.transition(
             letter_id,
-            to=Status.RETRIED,
+            to=LetterStatus.RETRIED,
             who=who,
             why=why,
             now=self.clock.now(),
-            frm=Status.RETRYING,
+            frm=LetterStatus.RETRYING,
         )
         return self.get(letter_id)
 
     def is_stale_retry(self, letter: DeadLetter) -> bool:
-        if letter.status != Status.RETRYING or not letter.audit:
+        if letter.status != LetterStatus.RETRYING or not letter.audit:
             return False
         began = datetime.strptime(letter.audit[-1]["at"], "%Y-%m-%dT%H:%M:%S.%fZ")
         age = self.clock.now() - began.replace(tzinfo=UTC)
         return age.total_seconds() >= self.stale_retry_s
 
     def _plan(self, letter: DeadLetter) -> list[Callable[[], None]]:
-        if letter.kind == "poison":
+        if letter.kind == LetterKind.POISON:
             raise DeadLetterActionRefused(
                 f"dead letter {letter.id} holds bytes that are not a valid event; it can only be "
                 "dismissed (fix the producer, then dismiss with a reason)"
             )
-        if letter.kind == "command":
+        if letter.kind == LetterKind.COMMAND:
             return self._plan_command(letter)
         return self._plan_events(letter)
 
@@ -157,7 +157,7 @@ class DeadLetterActions:
             raise DeadLetterActionRefused("dismiss needs a reason")
         letter = self.get(letter_id)
         if not self.store.transition(
-            letter_id, to=Status.DISMISSED, who=who, why=why, now=self.clock.now()
+            letter_id, to=LetterStatus.DISMISSED, who=who, why=why, now=self.clock.now()
         ):
             raise DeadLetterActionRefused(f"dead letter {letter_id} is {letter.status}, not open")
         return self.get(letter_id)

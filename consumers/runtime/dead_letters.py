@@ -1,4 +1,4 @@
-"""The one dead-letter store, for event batches, poison records and (later) commands.
+"""The one dead-letter store, for event batches, poison records and commands.
 
 A dead letter is durable on the Kafka topic ``rhumbatron_dead_letters_<env>`` — a tee, not a
 swallow: each entry's original bytes and headers, plus ``dlq.*`` headers naming the reason, the
@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Protocol, cast
 
 import orjson
@@ -29,11 +30,21 @@ from streams.errors import DeliveryFailed, FailedRecord
 from streams.producer import Producer
 
 
-class Status:
+class LetterStatus(StrEnum):
+    """Where a dead letter is: open → retrying → retried, or open → dismissed."""
+
     OPEN = "open"
     RETRYING = "retrying"  # an operator's retry is being sent; back to open if the send fails
     RETRIED = "retried"
     DISMISSED = "dismissed"
+
+
+class LetterKind(StrEnum):
+    """What a dead letter holds (its ``dlq.kind`` header)."""
+
+    EVENT_BATCH = "event-batch"  # a subscription's batch that failed max_batch_failures times
+    POISON = "poison"  # bytes that never decoded: only dismissed, never retried
+    COMMAND = "command"  # a command that used up its deliveries on its queue
 
 
 @dataclass
@@ -88,7 +99,7 @@ class Entry:
 @dataclass
 class DeadLetter:
     id: str
-    kind: str  # event-batch | poison | command
+    kind: LetterKind
     source_topic: str
     source_partition: int
     error: str
@@ -99,7 +110,7 @@ class DeadLetter:
     subscription: str | None = None
     origin_queue: str | None = None
     command_id: str | None = None
-    status: str = Status.OPEN
+    status: LetterStatus = LetterStatus.OPEN
     audit: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -135,11 +146,15 @@ class DeadLetter:
         d = dict(d)
         d.pop("offsets", None)
         d["entries"] = [Entry.from_json(e) for e in d["entries"]]
+        d["kind"] = LetterKind(d["kind"])
+        d["status"] = LetterStatus(d["status"])
         return cls(**d)
 
 
-def batch_letter_id(subscription: str, topic: str, partition: int, offset: int, kind: str) -> str:
-    raw = f"{kind}\x00{subscription}\x00{topic}\x00{partition}\x00{offset}"
+def batch_letter_id(subscription: str, topic: str, partition: int, offset: int, tag: str) -> str:
+    """A stable id for a letter of the record at ``offset``; ``tag`` tells apart letters of the
+    same record (``poison``, ``event-batch-<batch key>``, ``refold``)."""
+    raw = f"{tag}\x00{subscription}\x00{topic}\x00{partition}\x00{offset}"
     return "dl_" + hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -153,11 +168,18 @@ class DeadLetterStore(Protocol):
     def get(self, letter_id: str) -> DeadLetter | None: ...
 
     def list(
-        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+        self, *, status: LetterStatus | None = None, limit: int = 1000, newest_first: bool = False
     ) -> list[DeadLetter]: ...
 
     def transition(
-        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+        self,
+        letter_id: str,
+        *,
+        to: LetterStatus,
+        who: str,
+        why: str,
+        now: datetime,
+        frm: LetterStatus = LetterStatus.OPEN,
     ) -> bool:
         """``frm`` → ``to``, audited; False (and nothing changes) unless the letter is in
         ``frm``. Check-and-set: of two concurrent callers one wins."""
@@ -190,7 +212,7 @@ class MemoryDeadLetters:
         return _copy(letter) if letter is not None else None
 
     def list(
-        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+        self, *, status: LetterStatus | None = None, limit: int = 1000, newest_first: bool = False
     ) -> list[DeadLetter]:
         out = [d for d in self.letters.values() if status is None or d.status == status]
         # The Redis index: scored by creation time, members of equal score ordered by id.
@@ -198,14 +220,23 @@ class MemoryDeadLetters:
         return [_copy(d) for d in out[: max(limit, 0)]]
 
     def transition(
-        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+        self,
+        letter_id: str,
+        *,
+        to: LetterStatus,
+        who: str,
+        why: str,
+        now: datetime,
+        frm: LetterStatus = LetterStatus.OPEN,
     ) -> bool:
         with self._lock:
             letter = self.letters.get(letter_id)
             if letter is None or letter.status != frm:
                 return False
             letter.status = to
-            letter.audit.append({"action": to, "who": who, "why": why, "at": format_time(now)})
+            letter.audit.append(
+                {"action": to.value, "who": who, "why": why, "at": format_time(now)}
+            )
             return True
 
 
@@ -267,7 +298,7 @@ class KafkaRedisDeadLetters:
         return DeadLetter.from_json(orjson.loads(raw)) if raw else None
 
     def list(
-        self, *, status: str | None = None, limit: int = 1000, newest_first: bool = False
+        self, *, status: LetterStatus | None = None, limit: int = 1000, newest_first: bool = False
     ) -> list[DeadLetter]:
         index = self.prefix + "index"
         found = (
@@ -291,7 +322,14 @@ class KafkaRedisDeadLetters:
         return out
 
     def transition(
-        self, letter_id: str, *, to: str, who: str, why: str, now: datetime, frm: str = Status.OPEN
+        self,
+        letter_id: str,
+        *,
+        to: LetterStatus,
+        who: str,
+        why: str,
+        now: datetime,
+        frm: LetterStatus = LetterStatus.OPEN,
     ) -> bool:
         key = self._record_key(letter_id)
         with self.client.pipeline(transaction=True) as pipe:
@@ -306,7 +344,7 @@ class KafkaRedisDeadLetters:
                         return False
                     letter.status = to
                     letter.audit.append(
-                        {"action": to, "who": who, "why": why, "at": format_time(now)}
+                        {"action": to.value, "who": who, "why": why, "at": format_time(now)}
                     )
                     pipe.multi()
                     pipe.set(key, orjson.dumps(letter.to_json()))

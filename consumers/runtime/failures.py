@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from consumers.runtime.dead_letters import DeadLetter, Entry, batch_letter_id
+from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, batch_letter_id
 from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
 from consumers.runtime.store import Commit
 from consumers.runtime.types import (
@@ -142,7 +142,7 @@ class FailureMixin(RunnerBase):
                 self._origin_offset(record),
                 f"event-batch-{batch_key}",
             ),
-            kind="event-batch",
+            kind=LetterKind.EVENT_BATCH,
             subscription=self.processor.slug,
             source_topic=origin_tp.topic,
             source_partition=origin_tp.partition,
@@ -158,7 +158,7 @@ class FailureMixin(RunnerBase):
             id=batch_letter_id(
                 self.processor.slug, tp.topic, tp.partition, self._origin_offset(record), "poison"
             ),
-            kind="poison",
+            kind=LetterKind.POISON,
             subscription=self.processor.slug,
             source_topic=tp.topic,
             source_partition=tp.partition,

@@ -7,9 +7,10 @@ import argparse
 import sys
 from typing import Any
 
+from consumers.runtime.dead_letters import LetterKind, LetterStatus
 from consumers.subscriptions.ledger import read_ledger
 from router.cli.common import operator_name, print_json, stop_on_signals
-from router.operator.service import KINDS, STATUSES, OperatorService
+from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import (
     controls,
@@ -179,8 +180,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ).add_subparsers(dest="action", required=True)
     p = dl.add_parser("list", help="dead letters of every kind, newest first")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--kind", choices=KINDS)
+    p.add_argument("--status", choices=[s.value for s in LetterStatus])
+    p.add_argument("--kind", choices=[k.value for k in LetterKind])
     p.add_argument("--subscription", help="only letters of this subscription")
     p.add_argument("--queue", choices=QUEUE_PURPOSES, help="only commands from this queue")
     p.add_argument("--limit", type=int, help="at most this many (default: operator_page_size)")

@@ -35,8 +35,8 @@ from router.operator.models import (
     HeldProjectBody,
     Info,
     LagReport,
-    LetterKind,
-    LetterStatus,
+    LetterKindParam,
+    LetterStatusParam,
     OutboxReport,
     RecentFailures,
     action_requests,
@@ -209,8 +209,8 @@ def create_app(service: OperatorService) -> FastAPI:
 
     @app.get("/api/dead-letters", tags=["dead letters"], responses=_ERRORS)
     def list_dead_letters(
-        status: LetterStatus | None = None,
-        kind: LetterKind | None = None,
+        status: LetterStatusParam | None = None,
+        kind: LetterKindParam | None = None,
         subscription: Annotated[str | None, Query(pattern=SLUG_PATTERN)] = None,
         queue: Annotated[
             str | None, Query(pattern=QUEUE_PATTERN, description="origin queue purpose")

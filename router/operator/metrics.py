@@ -94,7 +94,7 @@ def render(service: OperatorService) -> str:
         letters = service.letters().list(limit=service.settings.operator_dead_letter_scan_limit)
         counts = Counter((d.kind, d.status) for d in letters)
         samples = [
-            ({"kind": kind, "status": status}, float(n))
+            ({"kind": kind.value, "status": status.value}, float(n))
             for (kind, status), n in sorted(counts.items())
         ]
         return _family(

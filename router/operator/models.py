@@ -5,15 +5,35 @@ into them (its bytes decoded where they are JSON or text)."""
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetPydanticSchema,
+    StringConstraints,
+    create_model,
+)
+from pydantic_core import core_schema
 
-from consumers.runtime.dead_letters import DeadLetter, Entry
+from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, LetterStatus
 
-LetterStatus = Literal["open", "retrying", "retried", "dismissed"]
-LetterKind = Literal["event-batch", "poison", "command"]
+
+def _one_of(values: type[StrEnum]) -> GetPydanticSchema:
+    """A parameter taking one of ``values``' strings, handed on as the member. Annotated on
+    ``str``, not on the enum: for an enum FastAPI adds a shared schema to the OpenAPI document,
+    and the document states each closed set inline where it is used, as clients have it."""
+    strings = core_schema.literal_schema([v.value for v in values])
+    return GetPydanticSchema(
+        lambda _type, _handler: core_schema.no_info_after_validator_function(values, strings)
+    )
+
+
+LetterStatusParam = Annotated[str, _one_of(LetterStatus)]
+LetterKindParam = Annotated[str, _one_of(LetterKind)]
 
 # streams.topology.check_slug's rule, stated for the OpenAPI document.
 SLUG_PATTERN = r"^[a-z][a-z0-9-]{0,60}$"

@@ -33,7 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 from consumers.lag import group_lag, list_groups
 from consumers.redis_conn import address_of, connect
 from consumers.runtime.dead_letter_ops import DeadLetterActions
-from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, Status
+from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKind, LetterStatus
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector.view import read_feed, read_view
 from router.operator.models import (
@@ -70,9 +70,6 @@ from streams.errors import (
 )
 from streams.outbox import ops
 from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_topic
-
-STATUSES = (Status.OPEN, Status.RETRYING, Status.RETRIED, Status.DISMISSED)
-KINDS = ("event-batch", "poison", "command")
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
 T = TypeVar("T")
@@ -143,8 +140,8 @@ class OperatorService:
     ) -> DeadLetterList:
         """Newest first, filtered; at most ``limit`` (default and ceiling: operator_page_size)."""
         page = self._limit(limit)
-        _choice("status", status, STATUSES)
-        _choice("kind", kind, KINDS)
+        _choice("status", status, tuple(LetterStatus))
+        _choice("kind", kind, tuple(LetterKind))
         _choice("queue", queue, QUEUE_PURPOSES)
         if subscription is not None:
             try:
@@ -152,7 +149,9 @@ class OperatorService:
             except TopologyError as exc:
                 raise BadInput("subscription", str(exc)) from exc
         scan = self.settings.operator_dead_letter_scan_limit
-        fetched = self.letters().list(status=status, limit=scan, newest_first=True)
+        fetched = self.letters().list(
+            status=None if status is None else LetterStatus(status), limit=scan, newest_first=True
+        )
         matched = [
             d
             for d in fetched
@@ -179,7 +178,7 @@ class OperatorService:
             letter = self._letter(letter_id)
             if not self.actions().is_stale_retry(letter):
                 _must_be_open(letter, "retried")
-            if letter.kind == "poison":
+            if letter.kind == LetterKind.POISON:
                 raise Conflict(
                     f"dead letter {letter_id} holds bytes that are not a valid event; it can only "
                     "be dismissed (fix the producer, then dismiss it with a reason)"
@@ -215,7 +214,7 @@ class OperatorService:
 
     def _retried(self, letter: DeadLetter) -> str:
         env = self.settings.env
-        if letter.kind == "command" and letter.origin_queue:
+        if letter.kind == LetterKind.COMMAND and letter.origin_queue:
             return (
                 f"command {letter.command_id} sent back to its origin queue "
                 f"{queue_name(letter.origin_queue, env)}"
@@ -423,7 +422,7 @@ def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:
 
 
 def _must_be_open(letter: DeadLetter, action: str) -> None:
-    if letter.status == Status.OPEN:
+    if letter.status == LetterStatus.OPEN:
         return
     last = letter.audit[-1] if letter.audit else None
     by = f" ({last['action']} by {last['who']} at {last['at']}: {last['why']})" if last else ""

@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from consumers.runtime.dead_letters import LetterKind
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
 from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
@@ -180,7 +181,7 @@ def workflow_registry(settings: Settings, client: redis.Redis[bytes]) -> RedisWo
 def worker_figures(settings: Settings, client: redis.Redis[bytes]) -> dict[str, Any]:
     """What the workers did, for the demo and operators: each queue's counters (summed over its
     worker processes) and the command dead letters by status and origin queue."""
-    letters = [d for d in dead_letters(settings, client).list() if d.kind == "command"]
+    letters = [d for d in dead_letters(settings, client).list() if d.kind == LetterKind.COMMAND]
     return {
         "queues": read_metrics(client, settings.env),
         "command_dead_letters": {

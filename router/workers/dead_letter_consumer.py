@@ -34,7 +34,8 @@ from consumers.runtime.dead_letters import (
     DeadLetter,
     DeadLetterStore,
     Entry,
-    Status,
+    LetterKind,
+    LetterStatus,
     batch_letter_id,
     command_letter_id,
 )
@@ -87,17 +88,20 @@ class DeadLetterRecorder(QueueHandler):
         outcome = "recorded"
         if existing is None:
             self.store.write([self._letter(letter_id, command, record)])
-        elif existing.status == Status.RETRYING:
+        elif existing.status == LetterStatus.RETRYING:
             raise LetterBeingRetried(
                 f"dead letter {letter_id} of {command.command_id} is being retried by an "
                 "operator right now; this record is read again after the queue's delay"
             )
-        elif existing.status == Status.RETRIED and header_text(record, OPERATOR_RETRY) == letter_id:
+        elif (
+            existing.status == LetterStatus.RETRIED
+            and header_text(record, OPERATOR_RETRY) == letter_id
+        ):
             error = header_text(record, ERROR) or "?"
             self.store.transition(
                 letter_id,
-                to=Status.OPEN,
-                frm=Status.RETRIED,
+                to=LetterStatus.OPEN,
+                frm=LetterStatus.RETRIED,
                 who=ACTOR,
                 why=f"failed again after the operator's retry: {error}",
                 now=self.clock.now(),
@@ -111,7 +115,7 @@ class DeadLetterRecorder(QueueHandler):
         if header_text(record, OPERATOR_RETRY) == letter_id:
             current = self.store.get(letter_id)
             audit = current.audit if current else []
-            round_no = sum(1 for a in audit if a["action"] == Status.RETRIED)
+            round_no = sum(1 for a in audit if a["action"] == LetterStatus.RETRIED)
         self._task_events(command, record, round_no)
         return outcome
 
@@ -121,7 +125,7 @@ class DeadLetterRecorder(QueueHandler):
         origin_offset = header_int(record, ORIGIN_OFFSET, record.offset)
         letter = DeadLetter(
             id=batch_letter_id("commands", origin_topic, origin_partition, origin_offset, "poison"),
-            kind="poison",
+            kind=LetterKind.POISON,
             source_topic=origin_topic,
             source_partition=origin_partition,
             error=f"not a command: {error}",
@@ -147,7 +151,7 @@ class DeadLetterRecorder(QueueHandler):
         error = header_text(record, ERROR) or "(no error recorded)"
         return DeadLetter(
             id=letter_id,
-            kind="command",
+            kind=LetterKind.COMMAND,
             source_topic=header_text(record, ORIGIN_TOPIC) or record.topic,
             source_partition=header_int(record, ORIGIN_PARTITION, record.partition),
             error=f"{reason}: {error}",

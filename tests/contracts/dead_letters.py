@@ -19,7 +19,8 @@ from consumers.runtime.dead_letters import (
     DeadLetter,
     DeadLetterStore,
     Entry,
-    Status,
+    LetterKind,
+    LetterStatus,
     batch_letter_id,
 )
 from consumers.runtime.types import TP
@@ -35,7 +36,7 @@ def letter(
     offset: int,
     *,
     at: datetime = T0,
-    kind: str = "event-batch",
+    kind: LetterKind = LetterKind.EVENT_BATCH,
     entries: list[Entry] | None = None,
     error: str = "boom",
 ) -> DeadLetter:
@@ -66,7 +67,7 @@ class DeadLetterStoreContract:
         store = self.make_store()
         odd = letter(
             7,
-            kind="poison",
+            kind=LetterKind.POISON,
             entries=[
                 Entry(
                     7,
@@ -90,10 +91,10 @@ class DeadLetterStoreContract:
         store = self.make_store()
         original = letter(1)
         store.write([original])
-        original.status = Status.DISMISSED
+        original.status = LetterStatus.DISMISSED
         original.entries.append(Entry(2, b"x"))
         got = store.get(original.id)
-        assert got is not None and got.status == Status.OPEN and got.offsets == [1]
+        assert got is not None and got.status == LetterStatus.OPEN and got.offsets == [1]
         got.audit.append({"action": "forged"})
         assert store.get(original.id) == letter(1)
 
@@ -101,10 +102,10 @@ class DeadLetterStoreContract:
         store = self.make_store()
         first = letter(3)
         store.write([first, replace(first, error="second copy in the same write")])
-        assert store.transition(first.id, to=Status.DISMISSED, who="op", why="seen", now=T0)
+        assert store.transition(first.id, to=LetterStatus.DISMISSED, who="op", why="seen", now=T0)
         store.write([replace(first, error="written again after a crash", audit=[])])
         got = store.get(first.id)
-        assert got is not None and got.error == "boom" and got.status == Status.DISMISSED
+        assert got is not None and got.error == "boom" and got.status == LetterStatus.DISMISSED
         assert [d.id for d in store.list()] == [first.id]
 
     def test_list_orders_by_creation_then_id_and_filters_by_status_before_the_limit(
@@ -126,36 +127,48 @@ class DeadLetterStoreContract:
         assert [d.id for d in store.list(limit=2)] == oldest_first[:2]
         assert store.list(limit=0) == []
         for d in (early, same[0], late):
-            assert store.transition(d.id, to=Status.DISMISSED, who="op", why="noise", now=T0)
+            assert store.transition(d.id, to=LetterStatus.DISMISSED, who="op", why="noise", now=T0)
         still_open = [i for i in oldest_first if i not in {early.id, same[0].id, late.id}]
-        assert [d.id for d in store.list(status=Status.OPEN, limit=3)] == still_open[:3]
-        assert [d.id for d in store.list(status=Status.DISMISSED, newest_first=True)] == [
+        assert [d.id for d in store.list(status=LetterStatus.OPEN, limit=3)] == still_open[:3]
+        assert [d.id for d in store.list(status=LetterStatus.DISMISSED, newest_first=True)] == [
             late.id,
             same[0].id,
             early.id,
         ]
-        assert store.list(status=Status.RETRIED) == []
+        assert store.list(status=LetterStatus.RETRIED) == []
 
     def test_transitions_are_check_and_set_and_audited(self) -> None:
         store = self.make_store()
         d = letter(4)
         store.write([d])
         t1, t2 = T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)
-        assert not store.transition("dl_" + "0" * 24, to=Status.RETRYING, who="a", why="", now=t1)
-        assert store.transition(d.id, to=Status.RETRYING, who="alice", why="fixed", now=t1)
+        assert not store.transition(
+            "dl_" + "0" * 24, to=LetterStatus.RETRYING, who="a", why="", now=t1
+        )
+        assert store.transition(d.id, to=LetterStatus.RETRYING, who="alice", why="fixed", now=t1)
         # Not open any more: a second click is refused and changes nothing.
-        assert not store.transition(d.id, to=Status.RETRYING, who="bob", why="again", now=t2)
-        assert not store.transition(d.id, to=Status.DISMISSED, who="bob", why="x", now=t2)
+        assert not store.transition(d.id, to=LetterStatus.RETRYING, who="bob", why="again", now=t2)
+        assert not store.transition(d.id, to=LetterStatus.DISMISSED, who="bob", why="x", now=t2)
         assert store.transition(
-            d.id, to=Status.RETRIED, who="alice", why="sent", now=t2, frm=Status.RETRYING
+            d.id,
+            to=LetterStatus.RETRIED,
+            who="alice",
+            why="sent",
+            now=t2,
+            frm=LetterStatus.RETRYING,
         )
         got = store.get(d.id)
-        assert got is not None and got.status == Status.RETRIED
+        assert got is not None and got.status == LetterStatus.RETRIED
         assert got.audit == [
-            {"action": Status.RETRYING, "who": "alice", "why": "fixed", "at": format_time(t1)},
-            {"action": Status.RETRIED, "who": "alice", "why": "sent", "at": format_time(t2)},
+            {
+                "action": LetterStatus.RETRYING,
+                "who": "alice",
+                "why": "fixed",
+                "at": format_time(t1),
+            },
+            {"action": LetterStatus.RETRIED, "who": "alice", "why": "sent", "at": format_time(t2)},
         ]
-        assert [x.id for x in store.list(status=Status.RETRIED)] == [d.id]
+        assert [x.id for x in store.list(status=LetterStatus.RETRIED)] == [d.id]
 
     def test_of_concurrent_transitions_exactly_one_wins(self) -> None:
         store = self.make_store()
@@ -166,7 +179,7 @@ class DeadLetterStoreContract:
 
         def click(who: str) -> None:
             start.wait()
-            if store.transition(d.id, to=Status.RETRYING, who=who, why="click", now=T0):
+            if store.transition(d.id, to=LetterStatus.RETRYING, who=who, why="click", now=T0):
                 wins.append(who)
 
         threads = [threading.Thread(target=click, args=(f"op{n}",)) for n in range(6)]
@@ -181,7 +194,7 @@ class DeadLetterStoreContract:
     def test_operator_retry_and_dismiss_over_the_store(self) -> None:
         store = self.make_store()
         retried, broken, dismissed, poison = letter(1), letter(2), letter(3), letter(4)
-        poison.kind = "poison"
+        poison.kind = LetterKind.POISON
         store.write([retried, broken, dismissed, poison])
         sent: list[tuple[str, int | None, bytes | None, bytes]] = []
         failing = {broken.entries[0].value}
@@ -208,26 +221,26 @@ class DeadLetterStoreContract:
             stale_retry_s=60,
         )
         done = actions.retry(retried.id, who="alice")
-        assert done.status == Status.RETRIED
-        assert [a["action"] for a in done.audit] == [Status.RETRYING, Status.RETRIED]
+        assert done.status == LetterStatus.RETRIED
+        assert [a["action"] for a in done.audit] == [LetterStatus.RETRYING, LetterStatus.RETRIED]
         assert sent == [("rhumbatron_redelivery_ledger_t", 1, b"proj", b'{"n": 1}')]
         with pytest.raises(DeadLetterActionRefused):
             actions.retry(retried.id, who="bob")  # already handled
         with pytest.raises(DeadLetterActionRefused):
             actions.retry(broken.id, who="alice")
         back = store.get(broken.id)
-        assert back is not None and back.status == Status.OPEN
-        assert [a["action"] for a in back.audit] == [Status.RETRYING, Status.OPEN]
+        assert back is not None and back.status == LetterStatus.OPEN
+        assert [a["action"] for a in back.audit] == [LetterStatus.RETRYING, LetterStatus.OPEN]
         failing.clear()
-        assert actions.retry(broken.id, who="alice").status == Status.RETRIED
+        assert actions.retry(broken.id, who="alice").status == LetterStatus.RETRIED
         with pytest.raises(DeadLetterActionRefused):
             actions.retry(poison.id, who="alice")
         gone = actions.dismiss(poison.id, who="alice", why="producer fixed")
-        assert gone.status == Status.DISMISSED and gone.audit[-1]["why"] == "producer fixed"
-        assert actions.dismiss(dismissed.id, who="bob", why="dup").status == Status.DISMISSED
+        assert gone.status == LetterStatus.DISMISSED and gone.audit[-1]["why"] == "producer fixed"
+        assert actions.dismiss(dismissed.id, who="bob", why="dup").status == LetterStatus.DISMISSED
         with pytest.raises(DeadLetterActionRefused):
             actions.dismiss(dismissed.id, who="bob", why="dup")
-        assert {d.id for d in store.list(status=Status.OPEN)} == set()
+        assert {d.id for d in store.list(status=LetterStatus.OPEN)} == set()
 
     def test_a_failed_write_raises_and_leaves_nothing_behind(self) -> None:
         store = self.make_store()

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import redis
 
-from consumers.runtime.dead_letters import DeadLetter, Entry, command_letter_id
+from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, command_letter_id
 from router.operator.server import address_of, bind, server
 from router.operator.service import OperatorService
 from router.settings import Settings
@@ -61,7 +61,7 @@ def write_command_letter(
     raw = encode(command, max_bytes=s.max_envelope_bytes)
     letter = DeadLetter(
         id=command_letter_id(command.command_id),
-        kind="command",
+        kind=LetterKind.COMMAND,
         source_topic=queue_name("dead-letter", s.env),
         source_partition=0,
         error="RuntimeError: the agent host refused the wake",

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.dead_letters import Status
+from consumers.runtime.dead_letters import LetterStatus
 from consumers.runtime.memory_transport import MemoryTransport, cuts_from
 from consumers.runtime.runner import Runner
 from consumers.runtime.types import JSON, TP
@@ -245,7 +245,7 @@ def _run_steps(fleet: Fleet, plan: Plan) -> None:
 def _retry_open_letters(world: World) -> None:
     actions = world.actions()
     for letter in world.dead.list(limit=10_000):
-        if letter.status == Status.OPEN and letter.kind == "event-batch":
+        if letter.status == LetterStatus.OPEN and letter.kind == "event-batch":
             actions.retry(letter.id, who="oncall", why="test retry")
 
 
@@ -341,7 +341,7 @@ def _check_exactly_once(plan: Plan) -> None:
     retried = {
         e.event_id
         for letter in world.dead.list(limit=10_000)
-        if letter.status == Status.RETRIED
+        if letter.status == LetterStatus.RETRIED
         for e in letter.entries
     }
     by_event: dict[tuple[str, int], int] = {}
@@ -417,7 +417,7 @@ def _check_moves(plan: Plan) -> None:
         rebuilt = controls.fold(tp, progress, progress.acked_through).states
         live = world.store.all_states(tp)
         if any(
-            letter.status == Status.RETRIED
+            letter.status == LetterStatus.RETRIED
             and TP(letter.source_topic, letter.source_partition) == tp
             for letter in world.dead.list(limit=10_000)
         ):

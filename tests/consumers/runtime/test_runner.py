@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.dead_letters import Status
+from consumers.runtime.dead_letters import LetterStatus
 from consumers.runtime.memory_transport import MemoryReader, cuts_from
 from consumers.runtime.store import Commit
 from consumers.runtime.types import TP, Progress
@@ -287,7 +287,7 @@ def test_dead_letter_retry_applies_the_event_once_and_dismiss_is_recorded() -> N
     world.drain(runner)
     assert world.ledger_counts()[evs[1].event_id] == 1
     assert world.ledger()["alpha"] == [1, 3, 2]
-    assert world.dead.get(letter.id).status == Status.RETRIED  # type: ignore[union-attr]
+    assert world.dead.get(letter.id).status == LetterStatus.RETRIED  # type: ignore[union-attr]
     assert world.dead.get(letter.id).audit[0]["who"] == "oncall"  # type: ignore[union-attr]
 
 
@@ -300,7 +300,7 @@ def test_dismiss_needs_a_reason_and_is_audited() -> None:
     with pytest.raises(Exception, match="reason"):
         actions.dismiss(letter.id, who="oncall", why=" ")
     done = actions.dismiss(letter.id, who="oncall", why="test data")
-    assert done.status == Status.DISMISSED and done.audit[-1]["why"] == "test data"
+    assert done.status == LetterStatus.DISMISSED and done.audit[-1]["why"] == "test data"
 
 
 def test_reprocess_from_reruns_effects_with_new_idempotency_keys() -> None:
@@ -401,13 +401,13 @@ def test_applied_beyond_events_are_not_refolded_after_a_failure_retry() -> None:
 
 
 def test_a_command_dead_letter_goes_back_to_its_origin_queue_once() -> None:
-    from consumers.runtime.dead_letters import DeadLetter, Entry, command_letter_id
+    from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, command_letter_id
 
     world = World()
     world.log.create("queue-integration", 1)
     letter = DeadLetter(
         id=command_letter_id("cmd_x"),
-        kind="command",
+        kind=LetterKind.COMMAND,
         source_topic="rhumbatron-dead-letter-t",
         source_partition=0,
         error="boom",
@@ -449,7 +449,7 @@ def test_a_retry_whose_send_fails_leaves_the_letter_open() -> None:
     actions.send = broken
     with pytest.raises(Exception, match="open again"):
         actions.retry(letter.id, who="oncall", why="try")
-    assert world.dead.get(letter.id).status == Status.OPEN  # type: ignore[union-attr]
+    assert world.dead.get(letter.id).status == LetterStatus.OPEN  # type: ignore[union-attr]
 
 
 def test_poison_can_only_be_dismissed() -> None:
@@ -500,13 +500,13 @@ def test_a_retry_left_in_retrying_by_a_dead_sender_can_be_taken_over_once_stale(
     letter = world.dead.list()[0]
     actions = world.actions()
     assert world.dead.transition(
-        letter.id, to=Status.RETRYING, who="a", why="x", now=world.clock.now()
+        letter.id, to=LetterStatus.RETRYING, who="a", why="x", now=world.clock.now()
     )
     with pytest.raises(Exception, match="already handled"):
         actions.retry(letter.id, who="b", why="too early")
     world.clock.advance(actions.stale_retry_s)
     done = actions.retry(letter.id, who="b", why="the first sender died")
-    assert done.status == Status.RETRIED
+    assert done.status == LetterStatus.RETRIED
     assert [a["who"] for a in done.audit] == ["a", "b", "b"]
     assert len(world.log.all("redeliver")) == 1
 

@@ -18,6 +18,7 @@ from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import (
     DeadLetter,
     Entry,
+    LetterKind,
     MemoryDeadLetters,
     batch_letter_id,
     command_letter_id,
@@ -80,7 +81,7 @@ def event_letter(parts: Parts, offset: int, *, minutes: int, sub: str = "ledger"
     body = {"eventId": f"evt_{offset:032x}", "eventType": "task.completed", "drill": "fail"}
     return DeadLetter(
         id=batch_letter_id(sub, stream, 1, offset, "event-batch"),
-        kind="event-batch",
+        kind=LetterKind.EVENT_BATCH,
         source_topic=stream,
         source_partition=1,
         error="drill: event is marked to fail",
@@ -106,7 +107,7 @@ def poison_letter(parts: Parts, *, minutes: int) -> DeadLetter:
     stream = parts.settings.topology.stream_names()[0]
     return DeadLetter(
         id=batch_letter_id("ledger", stream, 0, 7, "poison"),
-        kind="poison",
+        kind=LetterKind.POISON,
         source_topic=stream,
         source_partition=0,
         error="not JSON",
@@ -131,7 +132,7 @@ def command_letter(parts: Parts, n: int, *, minutes: int) -> tuple[DeadLetter, b
     raw = encode(command, max_bytes=parts.settings.max_envelope_bytes)
     letter = DeadLetter(
         id=command_letter_id(command.command_id),
-        kind="command",
+        kind=LetterKind.COMMAND,
         source_topic=queue_name("dead-letter", parts.settings.env),
         source_partition=0,
         error="worker failed 4 times",

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from consumers.runtime.dead_letter_ops import DeadLetterActions
-from consumers.runtime.dead_letters import MemoryDeadLetters, Status, command_letter_id
+from consumers.runtime.dead_letters import LetterStatus, MemoryDeadLetters, command_letter_id
 from consumers.subscriptions.projector.processor import ProjectViewProjector
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.model import CommandContext
@@ -141,11 +141,11 @@ def test_operator_retry_sends_once_and_a_renewed_failure_reopens_the_letter(
         actions.retry(letter_id, who="bob", why="double click")
     assert [t for t, _, _ in sent] == ["rhumbatron-agent-wakeups-unit"]
     assert not any(k.startswith(("rh.retry.", "rh.error")) for k, _ in sent[0][2])
-    assert p.store.get(letter_id).status == Status.RETRIED  # type: ignore[union-attr]
+    assert p.store.get(letter_id).status == LetterStatus.RETRIED  # type: ignore[union-attr]
 
     p.run(40)  # the retried command fails twice more and is dead-lettered again
     letter = p.store.get(letter_id)
-    assert letter is not None and letter.status == Status.OPEN
+    assert letter is not None and letter.status == LetterStatus.OPEN
     assert [a["action"] for a in letter.audit] == ["retrying", "retried", "open"]
     assert "failed again" in letter.audit[-1]["why"]
     assert [e["eventType"] for e in outbox_events(outbox)] == [
@@ -155,7 +155,7 @@ def test_operator_retry_sends_once_and_a_renewed_failure_reopens_the_letter(
         "task.failed",
     ]
     actions.dismiss(letter_id, who="alice", why="agent retired")
-    assert p.store.get(letter_id).status == Status.DISMISSED  # type: ignore[union-attr]
+    assert p.store.get(letter_id).status == LetterStatus.DISMISSED  # type: ignore[union-attr]
 
 
 def test_a_dead_lettered_record_that_is_not_a_command_becomes_a_poison_letter(
@@ -262,7 +262,7 @@ def test_a_dead_lettered_notification_wake_is_recorded_but_changes_no_task(
     p.world.send(*wakes)
     p.run(40)
     assert sorted(d.command_id or "" for d in p.store.list()) == sorted(c.command_id for c in wakes)
-    assert all(d.status == Status.OPEN for d in p.store.list())  # shown to operators
+    assert all(d.status == LetterStatus.OPEN for d in p.store.list())  # shown to operators
     assert _task_events_of(outbox) == []
 
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from consumers.redis_conn import connect
-from consumers.runtime.dead_letters import Status, command_letter_id
+from consumers.runtime.dead_letters import LetterStatus, command_letter_id
 from consumers.subscriptions.causal_router.commands import task_ready_command_id
 from router.settings import Settings
 from router.wiring.subscription import dead_letters
@@ -178,11 +178,11 @@ def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retr
     ids = [decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id for m in on_queue]
     assert ids.count(bad.command_id) == 2  # the original and the one retry
     retried = store.get(letter.id)
-    assert retried is not None and retried.status == Status.RETRIED
+    assert retried is not None and retried.status == LetterStatus.RETRIED
     assert retried.audit[-1]["who"] == "alice"
 
     other = command_letter_id(dismissed.command_id)
     cli(s, "dead-letters", "dismiss", other, "--who", "alice", "--reason", "obsolete task")
     closed = store.get(other)
-    assert closed is not None and closed.status == Status.DISMISSED
+    assert closed is not None and closed.status == LetterStatus.DISMISSED
     assert closed.audit[-1]["why"] == "obsolete task"
