@@ -29,6 +29,8 @@ from opentelemetry import propagate
 from streams.admin import bootstrap_of, client_config
 from streams.envelopes import Command, Event, encode
 from streams.errors import DeliveryFailed, FailedRecord, TransactionFailed, Unreachable
+from streams.headers import COMMAND_ID, COMMAND_TYPE, EVENT_ID, EVENT_TYPE
+from streams.headers import CONTENT_TYPE as CONTENT_TYPE_HEADER
 
 log = logging.getLogger("rhumbatron.producer")
 
@@ -105,9 +107,9 @@ DeliveryCallback = Callable[[DeliveryReport], None]
 
 def event_headers(event: Event) -> Headers:
     headers: Headers = [
-        ("event_type", event.event_type.encode()),
-        ("event_id", event.event_id.encode()),
-        ("content_type", CONTENT_TYPE),
+        (EVENT_TYPE, event.event_type.encode()),
+        (EVENT_ID, event.event_id.encode()),
+        (CONTENT_TYPE_HEADER, CONTENT_TYPE),
     ]
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -117,9 +119,9 @@ def event_headers(event: Event) -> Headers:
 
 def command_headers(command: Command) -> Headers:
     headers: Headers = [
-        ("command_type", command.command_type.encode()),
-        ("command_id", command.command_id.encode()),
-        ("content_type", CONTENT_TYPE),
+        (COMMAND_TYPE, command.command_type.encode()),
+        (COMMAND_ID, command.command_id.encode()),
+        (CONTENT_TYPE_HEADER, CONTENT_TYPE),
     ]
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

@@ -25,13 +25,11 @@ from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKi
 from consumers.runtime.types import TP
 from streams.clock import Clock
 from streams.errors import DeadLetterActionRefused
+from streams.headers import OPERATOR_RETRY, ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, is_ours
 
 # (topic, partition or None for the key's partition, key, value, headers) -> None; must not return
 # before the record is durable (acks=all).
 SendFn = Callable[[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]], None]
-
-# Headers the dead-letter path added; a retried record goes out without them.
-_DEAD_LETTER_HEADERS = ("dlq.", "rh.origin_", "rh.dead_letter", "rh.retry.", "rh.error")
 
 
 @dataclass
@@ -124,10 +122,10 @@ class DeadLetterActions:
             if entry.value is None:
                 continue
             headers = _clean(entry.headers) + [
-                ("rh.origin_topic", origin.topic.encode()),
-                ("rh.origin_partition", str(origin.partition).encode()),
-                ("rh.origin_offset", str(entry.offset).encode()),
-                ("rh.dead_letter", letter.id.encode()),
+                (ORIGIN_TOPIC, origin.topic.encode()),
+                (ORIGIN_PARTITION, str(origin.partition).encode()),
+                (ORIGIN_OFFSET, str(entry.offset).encode()),
+                (OPERATOR_RETRY, letter.id.encode()),
             ]
             plan.append(self._sender(topic, partition, entry.key, entry.value, headers))
         return plan
@@ -149,7 +147,7 @@ class DeadLetterActions:
                 f"dead letter {letter.id} lacks its origin queue or the command bytes"
             )
         topic = self.queue_topic(letter.origin_queue)
-        headers = _clean(entry.headers) + [("rh.dead_letter", letter.id.encode())]
+        headers = _clean(entry.headers) + [(OPERATOR_RETRY, letter.id.encode())]
         return [self._sender(topic, None, entry.key, entry.value, headers)]
 
     def dismiss(self, letter_id: str, *, who: str, why: str) -> DeadLetter:
@@ -164,4 +162,6 @@ class DeadLetterActions:
 
 
 def _clean(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-    return [h for h in headers if not h[0].startswith(_DEAD_LETTER_HEADERS)]
+    """The entry's headers less those of ours (its retries, errors, origin, dead letter, under new
+    names or legacy ones): a retried record starts again at attempt 1, from its origin."""
+    return [h for h in headers if not is_ours(h[0])]

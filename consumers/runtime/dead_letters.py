@@ -1,9 +1,11 @@
 """The one dead-letter store, for event batches, poison records and commands.
 
 A dead letter is durable on the Kafka topic ``rhumbatron_dead_letters_<env>`` — a tee, not a
-swallow: each entry's original bytes and headers, plus ``dlq.*`` headers naming the reason, the
-error type, the source and the attempts — and indexed in Redis for listing and operator state
-(open → retried | dismissed, each transition audited with who, when, why).
+swallow: each entry's original bytes and headers, plus headers of ours (streams.headers) naming
+the letter, the error, the error type, the source and the attempts; an original header under one
+of those names gives way to the letter's, so each name has one value — and indexed in Redis for
+listing and operator state (open → retried | dismissed, each transition audited with who, when,
+why). The index keeps every entry's headers exactly as they came.
 
 Writing is idempotent on the dead letter's id: the index keeps the first, and the topic is
 compacted on ``<id>:<offset>`` so a repeated write collapses. If the write fails, it raises and the
@@ -27,6 +29,18 @@ import redis
 from consumers.runtime.types import Record
 from streams.envelopes import Event, format_time
 from streams.errors import DeliveryFailed, FailedRecord
+from streams.headers import (
+    ATTEMPTS,
+    DEAD_LETTER_ID,
+    DEAD_LETTER_KIND,
+    ERROR,
+    ERROR_TYPE,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+    SUBSCRIPTION,
+)
 from streams.producer import Producer
 
 
@@ -257,7 +271,7 @@ class KafkaRedisDeadLetters:
         self.client = client
         self.topic = topic
         self.flush_timeout = flush_timeout
-        self.reason_max_bytes = reason_max_bytes  # the dlq.reason header; the index keeps it all
+        self.reason_max_bytes = reason_max_bytes  # the rh.error header; the index keeps it all
         self.prefix = f"rh:{env}:{{dead-letters}}:"
 
     def _record_key(self, letter_id: str) -> str:
@@ -266,20 +280,24 @@ class KafkaRedisDeadLetters:
     def write(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
             for entry in letter.entries:
-                headers = list(entry.headers) + [
-                    ("dlq.id", letter.id.encode()),
-                    ("dlq.kind", letter.kind.encode()),
-                    ("dlq.reason", letter.error.encode()[: self.reason_max_bytes]),
-                    ("dlq.error_type", letter.error_type.encode()),
-                    ("dlq.attempts", str(letter.attempts).encode()),
-                    ("dlq.source_topic", letter.source_topic.encode()),
-                    ("dlq.source_partition", str(letter.source_partition).encode()),
-                    ("dlq.source_offset", str(entry.offset).encode()),
+                ours = [
+                    (DEAD_LETTER_ID, letter.id.encode()),
+                    (DEAD_LETTER_KIND, letter.kind.encode()),
+                    (ERROR, letter.error.encode()[: self.reason_max_bytes]),
+                    (ERROR_TYPE, letter.error_type.encode()),
+                    (ATTEMPTS, str(letter.attempts).encode()),
+                    (ORIGIN_TOPIC, letter.source_topic.encode()),
+                    (ORIGIN_PARTITION, str(letter.source_partition).encode()),
+                    (ORIGIN_OFFSET, str(entry.offset).encode()),
                 ]
                 if letter.subscription:
-                    headers.append(("dlq.subscription", letter.subscription.encode()))
+                    ours.append((SUBSCRIPTION, letter.subscription.encode()))
                 if letter.origin_queue:
-                    headers.append(("dlq.origin_queue", letter.origin_queue.encode()))
+                    ours.append((ORIGIN_QUEUE, letter.origin_queue.encode()))
+                # A command's entry already carries rh.error, rh.origin_* … from the worker's
+                # dead letter: the letter's values replace them rather than repeat the names.
+                stated = {name for name, _ in ours}
+                headers = [h for h in entry.headers if h[0] not in stated] + ours
                 self.producer.produce(
                     self.topic,
                     entry.value if entry.value is not None else b"",

@@ -21,6 +21,7 @@ from consumers.runtime.transport import AssignCallback, Committed, RevokeCallbac
 from consumers.runtime.types import TP, OutRecord, Record
 from streams.admin import bootstrap_of, client_config
 from streams.errors import CommittedUnknown, Unreachable
+from streams.headers import RECORD_ID
 from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.transport")
@@ -247,7 +248,7 @@ class KafkaOutput:
             record.topic,
             record.value,
             key=record.key,
-            headers=[*record.headers, ("record_id", record.record_id.encode())],
+            headers=[*record.headers, (RECORD_ID, record.record_id.encode())],
         )
 
     def send_offsets(
@@ -381,7 +382,7 @@ class KafkaOutputLog:
                         elif error.fatal():
                             raise KafkaException(error)
                         continue
-                    rid = _record(message).header("record_id")
+                    rid = _record(message).header(RECORD_ID)
                     if rid is not None and rid.decode() in wanted:
                         found.add(rid.decode())
         finally:

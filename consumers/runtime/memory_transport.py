@@ -20,6 +20,7 @@ from typing import Any
 from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
 from streams.errors import TransactionFailed
+from streams.headers import RECORD_ID
 
 
 @dataclass
@@ -300,7 +301,7 @@ class MemoryOutput:
                     self.partitioner(r.key, n),
                     r.value,
                     r.key.encode(),
-                    r.headers + (("record_id", r.record_id.encode()),),
+                    r.headers + ((RECORD_ID, r.record_id.encode()),),
                 )
             if self._offsets:
                 group = (
@@ -332,7 +333,7 @@ class MemoryOutputLog:
         found: set[str] = set()
         for topic in sorted({r.topic for r in records}):
             for record in self.log.all(topic):
-                rid = record.header("record_id")
+                rid = record.header(RECORD_ID)
                 if rid is not None and rid.decode() in wanted:
                     found.add(rid.decode())
         return found

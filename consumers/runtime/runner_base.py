@@ -11,7 +11,6 @@ from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
 from consumers.runtime.parts import Line, OpenPart, PartWriter
 from consumers.runtime.store import Commit, Store
-from streams.errors import CursorMoved, Fenced, PendingEffects
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
@@ -23,7 +22,8 @@ from consumers.runtime.types import (
 )
 from streams.clock import Clock
 from streams.envelopes import Event
-from streams.errors import EnvelopeError
+from streams.errors import CursorMoved, EnvelopeError, Fenced, PendingEffects
+from streams.headers import ORIGIN_OFFSET
 from streams.topology import redelivery_origin, redelivery_partition
 
 log = logging.getLogger("rhumbatron.runtime")
@@ -195,13 +195,13 @@ class RunnerBase:
 
     def _redelivery_problem(self, record: Record) -> EnvelopeError | None:
         """Why a redelivered record cannot be taken as one (it is then dead-lettered as poison)."""
-        raw = record.header("rh.origin_offset")
+        raw = record.header(ORIGIN_OFFSET)
         if raw is None or not raw.isdigit():
             return EnvelopeError(
-                "redelivery", "rh.origin_offset", raw, "must be the event's offset in its stream"
+                "redelivery", ORIGIN_OFFSET, raw, "must be the event's offset in its stream"
             )
         return None
 
     def _origin_offset(self, record: Record) -> int:
-        raw = record.header("rh.origin_offset") if self._is_redelivery(record) else None
+        raw = record.header(ORIGIN_OFFSET) if self._is_redelivery(record) else None
         return int(raw) if raw is not None and raw.isdigit() else record.offset

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import orjson
 
 from streams.envelopes import Event
+from streams.headers import header
 
 JSON = dict[str, Any]
 
@@ -61,10 +62,8 @@ class Record:
         return TP(self.topic, self.partition)
 
     def header(self, name: str) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        """The first value under ``name`` (or a legacy name of it: streams.headers)."""
+        return header(self.headers, name)
 
 
 class Phase(StrEnum):

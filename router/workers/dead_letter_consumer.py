@@ -41,8 +41,13 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.types import Record
 from consumers.subscriptions.causal_router.commands import own_task
-from router.workers.model import (
+from router.workers.model import CommandContext, QueueHandler
+from streams.clock import Clock
+from streams.envelopes import Command, Draft, format_time
+from streams.errors import LetterBeingRetried
+from streams.headers import (
     ATTEMPTS,
+    DEAD_LETTER_REASON,
     ERROR,
     ERROR_TYPE,
     OPERATOR_RETRY,
@@ -50,15 +55,9 @@ from router.workers.model import (
     ORIGIN_PARTITION,
     ORIGIN_QUEUE,
     ORIGIN_TOPIC,
-    REASON,
-    CommandContext,
-    QueueHandler,
     header_int,
     header_text,
 )
-from streams.clock import Clock
-from streams.envelopes import Command, Draft, format_time
-from streams.errors import LetterBeingRetried
 from streams.ids import stable_event_id
 from streams.outbox.store import OutboxStore
 
@@ -84,6 +83,8 @@ class DeadLetterRecorder(QueueHandler):
     def handle(self, command: Command, ctx: CommandContext) -> str | None:
         record = ctx.record
         letter_id = command_letter_id(command.command_id)
+        # Back from this letter's retry by an operator (and failed again).
+        operator_retried = header_text(record.headers, OPERATOR_RETRY) == letter_id
         existing = self.store.get(letter_id)
         outcome = "recorded"
         if existing is None:
@@ -93,11 +94,8 @@ class DeadLetterRecorder(QueueHandler):
                 f"dead letter {letter_id} of {command.command_id} is being retried by an "
                 "operator right now; this record is read again after the queue's delay"
             )
-        elif (
-            existing.status == LetterStatus.RETRIED
-            and header_text(record, OPERATOR_RETRY) == letter_id
-        ):
-            error = header_text(record, ERROR) or "?"
+        elif existing.status == LetterStatus.RETRIED and operator_retried:
+            error = header_text(record.headers, ERROR) or "?"
             self.store.transition(
                 letter_id,
                 to=LetterStatus.OPEN,
@@ -112,7 +110,7 @@ class DeadLetterRecorder(QueueHandler):
         # Round 0 is the first dead letter; a command back from the operator's n-th retry writes
         # its task events under round n, so each round blocks the task once.
         round_no = 0
-        if header_text(record, OPERATOR_RETRY) == letter_id:
+        if operator_retried:
             current = self.store.get(letter_id)
             audit = current.audit if current else []
             round_no = sum(1 for a in audit if a["action"] == LetterStatus.RETRIED)
@@ -120,9 +118,9 @@ class DeadLetterRecorder(QueueHandler):
         return outcome
 
     def on_undecodable(self, record: Record, error: Exception) -> bool:
-        origin_topic = header_text(record, ORIGIN_TOPIC) or record.topic
-        origin_partition = header_int(record, ORIGIN_PARTITION, record.partition)
-        origin_offset = header_int(record, ORIGIN_OFFSET, record.offset)
+        origin_topic = header_text(record.headers, ORIGIN_TOPIC) or record.topic
+        origin_partition = header_int(record.headers, ORIGIN_PARTITION, record.partition)
+        origin_offset = header_int(record.headers, ORIGIN_OFFSET, record.offset)
         letter = DeadLetter(
             id=batch_letter_id("commands", origin_topic, origin_partition, origin_offset, "poison"),
             kind=LetterKind.POISON,
@@ -130,10 +128,10 @@ class DeadLetterRecorder(QueueHandler):
             source_partition=origin_partition,
             error=f"not a command: {error}",
             error_type=type(error).__name__,
-            attempts=header_int(record, ATTEMPTS, 1),
+            attempts=header_int(record.headers, ATTEMPTS, 1),
             created_at=format_time(self.clock.now()),
             entries=[Entry(origin_offset, record.value, record.key, list(record.headers))],
-            origin_queue=header_text(record, ORIGIN_QUEUE),
+            origin_queue=header_text(record.headers, ORIGIN_QUEUE),
         )
         self.store.write([letter])
         log.warning("dead-letter queue: %s recorded as poison letter %s", error, letter.id)
@@ -141,26 +139,26 @@ class DeadLetterRecorder(QueueHandler):
 
     # -- the record ----------------------------------------------------------------------------
     def _letter(self, letter_id: str, command: Command, record: Record) -> DeadLetter:
-        origin_queue = header_text(record, ORIGIN_QUEUE)
+        origin_queue = header_text(record.headers, ORIGIN_QUEUE)
         if origin_queue is None:
             raise ValueError(
                 f"dead-letter record {record.topic}[{record.partition}]@{record.offset} of "
                 f"{command.command_id} has no {ORIGIN_QUEUE} header: its origin queue is unknown"
             )
-        reason = header_text(record, REASON) or "failed"
-        error = header_text(record, ERROR) or "(no error recorded)"
+        reason = header_text(record.headers, DEAD_LETTER_REASON) or "failed"
+        error = header_text(record.headers, ERROR) or "(no error recorded)"
         return DeadLetter(
             id=letter_id,
             kind=LetterKind.COMMAND,
-            source_topic=header_text(record, ORIGIN_TOPIC) or record.topic,
-            source_partition=header_int(record, ORIGIN_PARTITION, record.partition),
+            source_topic=header_text(record.headers, ORIGIN_TOPIC) or record.topic,
+            source_partition=header_int(record.headers, ORIGIN_PARTITION, record.partition),
             error=f"{reason}: {error}",
-            error_type=header_text(record, ERROR_TYPE) or reason,
-            attempts=header_int(record, ATTEMPTS, 1),
+            error_type=header_text(record.headers, ERROR_TYPE) or reason,
+            attempts=header_int(record.headers, ATTEMPTS, 1),
             created_at=format_time(self.clock.now()),
             entries=[
                 Entry(
-                    offset=header_int(record, ORIGIN_OFFSET, record.offset),
+                    offset=header_int(record.headers, ORIGIN_OFFSET, record.offset),
                     value=record.value,
                     key=record.key,
                     headers=list(record.headers),
@@ -177,8 +175,8 @@ class DeadLetterRecorder(QueueHandler):
         if own_task(command) is None:
             return
         key = f"{command.command_id}#{round_no}"
-        error = header_text(record, ERROR) or "(no error recorded)"
-        reason = header_text(record, REASON) or "failed"
+        error = header_text(record.headers, ERROR) or "(no error recorded)"
+        reason = header_text(record.headers, DEAD_LETTER_REASON) or "failed"
         # The failure carries the block's limit too: it is the same stop, and a reader that sees
         # it without (or before) the task.blocked still shows the task blocked (docs/events.md).
         failed: dict[str, Any] = {

@@ -1,5 +1,5 @@
-"""The command worker's vocabulary: a queue's policy, the handler contract, the headers a retried
-or dead-lettered command carries, and the control-flow signal a handler raises for more work.
+"""The command worker's vocabulary: a queue's policy, the handler contract and the reasons a
+command is dead-lettered for (the headers it carries are in streams.headers).
 
 Attempts: a queue with ``retries = 3`` runs a command at most **1 + 3 = 4 times** ("3 retries,
 then dead-letter", DESIGN.md §9). The attempt number travels in the ``rh.retry.attempt`` header
@@ -19,22 +19,7 @@ from consumers.runtime.types import Record
 from streams.envelopes import Command
 from streams.topology import check_env, queue_name, retry_topic
 
-# -- headers ---------------------------------------------------------------------------------
-# Names start with prefixes the dead-letter retry strips (consumers.runtime.dead_letter_ops), so
-# an operator's retry sends the command back clean and its attempts start again at 1.
-ATTEMPT = "rh.retry.attempt"  # the attempt (delivery) this record is, 1-based
-DUE_MS = "rh.retry.due_ms"  # epoch milliseconds before which a retry record must not run
-ATTEMPTS = "rh.retry.attempts"  # on a dead letter: attempts made
-ERROR = "rh.error"  # the last error's text (truncated)
-ERROR_TYPE = "rh.error_type"
-ORIGIN_QUEUE = "rh.origin_queue"  # the queue purpose the command was dead-lettered from
-ORIGIN_TOPIC = "rh.origin_topic"
-ORIGIN_PARTITION = "rh.origin_partition"
-ORIGIN_OFFSET = "rh.origin_offset"
-REASON = "rh.dead_letter_reason"  # failed | expired | undecodable
-OPERATOR_RETRY = "rh.dead_letter"  # set by the operator's retry: the dead letter it came from
-INTERNAL_PREFIXES = ("rh.retry.", "rh.error", "rh.origin_", "rh.dead_letter", "record_id")
-
+# The rh.dead_letter_reason of a command's dead letter.
 REASON_FAILED = "failed"
 REASON_EXPIRED = "expired"
 REASON_UNDECODABLE = "undecodable"
@@ -82,21 +67,6 @@ class WorkerPolicy:
     @property
     def dead_letter_topic(self) -> str | None:
         return queue_name(self.dead_letter, self.env) if self.dead_letter else None
-
-
-def header_int(record: Record, name: str, default: int) -> int:
-    raw = record.header(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        return default
-
-
-def header_text(record: Record, name: str) -> str | None:
-    raw = record.header(name)
-    return raw.decode("utf-8", "replace") if raw is not None else None
 
 
 @dataclass(frozen=True)

@@ -5,28 +5,34 @@ that are written afresh."""
 from __future__ import annotations
 
 from consumers.runtime.types import OutRecord, Record
-from router.workers.model import (
+from router.workers.model import WorkerPolicy
+from streams.envelopes import Command
+from streams.headers import (
     ATTEMPT,
     ATTEMPTS,
+    DEAD_LETTER_REASON,
     DUE_MS,
     ERROR,
     ERROR_TYPE,
+    OPERATOR_RETRY,
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,
     ORIGIN_QUEUE,
     ORIGIN_TOPIC,
-    REASON,
-    WorkerPolicy,
+    RECORD_ID,
+    is_ours,
 )
-from streams.envelopes import Command
-
-# Headers of ours a record does not carry into its retry, next delivery or dead letter (they are
-# written afresh); the operator-retry marker ``rh.dead_letter`` itself is carried.
-_REWRITTEN = ("rh.retry.", "rh.error", "rh.origin_", "rh.dead_letter_", "record_id")
 
 
 def carried(record: Record) -> list[tuple[str, bytes]]:
-    return [(k, v) for k, v in record.headers if not k.startswith(_REWRITTEN)]
+    """The headers a record carries into its retry, next delivery or dead letter: not those of
+    ours (written afresh) nor the runtime's effect id (the send gets its own), but the operator's
+    retry marker, which the dead-letter consumer needs should the command fail again."""
+    return [
+        (k, v)
+        for k, v in record.headers
+        if k == OPERATOR_RETRY or not (is_ours(k) or k == RECORD_ID)
+    ]
 
 
 def error_headers(policy: WorkerPolicy, error: BaseException) -> list[tuple[str, bytes]]:
@@ -90,7 +96,7 @@ def dead_letter_record(
         (ORIGIN_TOPIC, record.topic.encode()),
         (ORIGIN_PARTITION, str(record.partition).encode()),
         (ORIGIN_OFFSET, str(record.offset).encode()),
-        (REASON, reason.encode()),
+        (DEAD_LETTER_REASON, reason.encode()),
     ]
     return OutRecord(
         topic=topic,

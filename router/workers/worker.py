@@ -43,15 +43,12 @@ from dataclasses import dataclass, field
 from consumers.runtime.transport import Output, Transport
 from consumers.runtime.types import TP, OutRecord, Record
 from router.workers.model import (
-    ATTEMPT,
-    DUE_MS,
     REASON_EXPIRED,
     REASON_FAILED,
     REASON_UNDECODABLE,
     CommandContext,
     CommandHandler,
     WorkerPolicy,
-    header_int,
 )
 from router.workers.outgoing import dead_letter_record, next_delivery, retry_record
 from router.workers.stores import CommandLedger, WorkerMetrics
@@ -59,6 +56,7 @@ from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
 from streams.errors import CommandExpired, EnvelopeError, MoreWork
+from streams.headers import ATTEMPT, DUE_MS, header_dict, header_int
 
 log = logging.getLogger("rhumbatron.worker")
 
@@ -213,7 +211,7 @@ class Worker:
         out: list[Record] = []
         for tp in sorted(self._waiting):
             queue = self._waiting[tp]
-            while queue and header_int(queue[0], DUE_MS, 0) <= now_ms:
+            while queue and header_int(queue[0].headers, DUE_MS, 0) <= now_ms:
                 out.append(queue.popleft())
             if queue:
                 if tp not in self._paused:
@@ -228,7 +226,7 @@ class Worker:
 
     def _poll_timeout(self) -> float:
         interval = self.policy.poll_interval_s
-        heads = [header_int(q[0], DUE_MS, 0) for q in self._waiting.values() if q]
+        heads = [header_int(q[0].headers, DUE_MS, 0) for q in self._waiting.values() if q]
         if not heads:
             return interval
         return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
@@ -334,7 +332,7 @@ class Worker:
 
     # -- one record ------------------------------------------------------------------------------
     def _one(self, record: Record, command: Command | EnvelopeError, done: set[str]) -> _Settled:
-        attempt = header_int(record, ATTEMPT, 1)
+        attempt = header_int(record.headers, ATTEMPT, 1)
         if isinstance(command, EnvelopeError):
             return self._undecodable(record, command, attempt)
         if self.handler.dedupe and command.command_id in done:
@@ -347,7 +345,7 @@ class Worker:
             max_deliveries=self.policy.max_deliveries,
             record=record,
             now=now,
-            headers=dict(record.headers),
+            headers=header_dict(record.headers),
         )
         if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
             return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)

@@ -29,6 +29,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 
 from streams.clock import Clock
+from streams.headers import CONTENT_TYPE as CONTENT_TYPE_HEADER
+from streams.headers import EVENT_ID, EVENT_TYPE
 from streams.outbox.sender import EventSender
 from streams.outbox.states import Deferred, NoStream, Ordering, Outcome, Published, RowFault
 from streams.outbox.store import OutboxRow
@@ -144,9 +146,9 @@ class Dispatch:
     # -- the producer boundary -------------------------------------------------------------------
     def _produce(self, row: OutboxRow, stream: str, then: Callable[[], None] | None) -> None:
         headers: Headers = [
-            ("event_type", row.event_type.encode()),
-            ("event_id", row.event_id.encode()),
-            ("content_type", CONTENT_TYPE),
+            (EVENT_TYPE, row.event_type.encode()),
+            (EVENT_ID, row.event_id.encode()),
+            (CONTENT_TYPE_HEADER, CONTENT_TYPE),
         ]
         span: trace.Span | None = None
         # A span per row only when someone is tracing: the writer was (its context is stored

@@ -13,8 +13,8 @@ from consumers.redis_conn import connect
 from router.settings import Settings
 from router.wiring.workers import provision_queues
 from router.workers.drills import read_drill
-from router.workers.model import ATTEMPT
 from streams.envelopes import decode_command
+from streams.headers import ATTEMPT
 from streams.topology import retry_topic
 from tests.support.kafka import read_all
 from tests.support.workers import (

@@ -16,6 +16,7 @@ from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import dead_letters
 from streams.envelopes import Command, build, encode, format_time
+from streams.headers import ERROR, ORIGIN_QUEUE
 from streams.topology import queue_name
 
 START_TIMEOUT_S = 30.0
@@ -73,7 +74,7 @@ def write_command_letter(
                 offset=0,
                 value=raw,
                 key=command.project_id.encode(),
-                headers=[("rh.error", b"refused"), ("rh.origin_queue", queue.encode())],
+                headers=[(ERROR, b"refused"), (ORIGIN_QUEUE, queue.encode())],
             )
         ],
         origin_queue=queue,

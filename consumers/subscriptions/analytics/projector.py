@@ -26,6 +26,7 @@ import orjson
 
 from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, Effects, OutRecord
 from streams.envelopes import Event, format_time
+from streams.headers import METRIC
 
 # DESIGN.md §13, "analytics metric" column: event type -> metric name.
 METRICS: MappingProxyType[str, str] = MappingProxyType(
@@ -105,7 +106,7 @@ class AnalyticsProjector(BaseProcessor):
                     event.project_id,
                     orjson.dumps(point_of(event, metric)),
                     point_record_id(event.event_id, metric),
-                    (("metric", metric.encode()),),
+                    ((METRIC, metric.encode()),),
                 )
             ]
         )

@@ -17,6 +17,7 @@ from consumers.subscriptions.archive.archiver import AuditArchiver, PartLimits
 from consumers.subscriptions.archive.store import LocalObjectStore
 from streams.envelopes import Event, encode
 from streams.errors import ControlRefused
+from streams.headers import ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC
 from tests.support.runtime_harness import (
     LIMIT,
     PROJECTS_SHARING,
@@ -239,9 +240,9 @@ def test_a_success_clears_the_failure_count_so_a_later_failure_starts_from_one()
 @pytest.mark.parametrize(
     "headers",
     [
-        (("rh.origin_topic", b"s1"), ("rh.origin_partition", b"1"), ("rh.origin_offset", b"0")),
-        (("rh.origin_topic", b"s0"), ("rh.origin_partition", b"zero")),
-        (("rh.origin_topic", b"\xff"), ("rh.origin_offset", b"-x")),
+        ((ORIGIN_TOPIC, b"s1"), (ORIGIN_PARTITION, b"1"), (ORIGIN_OFFSET, b"0")),
+        ((ORIGIN_TOPIC, b"s0"), (ORIGIN_PARTITION, b"zero")),
+        ((ORIGIN_TOPIC, b"\xff"), (ORIGIN_OFFSET, b"-x")),
     ],
 )
 def test_a_stream_record_with_redelivery_headers_is_judged_on_its_value(
@@ -269,11 +270,11 @@ def test_a_redelivered_record_with_a_broken_origin_offset_is_poison_not_a_crash(
     world.drain(runner)
     k = world.policy().redelivery_partition(tp)
     assert k is not None
-    headers = (("rh.origin_topic", tp.topic.encode()), ("rh.origin_offset", b"first"))
+    headers = ((ORIGIN_TOPIC, tp.topic.encode()), (ORIGIN_OFFSET, b"first"))
     world.log.append(REDELIVERY, k, encode(event(x, 9), max_bytes=LIMIT), b"x", headers)
     world.drain(runner)
     assert [letter.kind for letter in world.dead.list()] == ["poison"]
-    assert "rh.origin_offset" in world.dead.list()[0].error
+    assert ORIGIN_OFFSET in world.dead.list()[0].error
     assert world.store.load(tp).redelivered_next == 1
 
 

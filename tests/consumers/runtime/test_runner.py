@@ -12,6 +12,7 @@ from consumers.runtime.store import Commit
 from consumers.runtime.types import TP, Progress
 from consumers.subscriptions.ledger import Ledger
 from streams.errors import ControlRefused, CursorMoved, Fenced
+from streams.headers import ATTEMPTS, COMMAND_ID, ERROR, OPERATOR_RETRY
 from tests.support.runtime_harness import Counter, Crash, World, event
 
 PROJECTS = ["alpha", "beta", "gamma", "delta", "eps"]
@@ -419,7 +420,13 @@ def test_a_command_dead_letter_goes_back_to_its_origin_queue_once() -> None:
                 offset=3,
                 value=b'{"commandId":"cmd_x"}',
                 key=b"p1",
-                headers=[("dlq.reason", b"boom"), ("command_id", b"cmd_x")],
+                # Ours under new names and a legacy one: the retry sends none of them.
+                headers=[
+                    (ERROR, b"boom"),
+                    (ATTEMPTS, b"4"),
+                    ("dlq.reason", b"boom"),
+                    (COMMAND_ID, b"cmd_x"),
+                ],
             )
         ],
         origin_queue="integration",
@@ -432,7 +439,7 @@ def test_a_command_dead_letter_goes_back_to_its_origin_queue_once() -> None:
         actions.retry(letter.id, who="oncall", why="double click")
     (sent,) = world.log.all("queue-integration")
     assert sent.value == b'{"commandId":"cmd_x"}'
-    assert dict(sent.headers) == {"command_id": b"cmd_x", "rh.dead_letter": letter.id.encode()}
+    assert dict(sent.headers) == {COMMAND_ID: b"cmd_x", OPERATOR_RETRY: letter.id.encode()}
     assert [a["action"] for a in world.dead.get(letter.id).audit] == ["retrying", "retried"]  # type: ignore[union-attr]
 
 

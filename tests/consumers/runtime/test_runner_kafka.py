@@ -12,6 +12,7 @@ from consumers.redis_conn import connect
 from consumers.subscriptions.ledger import read_ledger
 from router.settings import Settings
 from streams.envelopes import Event
+from streams.headers import ATTEMPTS, SUBSCRIPTION
 from streams.producer import Producer
 from streams.workload import slotted_events, workload
 from tests.support.kafka import read_all
@@ -70,13 +71,13 @@ def test_one_poison_event_in_a_batch_of_ten_is_dead_lettered_after_exactly_five_
     assert ledger["projects"] == {events[0].project_id: [1, 2, 3, 4, 6, 7, 8, 9, 10]}
     shown = orjson.loads(cli(rs, "dead-letters", "show", letter["id"]).stdout)
     assert shown["entries"][0]["event_id"] == bad.event_id
-    # The durable record: the original bytes on the dead-letter topic, with dlq headers.
+    # The durable record: the original bytes on the dead-letter topic, with the letter's headers.
     (record,) = read_all(
         rs.kafka_bootstrap, [f"rhumbatron_dead_letters_{rs.env}"], expect=1, timeout=20
     )
     headers = dict(record.headers() or [])
     assert orjson.loads(record.value() or b"")["eventId"] == bad.event_id
-    assert headers["dlq.attempts"] == b"5" and headers["dlq.subscription"] == b"ledger"
+    assert headers[ATTEMPTS] == b"5" and headers[SUBSCRIPTION] == b"ledger"
 
 
 def test_garbage_bytes_are_dead_lettered_and_the_partition_keeps_moving(rs: Settings) -> None:

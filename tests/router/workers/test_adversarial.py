@@ -24,12 +24,13 @@ from hypothesis import strategies as st
 
 from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTransport
 from consumers.runtime.types import TP
-from router.workers.model import ATTEMPT, CommandContext, QueueHandler, WorkerPolicy, header_int
+from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
 from router.workers.stores import MemoryCommandLedger
 from router.workers.worker import Worker
 from streams.clock import ManualClock
 from streams.envelopes import Command, build, decode_command, encode
 from streams.errors import MoreWork
+from streams.headers import ATTEMPT, header_int
 from streams.topology import queue_name
 
 ENV = "unit"
@@ -448,7 +449,7 @@ def expected(script: tuple[str, ...], attempts: int, deliveries: int) -> Expecte
 
 def attempts_on(group: Group, topic: str) -> Counter[tuple[str, int]]:
     return Counter(
-        (decode_command(r.value, max_bytes=MAX).command_id, header_int(r, ATTEMPT, 1))
+        (decode_command(r.value, max_bytes=MAX).command_id, header_int(r.headers, ATTEMPT, 1))
         for r in group.log.all(topic)
     )
 

@@ -17,6 +17,7 @@ from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.model import CommandContext
 from streams.envelopes import Command, Event, build, decode_event, encode
 from streams.errors import DeadLetterActionRefused
+from streams.headers import LEGACY, OPERATOR_RETRY, is_ours
 from streams.ids import new_event_id
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
@@ -109,6 +110,40 @@ def test_a_command_without_a_task_is_recorded_but_blocks_nothing(outbox: SqliteO
     assert outbox_events(outbox) == []
 
 
+def test_a_dead_letter_carrying_only_the_legacy_header_names_is_recorded_the_same(
+    outbox: SqliteOutbox,
+) -> None:
+    p = Pipeline(outbox)
+    p.world.send(p.world.command("cmd_t1_ready"))
+    p.run(40)
+    [record] = p.world.dead_letters()
+    [letter] = p.store.list()
+    old_name = {new: old for old, new in LEGACY.items()}
+    renamed = tuple((old_name.get(k, k), v) for k, v in record.headers)
+    assert any(k in LEGACY for k, _ in renamed) and not any(k in old_name for k, _ in renamed)
+    again = Pipeline(outbox)
+    again.world.log.append(record.topic, record.partition, record.value, record.key, renamed)
+    again.run(3)
+
+    [read] = again.store.list()
+    assert (read.id, read.kind, read.origin_queue, read.command_id) == (
+        letter.id,
+        letter.kind,
+        letter.origin_queue,
+        letter.command_id,
+    )
+    assert (read.source_topic, read.source_partition, read.entries[0].offset) == (
+        letter.source_topic,
+        letter.source_partition,
+        letter.entries[0].offset,
+    )
+    assert (read.error, read.error_type, read.attempts) == (
+        letter.error,
+        letter.error_type,
+        letter.attempts,
+    )
+
+
 def test_operator_retry_sends_once_and_a_renewed_failure_reopens_the_letter(
     outbox: SqliteOutbox,
 ) -> None:
@@ -140,7 +175,7 @@ def test_operator_retry_sends_once_and_a_renewed_failure_reopens_the_letter(
     with pytest.raises(DeadLetterActionRefused):
         actions.retry(letter_id, who="bob", why="double click")
     assert [t for t, _, _ in sent] == ["rhumbatron-agent-wakeups-unit"]
-    assert not any(k.startswith(("rh.retry.", "rh.error")) for k, _ in sent[0][2])
+    assert [k for k, _ in sent[0][2] if is_ours(k)] == [OPERATOR_RETRY]
     assert p.store.get(letter_id).status == LetterStatus.RETRIED  # type: ignore[union-attr]
 
     p.run(40)  # the retried command fails twice more and is dead-lettered again

@@ -22,12 +22,21 @@ from router.workers.helpers import (
     WorkflowInstance,
     WorkflowStartHandler,
 )
-from router.workers.model import ATTEMPTS, ERROR, ORIGIN_QUEUE, REASON, CommandContext, QueueHandler, WorkerPolicy
-from streams.errors import MoreWork
+from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
 from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
 from router.workers.worker import Worker
 from streams.clock import ManualClock
 from streams.envelopes import Command, build, decode_command, encode
+from streams.errors import MoreWork
+from streams.headers import (
+    ATTEMPTS,
+    DEAD_LETTER_REASON,
+    ERROR,
+    LEGACY,
+    OPERATOR_RETRY,
+    ORIGIN_QUEUE,
+    RECORD_ID,
+)
 from streams.topology import queue_name
 
 ENV = "unit"
@@ -165,12 +174,40 @@ def test_a_failing_command_runs_exactly_1_plus_retries_times_each_gap_at_least_t
         assert handler.attempts_of(f"cmd_ok{i}") == [1]
     [letter] = world.dead_letters()
     h = headers(letter)
-    assert h[ATTEMPTS] == "4" and h[ORIGIN_QUEUE] == "agent-wakeups" and h[REASON] == "failed"
+    assert h[ATTEMPTS] == "4" and h[ORIGIN_QUEUE] == "agent-wakeups"
+    assert h[DEAD_LETTER_REASON] == "failed"
     assert "boom on cmd_bad" in h[ERROR]
     assert letter.value == encode(bad, max_bytes=MAX)  # the original bytes
     assert worker.waiting() == 0 and worker.paused() == set()
     assert world.metrics.counts["agent-wakeups"]["dead_lettered"] == 1
     assert world.metrics.counts["agent-wakeups"]["failed"] == 4
+
+
+def test_a_record_sent_on_carries_only_the_current_names_once_each() -> None:
+    world = World(policy(retries=1))
+    worker = world.worker(Scripted(fail_for("cmd_bad"), world.clock))
+    bad = world.command("cmd_bad")
+    stale = (
+        ("traceparent", b"00-abc-def-01"),
+        (ERROR, b"an earlier life"),
+        ("dlq.attempts", b"9"),
+        (RECORD_ID, b"an earlier effect"),
+        (OPERATOR_RETRY, b"dl_earlier"),
+    )
+    world.log.append(world.policy.queue_topic, 0, encode(bad, max_bytes=MAX), b"p1", stale)
+    world.run_for(worker, 100)
+
+    [retry] = world.log.all(world.policy.retry_topic)
+    [letter] = world.dead_letters()
+    for record in (retry, letter):
+        names = [k for k, _ in record.headers]
+        assert len(names) == len(set(names)), names
+        assert not any(k in LEGACY for k in names)
+        assert record.header(RECORD_ID) != b"an earlier effect"
+        assert record.header(OPERATOR_RETRY) == b"dl_earlier"  # the dead-letter consumer needs it
+        assert record.header("traceparent") == b"00-abc-def-01"
+        assert b"boom on cmd_bad" in (record.header(ERROR) or b"")
+    assert headers(letter)[ATTEMPTS] == "2"
 
 
 def test_zero_retries_dead_letters_after_the_first_attempt() -> None:
@@ -207,7 +244,7 @@ def test_an_expired_command_is_dead_lettered_as_expired_and_not_run() -> None:
     world.run_for(world.worker(handler), 2)
     assert handler.runs == []
     [letter] = world.dead_letters()
-    assert headers(letter)[REASON] == "expired"
+    assert headers(letter)[DEAD_LETTER_REASON] == "expired"
     assert "expired" in headers(letter)[ERROR]
 
 
@@ -292,7 +329,7 @@ def test_an_undecodable_record_is_dead_lettered_as_undecodable() -> None:
     world.log.append(world.policy.queue_topic, 0, b'{"commandId": 3}', b"k")
     world.run_for(world.worker(Scripted(fail_for(), world.clock)), 2)
     [letter] = world.dead_letters()
-    assert headers(letter)[REASON] == "undecodable"
+    assert headers(letter)[DEAD_LETTER_REASON] == "undecodable"
     assert "commandId" in headers(letter)[ERROR]
 
 

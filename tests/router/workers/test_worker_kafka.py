@@ -17,8 +17,8 @@ from router.settings import Settings
 from router.wiring.subscription import dead_letters
 from router.wiring.workers import provision_queues
 from router.workers.drills import read_drill
-from router.workers.model import ATTEMPTS, ERROR, ORIGIN_QUEUE, REASON
 from streams.envelopes import decode_command
+from streams.headers import ATTEMPTS, DEAD_LETTER_REASON, ERROR, ORIGIN_QUEUE
 from streams.producer import Producer
 from streams.topology import queue_name
 from tests.support.kafka import events_of, read_all
@@ -83,7 +83,7 @@ def test_a_command_failing_always_lands_on_the_dead_letter_queue_after_exactly_i
         headers = {k: bytes(v or b"").decode() for k, v in cast(list[Any], m.headers() or [])}
         assert headers[ATTEMPTS] == "4"
         assert headers[ORIGIN_QUEUE] == QUEUE
-        assert headers[REASON] == "failed"
+        assert headers[DEAD_LETTER_REASON] == "failed"
         assert "fails on every attempt" in headers[ERROR]
     assert stats["dead_lettered"] == 3 and stats["failed"] == 12
 
