@@ -5,9 +5,9 @@ Armed by the environment variable ``RHUMBATRON_FAILPOINTS`` (comma-separated nam
 optionally ``name@N`` to fire on the N-th hit, default the first, and optionally ``:stop``). A hit
 on an armed point kills the process with SIGKILL: no cleanup, no flush, exactly like a power cut;
 with ``:stop`` it SIGSTOPs itself instead (a stall: a long GC pause, a frozen VM) and goes on where
-it was when someone sends SIGCONT. In-process tests can
-arm a point with :func:`arm` and a custom action (e.g. raising, to simulate the crash of one
-component while the test goes on).
+it was when someone sends SIGCONT. In-process tests pass their own ``failpoint`` callable to the
+runner or the worker instead (e.g. one raising, to simulate the crash of one component while the
+test goes on).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ ENV = "RHUMBATRON_FAILPOINTS"
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
-_armed: dict[str, tuple[int, Callable[[str], None]]] = {}
 
 
 def _kill(name: str) -> None:
@@ -41,26 +40,12 @@ def _from_env() -> dict[str, tuple[int, Callable[[str], None]]]:
     return out
 
 
-def arm(name: str, action: Callable[[str], None], nth: int = 1) -> None:
-    with _lock:
-        _armed[name] = (nth, action)
-        _hits[name] = 0
-
-
-def disarm_all() -> None:
-    with _lock:
-        _armed.clear()
-        _hits.clear()
-
-
 def hit(name: str) -> None:
     """Mark that execution reached ``name``; fire if armed for this hit."""
     with _lock:
-        armed = _armed.get(name)
+        armed = _from_env().get(name)
         if armed is None:
-            armed = _from_env().get(name)
-            if armed is None:
-                return
+            return
         _hits[name] = _hits.get(name, 0) + 1
         fire = _hits[name] == armed[0]
     if fire:

@@ -81,15 +81,6 @@ class CommandContext:
     now: datetime
     headers: Mapping[str, bytes] = field(default_factory=dict)
 
-    @property
-    def last_attempt(self) -> bool:
-        return self.attempt >= self.attempts
-
-    @property
-    def last_delivery(self) -> bool:
-        """A :class:`MoreWork` raised now is acknowledged instead of delivered again."""
-        return self.attempt >= self.max_deliveries
-
 
 class CommandHandler(Protocol):
     """What a team writes. ``handle`` returns an optional outcome label (counted in the worker's

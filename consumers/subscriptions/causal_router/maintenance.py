@@ -55,8 +55,6 @@ from streams.envelopes import Command
 
 log = logging.getLogger("rhumbatron.causal_router.maintenance")
 
-TYPES = (FORKS_SWEEP, PROJECT_CLEANUP, INDEX_PURGE)
-
 
 def mark_key(project_id: str, command_type: str) -> str:
     return f"{project_id}\x1f{command_type}"

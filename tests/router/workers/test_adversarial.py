@@ -104,7 +104,9 @@ class JournaledHandler(QueueHandler):
             if crash:
                 self.crash_at.remove(HANDLER)
         outcome = scripted(self.scripts[command.command_id], ctx.attempt)
-        completes = not crash and (outcome == OK or (outcome == MORE and ctx.last_delivery))
+        completes = not crash and (
+            outcome == OK or (outcome == MORE and ctx.attempt >= ctx.max_deliveries)
+        )
         self.journal.ran(
             Run(self.member, command.command_id, ctx.attempt, completes, self.clock.monotonic())
         )
