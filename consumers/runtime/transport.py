@@ -1,5 +1,5 @@
 """The cut between the runtime and Kafka (httpx's transport idea): the runner talks only to these
-protocols. ``kafka_transport`` implements them on confluent-kafka; ``memory`` on an in-memory log
+protocols. ``kafka_transport`` implements them on confluent-kafka; ``memory_transport`` on an in-memory log
 for the property tests.
 """
 

@@ -4,7 +4,7 @@ the HTTP API and the web page (``rhumbatron serve``).
 It reads and acts on what the other parts keep: the one dead-letter store (event batches, poison
 records and commands; retry and dismiss through :class:`DeadLetterActions`, audited), the
 outboxes' figures (``streams.outbox.ops.stats``), consumer lag (``consumers.lag``, computed there
-only), the project views (``projector_view``) and the reachability of Kafka and Redis.
+only), the project views (``consumers.subscriptions.projector.view``) and the reachability of Kafka and Redis.
 
 Errors a caller can act on are typed, so each face maps them once:
 

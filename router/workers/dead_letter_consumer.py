@@ -5,7 +5,7 @@ command:
 1. writes a record in the runtime's one dead-letter store (kind ``command``, origin queue, the
    original command bytes and headers, error, attempts), idempotent on ``command_id``;
 2. when the command is a task's own work — a ``change.dispatch`` (its target task) or a
-   task-ready ``agent.wake`` (``cmd_<task>_ready``; see ``causal_commands.own_task``) — records
+   task-ready ``agent.wake`` (``cmd_<task>_ready``; see ``causal_router.commands.own_task``) — records
    that task as blocked and failed —
    ``task.blocked`` (``blockedLimit: "dead_letter"``, ``commandId``) and ``task.failed`` (the
    same ``blockedLimit`` and ``commandId``, so readers keep showing the task blocked) — as

@@ -7,7 +7,7 @@ done (event count, uncompressed size, age: settings). It then records the finish
 cursor *before* anything moves, and calls :meth:`AuditArchiver.store`, which writes the part and
 then its index entry. A crash anywhere in between is recovered by the next owner of the partition
 re-running ``store`` with the recorded bytes, so every event lands in exactly one part and every
-stored part has its index entry. Formats and keys: ``archive_format`` and ``docs/archive.md``.
+stored part has its index entry. Formats and keys: ``consumers.subscriptions.archive.format`` and ``docs/archive.md``.
 """
 
 from __future__ import annotations

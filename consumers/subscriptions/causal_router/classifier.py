@@ -8,7 +8,7 @@ router asks a :class:`Classifier`. Two implementations:
 - :class:`HttpClassifier`: a model endpoint, over HTTP (the contract is below).
 
 :class:`OverlapJudge` puts the rules around either one: at most ``calls_per_day`` calls a day
-across every router process (counted in Redis before the call, see ``causal_budget``), and an
+across every router process (counted in Redis before the call, see ``causal_router.budget``), and an
 answer below ``threshold`` probability is an abstention. Abstention, error, timeout and the cap all
 mean **wake** — a needless wake costs a little, a missed one a conflict. The cap applies to the
 heuristic too, so the router behaves the same whichever classifier is configured.
