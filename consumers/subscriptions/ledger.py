@@ -1,5 +1,6 @@
-"""``ledger``: a built-in subscription that records each applied event in Redis, in applied order —
-the simplest possible witness that the runtime applies every event exactly once.
+"""``ledger``: the runtime's drill and test subscription (not a product subscription). It records
+each applied event in Redis, in applied order — the simplest possible witness that the runtime
+applies every event exactly once.
 
 For drills it fails, every time, on an event whose payload has ``"drill": "fail"``, so the
 failure path (retries, then a dead letter after the fifth failure) can be exercised on a live

@@ -166,7 +166,12 @@ def ledger(settings: Settings, args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("consume", help="run a subscription (one process of its consumer group)")
-    p.add_argument("--subscription", required=True)
+    p.add_argument(
+        "--subscription",
+        required=True,
+        help="project-view-projector, causal-router, audit-archiver or analytics-projector (the "
+        "product's four); ledger is the runtime's drill and test subscription",
+    )
     p.add_argument(
         "--until-idle",
         type=float,

@@ -1,6 +1,11 @@
 """Building each subscription's processor from settings, by slug. One builder per subscription;
 a builder gets the settings, a Redis client and the clock, and returns the processor.
 
+The product has four subscriptions: ``project-view-projector``, ``causal-router``,
+``audit-archiver`` and ``analytics-projector``. ``ledger`` is the runtime's drill and test
+subscription (it records what it applied and fails on purpose on drill events), not a product
+subscription.
+
 A subscription may also have a *companion*: work that lives and dies with its consume process
 (the router's outbox publisher and maintenance tick). ``rhumbatron consume`` starts it after the
 processor is built and stops it when the loop ends; commands that only build a processor (the
