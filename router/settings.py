@@ -9,13 +9,16 @@ arguments, built here (``kafka_config``, ``topology``).
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretBytes, SecretStr
-from pydantic_core import to_jsonable_python
+from pydantic import AliasChoices, BaseModel, Field, SecretBytes, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails, to_jsonable_python
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streams.errors import ConfigurationError
 from streams.topology import Topology
 
 DAY_MS = 86_400_000
@@ -429,3 +432,40 @@ class Settings(BaseSettings):
             metrics_retention_ms=self.metrics_retention_ms,
             max_streams=self.max_streams_per_env,
         )
+
+
+def load_settings() -> Settings:
+    """The settings the environment gives. A value pydantic refuses is a
+    :class:`ConfigurationError` naming each variable, what it held and what is wrong with it, so a
+    typo in one variable is one line, not a validation traceback."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        refusals = "; ".join(_refusal(error) for error in exc.errors())
+        raise ConfigurationError(
+            f"invalid setting: {refusals}; fix the variable, or unset it for its default"
+        ) from exc
+
+
+def _refusal(error: ErrorDetails) -> str:
+    loc = [str(part) for part in error["loc"]]
+    if not loc:  # a check across fields: its message names them
+        return error["msg"]
+    field = Settings.model_fields.get(loc[0])
+    variable = "__".join([_variable(loc[0], field), *(part.upper() for part in loc[1:])])
+    secret = field is not None and "Secret" in str(field.annotation)
+    shown = "(a secret, not shown)" if secret else repr(error.get("input"))
+    return f"{variable}={shown}: {error['msg']}"
+
+
+def _variable(name: str, field: FieldInfo | None) -> str:
+    """The variable that set a field: under an old name too (``AliasChoices``), whichever of its
+    names the environment holds."""
+    names = [f"RHUMBATRON_{name.upper()}"]
+    if field is not None and isinstance(field.validation_alias, AliasChoices):
+        names += [
+            alias.upper()
+            for alias in field.validation_alias.choices
+            if isinstance(alias, str) and alias.upper().startswith("RHUMBATRON_")
+        ]
+    return next((n for n in names if n in os.environ), names[0])

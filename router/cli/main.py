@@ -18,7 +18,7 @@ from router.cli import (
     view_commands,
     worker_commands,
 )
-from router.settings import Settings
+from router.settings import Settings, load_settings
 from streams.errors import RhumbatronError
 
 Handler = Callable[[Settings, argparse.Namespace], int]
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # librdkafka reports every refused connection; our own errors say it once, better.
         logging.getLogger("rhumbatron.librdkafka").setLevel(logging.CRITICAL)
     try:
-        settings = Settings()
+        settings = load_settings()
         handler: Handler = args.handler
         return handler(settings, args)
     except RhumbatronError as exc:

@@ -188,18 +188,59 @@ def test_cli_provision_topology_produce_status(settings: Settings) -> None:
     assert "topics" in orjson.loads(status.stdout)
 
 
+def _one_line_error(stderr: str) -> str:
+    """What main() promises for our errors: exactly one line, ``rhumbatron: …``, no traceback."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rhumbatron: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize(
-    ("override", "address"),
+    ("command", "override", "address"),
     [
-        ({"RHUMBATRON_KAFKA_BOOTSTRAP": "127.0.0.1:9"}, "Kafka at 127.0.0.1:9"),
-        ({"RHUMBATRON_REDIS_URL": "redis://127.0.0.1:9/0"}, "Redis at 127.0.0.1:9"),
+        (
+            ("status", "--json"),
+            {"RHUMBATRON_KAFKA_BOOTSTRAP": "127.0.0.1:9"},
+            "Kafka at 127.0.0.1:9",
+        ),
+        (
+            ("status", "--json"),
+            {"RHUMBATRON_REDIS_URL": "redis://127.0.0.1:9/0"},
+            "Redis at 127.0.0.1:9",
+        ),
+        (("provision",), {"RHUMBATRON_KAFKA_BOOTSTRAP": "127.0.0.1:9"}, "Kafka at 127.0.0.1:9"),
+        (
+            ("dead-letters", "list"),
+            {"RHUMBATRON_REDIS_URL": "redis://127.0.0.1:9/0"},
+            "Redis at 127.0.0.1:9",
+        ),
     ],
 )
 def test_unreachable_servers_are_named_and_the_command_exits_nonzero(
-    override: dict[str, str], address: str
+    command: tuple[str, ...], override: dict[str, str], address: str
 ) -> None:
     s = make_settings()
     env = _env_for(s, RHUMBATRON_CONNECT_TIMEOUT_S="3", **override)
-    result = _cli("status", "--json", env=env)  # _cli's subprocess timeout bounds it: no hang
+    result = _cli(*command, env=env)  # _cli's subprocess timeout bounds it: no hang
     assert result.returncode != 0
-    assert address in result.stderr and "unreachable" in result.stderr
+    line = _one_line_error(result.stderr)
+    assert address in line and "unreachable" in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("RHUMBATRON_PARTITIONS", "abc", "valid integer"),
+        ("RHUMBATRON_CONNECT_TIMEOUT_S", "-1", "greater than 0"),
+        ("RHUMBATRON_WORKER_SLOT_TTL_S", "soon", "valid integer"),  # an old name, still read
+    ],
+)
+def test_a_wrong_setting_is_one_line_naming_the_variable(
+    variable: str, value: str, problem: str
+) -> None:
+    env = _env_for(make_settings(), **{variable: value})
+    result = _cli("topology", env=env)
+    assert result.returncode != 0
+    line = _one_line_error(result.stderr)
+    assert f"{variable}={value!r}" in line and problem in line
