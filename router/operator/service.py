@@ -6,13 +6,8 @@ records and commands; retry and dismiss through :class:`DeadLetterActions`, audi
 outboxes' figures (``streams.outbox.ops.stats``), consumer lag (``consumers.lag``, computed there
 only), the project views (``consumers.subscriptions.projector.view``) and the reachability of Kafka and Redis.
 
-Errors a caller can act on are typed, so each face maps them once:
-
-    OperatorError          (RhumbatronError)
-    ├── NotFound           404: no dead letter / project view with that id (names it)
-    ├── Conflict           409: the letter is not open, or cannot be retried (poison)
-    ├── BadInput           422: an argument was refused (names the field and the value)
-    └── ActionFailed       503: a retry could not be sent; the letter is open again
+Errors a caller can act on are typed (``OperatorError`` and its subclasses in ``streams.errors``,
+each with its HTTP ``status``), so each face maps them once.
 
 Kafka or Redis being down surfaces as ``streams.errors.Unreachable`` (503 over HTTP).
 """
