@@ -8,7 +8,7 @@ import pytest
 
 from consumers.redis_conn import connect
 from consumers.runtime.producer_lease import ProducerLease
-from streams.errors import RhumbatronError
+from streams.errors import ProducerLeaseLost, RhumbatronError
 from tests.support.environment import TEST_REDIS
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_a_lease_taken_over_is_lost_on_renewal_and_all_numbers_held_is_an_error(
         with pytest.raises(RhumbatronError, match="all 1 producer leases"):
             ProducerLease(client, env=env, slug="w", ttl_s=30, max_leases=1).acquire()
         client.set(f"rh:{env}:{{slots}}:w:0", b"someone else")
-        with pytest.raises(RhumbatronError, match="producer lease 0"):
+        with pytest.raises(ProducerLeaseLost, match="producer lease 0"):
             lease.renew()
     finally:
         client.delete(f"rh:{env}:{{slots}}:w:0")
