@@ -42,6 +42,14 @@ PARTITIONS = 2
 REDELIVERY = "redeliver"
 OUT = "out"
 LIMIT = 1 << 20
+# The failpoints between a batch's writes where a crash is tested: every step of a commit.
+BOUNDARIES = [
+    "runtime.before_store_commit",
+    "runtime.after_store_commit",  # after claim + effect + cursor (one atomic write)
+    "runtime.before_transaction_commit",
+    "runtime.after_transaction_commit",  # Kafka effects landed, pending copy not yet cleared
+    "runtime.after_offsets_commit",
+]
 # Two projects that land on the same stream partition (World.tp_of).
 PROJECTS_SHARING = ("alpha", "beta")
 

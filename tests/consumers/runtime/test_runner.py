@@ -13,7 +13,7 @@ from consumers.runtime.types import TP, Progress
 from consumers.subscriptions.ledger import Ledger
 from streams.errors import ControlRefused, CursorMoved, Fenced
 from streams.headers import ATTEMPTS, COMMAND_ID, ERROR, OPERATOR_RETRY
-from tests.support.runtime_harness import Counter, Crash, World, event
+from tests.support.runtime_harness import BOUNDARIES, Counter, Crash, World, event
 
 PROJECTS = ["alpha", "beta", "gamma", "delta", "eps"]
 
@@ -70,15 +70,6 @@ def test_the_same_log_cut_into_any_batches_gives_the_same_state_and_effects(
         r["_id"] for r in reference.out_records()
     )
     assert len(world.out_records()) == 6 * len(PROJECTS)
-
-
-BOUNDARIES = [
-    "runtime.before_store_commit",
-    "runtime.after_store_commit",  # after claim + effect + cursor (one atomic write)
-    "runtime.before_transaction_commit",
-    "runtime.after_transaction_commit",  # Kafka effects landed, pending copy not yet cleared
-    "runtime.after_offsets_commit",
-]
 
 
 CRASH_CASES = [

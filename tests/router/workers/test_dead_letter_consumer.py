@@ -11,24 +11,18 @@ import orjson
 import pytest
 
 from consumers.runtime.dead_letter_ops import DeadLetterActions
-from consumers.runtime.dead_letters import LetterStatus, MemoryDeadLetters, command_letter_id
+from consumers.runtime.dead_letters import LetterStatus, command_letter_id
 from consumers.subscriptions.projector.processor import ProjectViewProjector
-from router.workers.dead_letter_consumer import DeadLetterRecorder
-from router.workers.model import CommandContext
 from streams.envelopes import Command, Event, build, decode_event, encode
 from streams.errors import DeadLetterActionRefused
 from streams.headers import LEGACY, OPERATOR_RETRY, is_ours
 from streams.ids import new_event_id
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
-from tests.router.workers.test_worker import MAX, Scripted, World, policy
 from tests.support.causal_router import History, drive, make_router, open_test_outbox
 from tests.support.projector_oracle import expected_view, memory_view
 from tests.support.runtime_harness import World as RuntimeWorld
-
-
-def always_fail(command: Command, ctx: CommandContext) -> str | None:
-    raise RuntimeError(f"handler refuses {command.command_id}")
+from tests.support.worker_harness import MAX, Pipeline
 
 
 @pytest.fixture
@@ -43,33 +37,6 @@ def outbox_events(outbox: SqliteOutbox) -> list[dict[str, object]]:
     with sqlite3.connect(outbox.path) as conn:
         rows = conn.execute("SELECT envelope FROM outbox ORDER BY project_id, slot").fetchall()
     return [orjson.loads(bytes(r[0])) for r in rows]
-
-
-class Pipeline:
-    """A queue's worker that dead-letters everything, and the dead-letter consumer, sharing one
-    in-memory log and clock."""
-
-    def __init__(self, outbox: SqliteOutbox) -> None:
-        self.world = World(policy(retries=1, retry_delay_s=30))
-        self.queue = self.world.worker(Scripted(always_fail, self.world.clock))
-        self.store = MemoryDeadLetters()
-        dl_policy = policy("dead-letter", batch=5, retries=5, retry_delay_s=60, dead_letter=None)
-        self.dl_world = World(dl_policy)
-        self.dl_world.log = self.world.log  # one log, one clock
-        self.dl_world.clock = self.world.clock
-        self.world.log.create(dl_policy.retry_topic, 2)
-        self.recorder = DeadLetterRecorder(
-            self.store, outbox, self.world.clock, default_tenant="tenant-x"
-        )
-        self.consumer = self.dl_world.worker(self.recorder)
-
-    def run(self, seconds: float) -> None:
-        elapsed = 0.0
-        while elapsed <= seconds:
-            self.queue.step()
-            self.consumer.step()
-            self.world.clock.advance(1)
-            elapsed += 1
 
 
 def test_one_record_per_command_and_task_events_once_even_when_the_letter_arrives_twice(

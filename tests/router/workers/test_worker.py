@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
-from datetime import timedelta
-from typing import ClassVar
 
 import pytest
 
-from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTransport
+from consumers.runtime.memory_transport import MemoryOutput
 from consumers.runtime.types import TP, Record
 from router.workers.helpers import (
     AgentWakeHandler,
@@ -22,11 +19,8 @@ from router.workers.helpers import (
     WorkflowInstance,
     WorkflowStartHandler,
 )
-from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
-from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
-from router.workers.worker import Worker
-from streams.clock import ManualClock
-from streams.envelopes import Command, build, decode_command, encode
+from router.workers.model import CommandContext
+from streams.envelopes import Command, decode_command, encode
 from streams.errors import MoreWork
 from streams.headers import (
     ATTEMPTS,
@@ -37,122 +31,7 @@ from streams.headers import (
     ORIGIN_QUEUE,
     RECORD_ID,
 )
-from streams.topology import queue_name
-
-ENV = "unit"
-MAX = 256 * 1024
-Behaviour = Callable[[Command, CommandContext], str | None]
-
-
-class Scripted(QueueHandler):
-    """Runs ``behaviour`` and remembers every run: (command id, attempt, clock time)."""
-
-    name: ClassVar[str] = "scripted"
-
-    def __init__(self, behaviour: Behaviour, clock: ManualClock) -> None:
-        self.behaviour = behaviour
-        self.clock = clock
-        self.runs: list[tuple[str, int, float]] = []
-
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
-        self.runs.append((command.command_id, ctx.attempt, self.clock.monotonic()))
-        return self.behaviour(command, ctx)
-
-    def attempts_of(self, command_id: str) -> list[int]:
-        return [a for c, a, _ in self.runs if c == command_id]
-
-    def times_of(self, command_id: str) -> list[float]:
-        return [t for c, _, t in self.runs if c == command_id]
-
-
-def fail_for(*bad: str) -> Behaviour:
-    def behaviour(command: Command, ctx: CommandContext) -> str | None:
-        if command.command_id in bad:
-            raise RuntimeError(f"boom on {command.command_id}")
-        return None
-
-    return behaviour
-
-
-def policy(purpose: str = "agent-wakeups", **overrides: object) -> WorkerPolicy:
-    values: dict[str, object] = {
-        "purpose": purpose,
-        "env": ENV,
-        "batch": 10,
-        "retries": 3,
-        "retry_delay_s": 30.0,
-        "concurrency": 1,
-        "dead_letter": "dead-letter",
-        "max_deliveries": 4,
-        "max_envelope_bytes": MAX,
-        "poll_interval_s": 0.5,
-        "error_max_bytes": 1000,
-    }
-    values.update(overrides)
-    return WorkerPolicy(**values)  # type: ignore[arg-type]
-
-
-class World:
-    def __init__(self, p: WorkerPolicy) -> None:
-        self.policy = p
-        self.log = MemoryLog()
-        self.clock = ManualClock()
-        self.ledger = MemoryCommandLedger()
-        self.metrics = MemoryWorkerMetrics()
-        self.dlq = queue_name("dead-letter", ENV)
-        for topic in {p.queue_topic, p.retry_topic, self.dlq}:
-            self.log.create(topic, 2)
-
-    def worker(self, handler: QueueHandler, *, auto_assign: bool = True) -> Worker:
-        transport = MemoryTransport(self.log, "group", auto_assign=auto_assign)
-        w = Worker(
-            self.policy,
-            handler,
-            transport,
-            MemoryOutput(self.log),
-            self.ledger,
-            self.clock,
-            metrics=self.metrics,
-        )
-        w.start()
-        return w
-
-    def command(
-        self,
-        command_id: str,
-        *,
-        project: str = "p1",
-        deadline_s: float | None = 3600,
-        **payload: object,
-    ) -> Command:
-        now = self.clock.now()
-        return build(
-            Command,
-            command_id=command_id,
-            command_type="agent.wake",
-            project_id=project,
-            change_id="chg1",
-            task_id="t1",
-            created_at=now,
-            deadline=now + timedelta(seconds=deadline_s) if deadline_s is not None else None,
-            payload=dict(payload),
-        )
-
-    def send(self, *commands: Command, partition: int = 0) -> None:
-        for c in commands:
-            self.log.append(
-                self.policy.queue_topic, partition, encode(c, max_bytes=MAX), c.project_id.encode()
-            )
-
-    def dead_letters(self) -> list[Record]:
-        return self.log.all(self.dlq)
-
-    def run_for(self, worker: Worker, seconds: float, step_s: float = 1.0) -> None:
-        elapsed = 0.0
-        while elapsed <= seconds:
-            worker.step()
-            self.clock.advance(step_s)
-            elapsed += step_s
+from tests.support.worker_harness import MAX, Scripted, World, fail_for, policy
 
 
 def headers(record: Record) -> dict[str, str]:

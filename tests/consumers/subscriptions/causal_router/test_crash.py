@@ -17,9 +17,8 @@ from consumers.subscriptions.causal_router.budget import MemoryCommandBudget
 from consumers.subscriptions.causal_router.commands import queues
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from streams.envelopes import Event, decode_command
-from tests.consumers.runtime.test_runner import BOUNDARIES
 from tests.support.causal_router import ENV, History, graph_history, make_router, open_test_outbox
-from tests.support.runtime_harness import Crash, World
+from tests.support.runtime_harness import BOUNDARIES, Crash, World
 
 PROJECTS = ["alpha", "beta", "gamma"]
 

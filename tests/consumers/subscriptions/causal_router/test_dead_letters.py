@@ -10,7 +10,6 @@ from pathlib import Path
 from consumers.subscriptions.causal_router.fold import in_flight
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from streams.envelopes import Command, Event, decode_event
-from tests.router.workers.test_dead_letter_consumer import Pipeline
 from tests.support.causal_router import (
     MAX_BYTES,
     Driver,
@@ -18,6 +17,7 @@ from tests.support.causal_router import (
     make_router,
     open_test_outbox,
 )
+from tests.support.worker_harness import Pipeline
 
 
 def dead_lettered(command: Command, path: Path) -> list[Event]:
