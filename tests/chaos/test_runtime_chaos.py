@@ -16,8 +16,9 @@ from consumers.redis_conn import connect
 from consumers.subscriptions.ledger import read_ledger
 from router.settings import Settings
 from streams.admin import admin_client
+from streams.topology import group_id
 from streams.workload import project_events, slotted_events, workload
-from tests.support.kafka import read_all
+from tests.support.kafka import group_assignments, read_all
 from tests.support.runtime_processes import (
     cli,
     publish,
@@ -27,6 +28,7 @@ from tests.support.runtime_processes import (
     wait_ready,
     wait_stopped,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -105,7 +107,11 @@ def test_a_consumer_frozen_past_its_session_has_its_late_writes_refused(rs: Sett
     )
     try:
         wait_stopped(zombie)
-        time.sleep(rs.session_timeout_ms / 1000 + 2)  # its session expires; the group moves on
+        wait_until(  # its session expires; the group moves on without it
+            lambda: group_assignments(rs.kafka_bootstrap, group_id("ledger", rs.env)) == [],
+            rs.session_timeout_ms / 1000 + 60,
+            "the frozen consumer was dropped from the group",
+        )
         run(rs, "ledger")  # a healthy process takes every partition and finishes the work
         zombie.send_signal(signal.SIGCONT)
         out, err = zombie.communicate(timeout=120)
@@ -141,6 +147,7 @@ def test_a_second_consumer_joining_and_leaving_ten_times_leaves_no_gap_and_no_du
             time.sleep(0.15)
         done.set()
 
+    group = group_id("ledger", rs.env)
     steady = start(rs, "ledger", until_idle=12)
     thread = threading.Thread(target=writer)
     thread.start()
@@ -148,7 +155,14 @@ def test_a_second_consumer_joining_and_leaving_ten_times_leaves_no_gap_and_no_du
         for _ in range(10):
             joiner = start(rs, "ledger")
             wait_ready(joiner)  # it joins the group from here on
-            time.sleep(1.5)
+            wait_until(
+                lambda: (
+                    [bool(held) for held in group_assignments(rs.kafka_bootstrap, group)]
+                    == [True, True]
+                ),
+                60,
+                "the joiner holds partitions beside the steady member",
+            )
             joiner.send_signal(signal.SIGTERM)
             _, err = joiner.communicate(timeout=60)
             assert joiner.returncode == 0, err[-2000:]

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterable
 
 import confluent_kafka
+import confluent_kafka.admin
 
 from streams.envelopes import Event, decode_event
 from streams.topology import partition_for
@@ -50,3 +51,15 @@ def read_all(
 
 def events_of(messages: Iterable[confluent_kafka.Message], max_bytes: int = 1 << 20) -> list[Event]:
     return [decode_event(m.value(), max_bytes=max_bytes) for m in messages]
+
+
+def group_assignments(bootstrap: str, group: str) -> list[list[tuple[str, int]]]:
+    """What the broker says each member of consumer group ``group`` holds (one sorted list of
+    (topic, partition) per member; no members: an empty list). Classic and consumer groups."""
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.describe_consumer_groups([group], request_timeout=10).values()
+    description = future.result()
+    return [
+        sorted((tp.topic, tp.partition) for tp in member.assignment.topic_partitions)
+        for member in description.members
+    ]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -15,13 +14,14 @@ from consumers.runtime.dead_letters import LetterStatus, command_letter_id
 from consumers.subscriptions.causal_router.commands import task_ready_command_id
 from router.settings import Settings
 from router.wiring.subscription import dead_letters
-from router.wiring.workers import provision_queues
+from router.wiring.workers import provision_queues, worker_slug
 from router.workers.drills import read_drill
 from streams.envelopes import decode_command
 from streams.headers import ATTEMPTS, DEAD_LETTER_REASON, ERROR, ORIGIN_QUEUE
 from streams.producer import Producer
-from streams.topology import queue_name
-from tests.support.kafka import events_of, read_all
+from streams.topology import group_id, queue_name
+from tests.support.kafka import events_of, group_assignments, read_all
+from tests.support.waiting import wait_until
 from tests.support.workers import (
     QUEUE,
     cli,
@@ -106,7 +106,14 @@ def test_a_retry_waiting_while_its_worker_leaves_is_run_by_the_next_exactly_as_c
         second = start_worker(
             s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", "15"
         )
-        time.sleep(1.0)
+        group = group_id(worker_slug(QUEUE), s.env)
+        wait_until(
+            lambda: (
+                [bool(held) for held in group_assignments(s.kafka_bootstrap, group)] == [True] * 2
+            ),
+            60,
+            "the second worker joined the group and both hold partitions",
+        )
         first.terminate()
         first_stats = finish(first)
         wait_for(lambda: read_drill(client, s.env, QUEUE)["ok"].get(waiting.command_id) == 2)

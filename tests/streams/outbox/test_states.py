@@ -21,7 +21,7 @@ from streams.outbox.states import (
     backoff_s,
     transition,
 )
-from streams.outbox.store import OutboxRow, RowState
+from streams.outbox.store import CommitSignal, OutboxRow, RowState
 from tests.support.outbox import (
     HANG,
     OK,
@@ -33,6 +33,7 @@ from tests.support.outbox import (
     policy,
     sqlite_outbox,
 )
+from tests.support.waiting import wait_until
 
 STREAM = "rhumbatron_events_00_t"
 
@@ -383,9 +384,20 @@ def test_a_pass_cut_short_by_the_cap_lets_the_next_projects_go_first(rigs) -> No
 def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
     """With an hour-long poll interval, only the commit signal can make the publisher look."""
     import threading
-    import time
+
+    class WatchedSignal(CommitSignal):
+        """Says when the publisher has begun waiting (its first, empty pass is over)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waiting = threading.Event()
+
+        def wait(self, seen: int, timeout: float) -> bool:
+            self.waiting.set()
+            return super().wait(seen, timeout)
 
     store = sqlite_outbox()
+    signal = store.commits = WatchedSignal()
     kafka = SimulatedKafka()
     stop = threading.Event()
     with Publisher(
@@ -394,13 +406,14 @@ def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
         runner = threading.Thread(target=publisher.run, kwargs={"stop": stop}, daemon=True)
         runner.start()
         try:
-            time.sleep(0.2)  # let its first, empty pass finish and the wait begin
-            items = drafts("proj-a", 2)
-            append_all(store, items)
-            deadline = time.monotonic() + 60  # far below the poll interval
-            while store.counts()[RowState.PUBLISHED] < 2:
-                assert time.monotonic() < deadline, "the commit did not wake the publisher"
-                time.sleep(0.01)
+            assert signal.waiting.wait(60), "the publisher never finished its first pass"
+            assert store.counts()[RowState.PUBLISHED] == 0
+            append_all(store, drafts("proj-a", 2))
+            wait_until(  # a bound far below the poll interval
+                lambda: store.counts()[RowState.PUBLISHED] == 2,
+                60,
+                "the commit woke the publisher and it published both rows",
+            )
         finally:
             stop.set()
             store.commits.notify()  # let it see the stop at once
