@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import Message
+from confluent_kafka import KafkaException, Message
 
 from consumers.runtime.kafka_transport import assign_only_consumer
 from streams.admin import bootstrap_of
@@ -77,6 +77,7 @@ def read_committed(
     start to their end when called; returns how many. Raises Unreachable (or TransactionsOpen)
     when that end cannot be read within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
+    topics = list(topics)
     consumer = _consumer(base, "read_committed")
     count = 0
     try:
@@ -109,6 +110,10 @@ def read_committed(
                     open_parts.discard((message.topic() or "", message.partition() or 0))
                 else:
                     raise Unreachable("Kafka", bootstrap_of(base), error.str())
+    except KafkaException as exc:  # a metadata or watermark request had no answer
+        raise Unreachable(
+            "Kafka", bootstrap_of(base), f"reading {', '.join(topics)}: {exc.args[0].str()}"
+        ) from exc
     finally:
         consumer.close()
     return count

@@ -13,6 +13,7 @@ swallows one.
     ├── TopologyError               (ValueError) a bad stream/queue name or a plan the rules refuse
     ├── ConfigurationError          (ValueError) a setting's bad value, or settings that clash
     ├── Unreachable                 (ConnectionError) Kafka, Redis or a file did not answer
+    ├── ServerRefused               Kafka or Redis answered, but refused the request
     ├── DeliveryFailed              Kafka refused or timed out records; one FailedRecord each
     ├── TransactionFailed           a Kafka transaction could not commit (aborted or fenced)
     ├── OutboxError                 the outbox refused an operation (names the row or project)
@@ -118,6 +119,16 @@ class Unreachable(RhumbatronError, ConnectionError):
         self.service = service
         self.address = address
         super().__init__(f"{service} at {address} is unreachable: {detail}")
+
+
+class ServerRefused(RhumbatronError):
+    """A server answered but refused the request (Redis: a wrong-type key, out of memory, a
+    read-only replica …). ``service`` and ``address`` as for :class:`Unreachable`."""
+
+    def __init__(self, service: str, address: str, detail: str) -> None:
+        self.service = service
+        self.address = address
+        super().__init__(f"{service} at {address} refused the request: {detail}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 import orjson
 import redis
 
+from consumers.redis_conn import redis_errors
 from consumers.runtime.types import Record
 from streams.envelopes import Event, format_time
 from streams.errors import DeliveryFailed, FailedRecord
@@ -311,32 +312,36 @@ class KafkaRedisDeadLetters:
             pipe.zadd(self.prefix + "index", {letter.id: _score(letter.created_at)}, nx=True)
         pipe.execute()
 
+    # get, list and transition answer the operator's faces: a Redis error becomes one of ours
+    # here. write stays raw: the runtime's and the workers' retry policies take it as it is.
     def get(self, letter_id: str) -> DeadLetter | None:
-        raw = self.client.get(self._record_key(letter_id))
+        with redis_errors(self.client, f"reading dead letter {letter_id!r}"):
+            raw = self.client.get(self._record_key(letter_id))
         return DeadLetter.from_json(orjson.loads(raw)) if raw else None
 
     def list(
         self, *, status: LetterStatus | None = None, limit: int = 1000, newest_first: bool = False
     ) -> list[DeadLetter]:
         index = self.prefix + "index"
-        found = (
-            self.client.zrevrange(index, 0, -1)
-            if newest_first
-            else self.client.zrange(index, 0, -1)
-        )
-        ids = [i.decode() for i in found]
         out: list[DeadLetter] = []
-        if limit <= 0:
-            return out
-        for chunk in range(0, len(ids), 200):
-            part = ids[chunk : chunk + 200]
-            for raw in self.client.mget([self._record_key(i) for i in part]):
-                if raw:
-                    letter = DeadLetter.from_json(orjson.loads(raw))
-                    if status is None or letter.status == status:
-                        out.append(letter)
-                        if len(out) >= limit:
-                            return out
+        with redis_errors(self.client, f"listing the dead letters ({index})"):
+            found = (
+                self.client.zrevrange(index, 0, -1)
+                if newest_first
+                else self.client.zrange(index, 0, -1)
+            )
+            ids = [i.decode() for i in found]
+            if limit <= 0:
+                return out
+            for chunk in range(0, len(ids), 200):
+                part = ids[chunk : chunk + 200]
+                for raw in self.client.mget([self._record_key(i) for i in part]):
+                    if raw:
+                        letter = DeadLetter.from_json(orjson.loads(raw))
+                        if status is None or letter.status == status:
+                            out.append(letter)
+                            if len(out) >= limit:
+                                return out
         return out
 
     def transition(
@@ -350,7 +355,10 @@ class KafkaRedisDeadLetters:
         frm: LetterStatus = LetterStatus.OPEN,
     ) -> bool:
         key = self._record_key(letter_id)
-        with self.client.pipeline(transaction=True) as pipe:
+        with (
+            redis_errors(self.client, f"marking dead letter {letter_id!r} {to.value}"),
+            self.client.pipeline(transaction=True) as pipe,
+        ):
             while True:
                 try:
                     pipe.watch(key)  # check-and-set: of two clicks, one wins

@@ -399,12 +399,24 @@ class KafkaReader:
     def _watermarks(self, tp: TP) -> tuple[int, int]:
         consumer = assign_only_consumer(self.base, "reader")
         try:
+            return self._ask_watermarks(consumer, tp)
+        finally:
+            consumer.close()
+
+    def _ask_watermarks(self, consumer: confluent_kafka.Consumer, tp: TP) -> tuple[int, int]:
+        # The operator's controls call this reader: no retry policy above it, so a broker that
+        # does not answer is said here, naming the address and the partition.
+        try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
             )
-            return int(low), int(high)
-        finally:
-            consumer.close()
+        except KafkaException as exc:
+            raise Unreachable(
+                "Kafka",
+                bootstrap_of(self.base),
+                f"asking the offsets of {tp}: {exc.args[0].str()}",
+            ) from exc
+        return int(low), int(high)
 
     def log_start(self, tp: TP) -> int:
         return self._watermarks(tp)[0]
@@ -417,9 +429,7 @@ class KafkaReader:
             return
         consumer = assign_only_consumer(self.base, "reader")
         try:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), timeout=BROKER_CALL_TIMEOUT_S
-            )
+            _, high = self._ask_watermarks(consumer, tp)
             last = min(end, high - 1)
             if last < start:
                 return

@@ -5,7 +5,8 @@
   (``RHUMBATRON_OPERATOR_TOKEN``): 401 without it or with another token; with no token configured
   at all the server refuses every change (403) rather than allow it.
 - Every error is JSON ``{"reason": …, "field": …}``: 404 names the unknown id, 409 says why a
-  letter cannot take the action, 422 names the refused field, 503 names what is unreachable.
+  letter cannot take the action, 422 names the refused field, 502 names the server that refused
+  a request (a Redis error answer), 503 names what is unreachable.
 - The OpenAPI document is at ``/openapi.json``; the page at ``/`` (one static file, no CDN).
 """
 
@@ -42,7 +43,14 @@ from router.operator.models import (
     action_requests,
 )
 from router.operator.service import OperatorService
-from streams.errors import BadInput, OperatorError, Refused, RhumbatronError, Unreachable
+from streams.errors import (
+    BadInput,
+    OperatorError,
+    Refused,
+    RhumbatronError,
+    ServerRefused,
+    Unreachable,
+)
 from streams.topology import QUEUE_PURPOSES
 
 PAGE = "static/operator.html"
@@ -64,6 +72,7 @@ def _error(status: int, reason: str, field: str | None = None) -> JSONResponse:
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "no such dead letter or project view"},
     422: {"model": ErrorBody, "description": "a refused argument (names the field)"},
+    502: {"model": ErrorBody, "description": "Kafka or Redis answered with an error"},
     503: {"model": ErrorBody, "description": "Kafka or Redis is unreachable"},
 }
 _CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -141,6 +150,10 @@ def create_app(service: OperatorService) -> FastAPI:
     @app.exception_handler(Unreachable)
     def _unreachable(request: Request, exc: Unreachable) -> JSONResponse:
         return _error(503, str(exc))
+
+    @app.exception_handler(ServerRefused)
+    def _server_refused(request: Request, exc: ServerRefused) -> JSONResponse:
+        return _error(502, str(exc))
 
     @app.exception_handler(redis.RedisError)
     def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:

@@ -119,6 +119,11 @@ class SqliteOutbox:
             )
         if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
             return OutboxError(f"{self.path} is not a SQLite database, so not an outbox")
+        if "unable to open database file" in text:
+            return OutboxError(
+                f"outbox {self.path}: {doing} failed: {text}; the path must be a file (not a "
+                "directory) in a directory that exists and that this process may write"
+            )
         return OutboxError(f"outbox {self.path}: {doing} failed: {text}")
 
     @contextmanager
@@ -202,7 +207,13 @@ class SqliteOutbox:
     @contextmanager
     def publisher_lease(self) -> Iterator[None]:
         lock_path = f"{self.path}.publisher.lock"
-        handle = open(lock_path, "a+")  # noqa: SIM115 (held for the lease's lifetime)
+        try:
+            handle = open(lock_path, "a+")  # noqa: SIM115 (held for the lease's lifetime)
+        except OSError as exc:
+            raise OutboxError(
+                f"outbox {self.path}: cannot open the publisher's lock file {lock_path}: "
+                f"{exc.strerror}; it must be a writable file beside the outbox"
+            ) from exc
         try:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

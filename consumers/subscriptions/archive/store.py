@@ -114,10 +114,24 @@ class LocalObjectStore:
         # Walk only the directory the prefix points into, not the whole store.
         head, _, _ = prefix.rpartition("/")
         base = self.root / head if head else self.root
+        existing = next(d for d in (self.root, *self.root.parents) if d.exists())
+        if not existing.is_dir():
+            raise ArchiveStoreError(
+                f"cannot list {prefix + '*'!r} in {self.describe()}: {existing} is not a "
+                "directory; point archive_dir (RHUMBATRON_ARCHIVE_DIR) at a directory"
+            )
         if not base.is_dir():
-            return iter(())
+            return iter(())  # nothing archived there yet
+
+        def unreadable(exc: OSError) -> None:
+            # os.walk skips what it cannot read unless told: a listing must not silently miss
+            # parts (verify and expire would report a day short).
+            raise ArchiveStoreError(
+                f"cannot list {prefix + '*'!r} in {self.describe()}: {exc}"
+            ) from exc
+
         found: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(base):
+        for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable):
             dirnames.sort()
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:

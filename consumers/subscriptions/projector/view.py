@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import redis
 
+from consumers.redis_conn import redis_errors
 from consumers.runtime.redis_store import DAY_MS, RedisStore
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector.processor import (
@@ -64,7 +65,9 @@ def read_view(client: redis.Redis[bytes], env: str, tp: TP, project_id: str) -> 
         else:
             pipe.hgetall(key)
     parts: dict[str, Any] = {}
-    for part, raw in zip(VIEW_PARTS, pipe.execute(), strict=True):
+    with redis_errors(client, f"reading the view of project {project_id!r} ({tp})"):
+        found = pipe.execute()
+    for part, raw in zip(VIEW_PARTS, found, strict=True):
         parts[part] = {m.decode() for m in raw} if part == "missing" else _text(raw)
     view = view_from_parts(project_id, tp, parts)
     if view is None:
@@ -135,7 +138,8 @@ def read_feed(
 ) -> list[dict[str, Any]]:
     """The project's recent events, newest applied first; :class:`ViewNotFound` if it has none."""
     store = _store(client, env)
-    entries = client.lrange(store.key(tp, view_key(project_id, "feed")), 0, -1)
+    with redis_errors(client, f"reading the feed of project {project_id!r} ({tp})"):
+        entries = client.lrange(store.key(tp, view_key(project_id, "feed")), 0, -1)
     if not entries:
         raise ViewNotFound(project_id, env, tp, SLUG)
     return feed_from_entries(entries)
@@ -151,7 +155,8 @@ def _keys_of(client: redis.Redis[bytes], env: str, logical: str) -> list[bytes]:
     if "|TOPIC|0}" not in probe:
         raise RuntimeError(f"the runtime's key naming changed ({probe!r}); update _keys_of")
     pattern = probe.replace("|TOPIC|0}", "|*}")
-    return sorted(client.scan_iter(match=pattern, count=1000))
+    with redis_errors(client, f"listing the keys {pattern}"):
+        return sorted(client.scan_iter(match=pattern, count=1000))
 
 
 def count_views(client: redis.Redis[bytes], env: str) -> int:
@@ -166,7 +171,10 @@ def count_gaps_recorded(client: redis.Redis[bytes], env: str) -> int:
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hget(key, "gaps_recorded")
-    return sum(int(n or 0) for n in pipe.execute()) if keys else 0
+    if not keys:
+        return 0
+    with redis_errors(client, "reading the projector's gaps_recorded metric"):
+        return sum(int(n or 0) for n in pipe.execute())
 
 
 def _from_ms(ms: int) -> datetime:
