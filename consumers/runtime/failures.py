@@ -14,7 +14,7 @@ from consumers.runtime.types import (
     Record,
 )
 from streams.envelopes import Event, format_time
-from streams.errors import CursorMoved, EnvelopeError, Fenced
+from streams.errors import EnvelopeError, Fenced
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -78,16 +78,7 @@ class FailureMixin(RunnerBase):
                 {e.event_id for r, e, _ in outcome.failed if not self._is_redelivery(r)}
             ),
         )
-        try:
-            self.store.commit(commit)
-        except Fenced as exc:
-            self.stats.fenced += 1
-            log.warning("%s: %s", self.processor.slug, exc)
-            self._drop(part)
-            return
-        except CursorMoved as exc:
-            log.warning("%s: %s; reloading", self.processor.slug, exc)
-            self._reload(part)
+        if not self._commit_or_refuse(part, commit):
             return
         part.progress = new
         self.store.clear_failures(part.tp, batch_key)

@@ -157,6 +157,11 @@ class RunnerBase:
         """Commit one partition's batch to the store. False when refused: fenced (the partition
         is dropped) or the cursor moved under us (reloaded; pending effects recovered first)."""
         self.failpoint("runtime.before_store_commit")
+        return self._commit_or_refuse(part, commit)
+
+    def _commit_or_refuse(self, part: PartitionState, commit: Commit) -> bool:
+        """The store commit and what a refusal means for the partition, shared by the batch's
+        commit and the failure path's dead-letter commit."""
         try:
             self.store.commit(commit)
         except Fenced as exc:
