@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 from router.settings import Settings
@@ -64,3 +66,27 @@ def subprocess_env(s: Settings, **extra: str) -> dict[str, str]:
     env.update(s.as_environment())
     env.update(extra)
     return env
+
+
+def run_cli(
+    s: Settings,
+    *args: str,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m router.cli ARGS`` acting on ``s``'s environment (or on ``env``), run to its end
+    with its output captured; with ``check``, a non-zero exit fails the test with its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "router.cli", *args],
+        cwd=ROOT,
+        env=subprocess_env(s) if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check:
+        assert result.returncode == 0, (
+            f"{args} exited {result.returncode}:\n{result.stderr[-3000:]}"
+        )
+    return result

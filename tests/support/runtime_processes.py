@@ -15,7 +15,7 @@ from router.settings import Settings
 from streams.envelopes import Event
 from streams.errors import DeliveryFailed
 from streams.producer import Producer, send_to_streams
-from tests.support.environment import ROOT, subprocess_env
+from tests.support.environment import ROOT, run_cli, subprocess_env
 
 
 def runtime_settings(base: Settings, **overrides: Any) -> Settings:
@@ -82,17 +82,7 @@ def run(
 
 
 def cli(s: Settings, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "router.cli", *args],
-        cwd=ROOT,
-        env=subprocess_env(s),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
+    return run_cli(s, *args, check=check, timeout=120)
 
 
 def wait_stopped(proc: subprocess.Popen[str], timeout: float = 60) -> None:

@@ -16,7 +16,13 @@ from router.settings import QueuePolicy, Settings
 from streams.envelopes import Command, build
 from streams.producer import Producer
 from streams.topology import queue_name
-from tests.support.environment import ROOT, cleanup_environment, make_settings, subprocess_env
+from tests.support.environment import (
+    ROOT,
+    cleanup_environment,
+    make_settings,
+    run_cli,
+    subprocess_env,
+)
 
 QUEUE = "agent-wakeups"
 
@@ -61,17 +67,7 @@ def env_of(s: Settings) -> dict[str, str]:
 
 
 def cli(s: Settings, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "router.cli", *args],
-        cwd=ROOT,
-        env=env_of(s),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    if check:
-        assert result.returncode == 0, f"{args} exited {result.returncode}:\n{result.stderr}"
-    return result
+    return run_cli(s, *args, env=env_of(s), check=check)
 
 
 def start_worker(s: Settings, *args: str, failpoints: str = "") -> subprocess.Popen[str]:

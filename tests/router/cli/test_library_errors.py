@@ -6,7 +6,6 @@ against the real servers (or none listening)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,12 @@ from consumers.runtime.types import TP
 from consumers.subscriptions.projector.processor import view_key
 from consumers.subscriptions.projector.view import _store
 from router.settings import Settings
-from tests.support.environment import ROOT, cleanup_environment, make_settings, subprocess_env
+from tests.support.environment import (
+    cleanup_environment,
+    make_settings,
+    run_cli,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +28,8 @@ NOBODY = "127.0.0.1:1"  # loopback port 1: nothing listens, every connection is 
 
 
 def _cli(s: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", *args],
-        cwd=ROOT,
-        env=subprocess_env(s, RHUMBATRON_CONNECT_TIMEOUT_S="3", **extra),
-        capture_output=True,
-        text=True,
-        timeout=120,  # bounds every case: none may hang
-    )
+    env = subprocess_env(s, RHUMBATRON_CONNECT_TIMEOUT_S="3", **extra)
+    return run_cli(s, *args, env=env, timeout=120)  # the timeout bounds every case: none may hang
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:

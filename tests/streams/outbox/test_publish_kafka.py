@@ -17,7 +17,7 @@ import pytest
 from router.settings import Settings
 from streams.admin import admin_client, delete_topics, provision
 from streams.outbox.store import RowState
-from tests.support.environment import ROOT
+from tests.support.environment import ROOT, run_cli
 from tests.support.kafka import events_of, read_all
 from tests.support.outbox import cli_env, drafts, outbox_for
 
@@ -25,14 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 def _cli(s: Settings, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", *argv],
-        cwd=ROOT,
-        env=cli_env(s, **env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(s, *argv, env=cli_env(s, **env), timeout=300)
 
 
 def _provision(s: Settings) -> None:

@@ -4,7 +4,6 @@ ObjectStore contract, and the audit-archiver writing to a bucket from a ``consum
 from __future__ import annotations
 
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from router.wiring.archive import count_parts
 from streams.errors import ArchiveStoreError
 from streams.workload import slotted_events, workload
 from tests.contracts.object_store import ObjectStoreContract
-from tests.support.environment import ROOT, subprocess_env
+from tests.support.environment import run_cli
 from tests.support.runtime_processes import cli, publish, runtime_settings
 from tests.support.s3proxy import S3Server, s3proxy
 
@@ -94,14 +93,7 @@ def test_the_archiver_writes_every_event_once_to_a_bucket(
     publish(s, events)
 
     def rhumbatron(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "router.cli", *args],
-            cwd=ROOT,
-            env=subprocess_env(s),  # the S3 keys travel as every setting does
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        return run_cli(s, *args)  # the S3 keys travel as every setting does
 
     consumed = rhumbatron("consume", "--subscription", "audit-archiver", "--until-idle", "4")
     assert consumed.returncode == 0, consumed.stderr[-3000:]
