@@ -1,11 +1,13 @@
 """Consumer lag per group and partition: the one place it is computed.
 
-lag = log end offset - committed offset (a partition with no commit counts from the log start).
+lag = log end offset - committed offset (a partition with no commit counts from the log start),
+over the topics the group reads (``streams.topology.GroupReads``, derived for each group by
+``router.wiring.groups``) and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streams.admin import ensure_reachable
+from streams.topology import GroupReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,24 +44,31 @@ def _offsets(
 def group_lag(
     admin: AdminClient,
     base: Mapping[str, Any],
-    group: str,
-    topics: Iterable[str],
+    reads: GroupReads,
     timeout: float,
 ) -> list[PartitionLag]:
+    """``reads.group``'s lag on every partition of the topics it reads (those that exist); of its
+    ``assigned`` topics, only the partitions it committed."""
     metadata = ensure_reachable(admin, base, timeout)
     partitions = [
         TopicPartition(t, p)
-        for t in topics
+        for t in (*reads.subscribed, *reads.assigned)
         if t in metadata.topics
         for p in metadata.topics[t].partitions
     ]
     if not partitions:
         return []
-    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    request = [ConsumerGroupTopicPartitions(reads.group, partitions)]
     committed: dict[tuple[str, int], int | None] = {}
     for future in admin.list_consumer_group_offsets(request, request_timeout=timeout).values():
         for tp in future.result().topic_partitions:
             committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+    subscribed = set(reads.subscribed)
+    partitions = [
+        tp
+        for tp in partitions
+        if tp.topic in subscribed or committed.get((tp.topic, tp.partition)) is not None
+    ]
     ends = _offsets(admin, {tp: OffsetSpec.latest() for tp in partitions}, timeout)
     starts = _offsets(admin, {tp: OffsetSpec.earliest() for tp in partitions}, timeout)
     out = []

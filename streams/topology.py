@@ -172,6 +172,21 @@ class TopicSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupReads:
+    """The topics one consumer group reads, for its lag. ``subscribed``: read through the group,
+    so a partition it never committed is read from the log start and lags by all it holds.
+    ``assigned``: read by manual assignment from a position kept elsewhere (a subscription's
+    redelivery topic: the store cursor), so only a partition the group committed says anything
+    about its lag."""
+
+    group: str
+    name: str  # the slug in the group id
+    kind: str  # subscription | command-worker | other
+    subscribed: tuple[str, ...]
+    assigned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
     """The topics of one environment. Build it from settings (router.settings.topology)."""
 
@@ -274,6 +289,25 @@ class Topology:
             self.replication_factor,
             {"retention.ms": str(self.stream_retention_ms), "cleanup.policy": "delete"},
             "internal",
+        )
+
+    def subscription_reads(self, slug: str) -> GroupReads:
+        """A subscription reads every stream, and its own redelivery topic by assignment."""
+        return GroupReads(
+            group_id(slug, self.env),
+            slug,
+            "subscription",
+            tuple(self.stream_names()),
+            (redelivery_topic(slug, self.env),),
+        )
+
+    def worker_reads(self, slug: str, purpose: str) -> GroupReads:
+        """A command worker (the dead-letter consumer too) reads its queue and retry topic."""
+        return GroupReads(
+            group_id(slug, self.env),
+            slug,
+            "command-worker",
+            (queue_name(purpose, self.env), retry_topic(purpose, self.env)),
         )
 
     def all_specs(self) -> list[TopicSpec]:

@@ -7,9 +7,9 @@ import argparse
 import secrets
 import time
 
-from consumers.lag import group_lag, list_groups
 from consumers.redis_conn import address_of, connect
 from router.cli.common import print_json
+from router.operator.service import OperatorService
 from router.settings import Settings
 from streams.admin import (
     admin_client,
@@ -101,13 +101,15 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
     described = describe_topology(admin, base, settings.topology, timeout)
     topics = [t["name"] for group in described.values() for t in group]
     connect(settings.redis_url, timeout=timeout).close()
-    groups = {}
-    for group in list_groups(admin, "rhumbatron-", f"-{settings.env}", timeout):
-        lags = group_lag(admin, base, group, topics, timeout)
-        groups[group] = {
-            "total_lag": sum(p.lag for p in lags),
-            "partitions": [p.as_dict() for p in lags if p.committed is not None or p.end],
+    groups = {
+        g.group: {
+            "total_lag": g.total_lag,
+            "partitions": [
+                p.model_dump() for p in g.partitions if p.committed is not None or p.end
+            ],
         }
+        for g in OperatorService(settings).lag().subscriptions
+    }
     result = {
         "env": settings.env,
         "kafka": settings.kafka_bootstrap,

@@ -300,39 +300,28 @@ class OperatorService:
     # -- consumer lag --------------------------------------------------------------------------
     def lag(self) -> LagReport:
         """Every consumer group of the environment (``rhumbatron-<slug>-<env>``), per partition of
-        the topics it reads: the streams for a subscription, its queue and retry topic for a
-        command worker. A queue counts as read once the group committed an offset on it; a
-        subscription (a known one, or a group with a commit on any stream) reads every stream
-        from the start, so an uncommitted stream partition lags by all it holds."""
-        from router.wiring.processors import BUILDERS
-        from streams.topology import retry_topic
+        the topics it reads (``router.wiring.groups``): the streams (and, where it committed
+        there, its redelivery topic) for a subscription, its queue and retry topic for a command
+        worker. A partition of those it never committed lags by all it holds."""
+        from router.wiring.groups import group_reads
 
         settings = self.settings
         env = settings.env
         base = settings.kafka_config()
         admin = self.admin()
         timeout = settings.connect_timeout_s
-        streams = settings.topology.stream_names()
-        queues = [queue_name(p, env) for p in QUEUE_PURPOSES]
-        topics = [*streams, *queues, *(retry_topic(p, env) for p in QUEUE_PURPOSES)]
         out = []
         ensure_reachable(admin, base, timeout)
         listing = (admin, "rhumbatron-", f"-{env}", timeout)
         for group in _kafka(base, "listing consumer groups", list_groups, *listing):
-            slug = group.removeprefix("rhumbatron-").removesuffix(f"-{env}")
-            parts = _kafka(base, f"lag of {group}", group_lag, admin, base, group, topics, timeout)
-            read = {p.topic for p in parts if p.committed is not None}
-            if slug in BUILDERS or not read.isdisjoint(streams):
-                kind = "subscription"
-                read.update(streams)  # a subscription reads every stream
-            else:
-                kind = "command-worker" if not read.isdisjoint(queues) else "other"
-            shown = [PartitionLagBody(**p.as_dict()) for p in parts if p.topic in read]
+            reads = group_reads(settings.topology, group)
+            parts = _kafka(base, f"lag of {group}", group_lag, admin, base, reads, timeout)
+            shown = [PartitionLagBody(**p.as_dict()) for p in parts]
             out.append(
                 SubscriptionLag(
-                    subscription=slug,
+                    subscription=reads.name,
                     group=group,
-                    kind=kind,
+                    kind=reads.kind,
                     total_lag=sum(p.lag for p in shown),
                     partitions=shown,
                 )

@@ -223,7 +223,7 @@ def open_subscription(
         redelivery=KafkaRedelivery(base, redelivery_topic(processor.slug, settings.env)),
         controls=controls(settings, processor, client, clock),
     )
-    runner.start(topology.stream_names())
+    runner.start(list(topology.subscription_reads(processor.slug).subscribed))
     subscription = Subscription(runner, client, lease)
     from router.wiring.processors import build_companion
 

@@ -1,0 +1,31 @@
+"""Which topics each consumer group of an environment reads, from the wiring that builds the
+groups: ``open_subscription`` (``rhumbatron-<slug>-<env>``, the streams and its redelivery
+topic) and ``open_worker`` (``rhumbatron-worker-<purpose>-<env>``, its queue and retry topic; the
+dead-letter consumer is the worker of the dead-letter queue). The lag report reads each group
+over these topics only, so a caught-up group never shows another group's topics as its lag."""
+
+from __future__ import annotations
+
+from router.wiring.workers import worker_slug
+from streams.errors import TopologyError
+from streams.topology import QUEUE_PURPOSES, GroupReads, Topology, retry_topic
+
+
+def group_reads(topology: Topology, group: str) -> GroupReads:
+    """``group``'s topics; a group of the environment's name that no wiring builds (a slug that
+    is not a slug) is ``other``: shown on the environment's topics where it committed, as
+    Kafka's own tools show a group."""
+    env = topology.env
+    slug = group.removeprefix("rhumbatron-").removesuffix(f"-{env}")
+    for purpose in QUEUE_PURPOSES:
+        if slug == worker_slug(purpose):
+            return topology.worker_reads(slug, purpose)
+    try:
+        return topology.subscription_reads(slug)
+    except TopologyError:
+        everything = (
+            *topology.stream_names(),
+            *topology.queue_names(),
+            *(retry_topic(p, env) for p in QUEUE_PURPOSES),
+        )
+        return GroupReads(group, slug, "other", (), everything)

@@ -1,0 +1,34 @@
+"""Which topics each consumer group reads: the set its lag is computed over."""
+
+from __future__ import annotations
+
+from router.wiring.groups import group_reads
+from router.wiring.workers import DEAD_LETTER_QUEUE, worker_policy, worker_slug
+from streams.topology import dead_letter_topic, group_id, redelivery_topic
+from tests.support.environment import make_settings
+
+
+def test_a_subscription_reads_the_streams_and_its_own_redelivery_topic() -> None:
+    s = make_settings(streams=2)
+    reads = group_reads(s.topology, group_id("ledger", s.env))
+    assert reads.kind == "subscription" and reads.name == "ledger"
+    assert reads.subscribed == tuple(s.topology.stream_names())
+    assert reads.assigned == (redelivery_topic("ledger", s.env),)
+    assert dead_letter_topic(s.env) not in (*reads.subscribed, *reads.assigned)
+
+
+def test_a_worker_and_the_dead_letter_consumer_read_their_queue_and_retry_topic() -> None:
+    s = make_settings()
+    for purpose in ("integration", DEAD_LETTER_QUEUE):
+        policy = worker_policy(s, purpose)
+        reads = group_reads(s.topology, group_id(worker_slug(purpose), s.env))
+        assert reads.kind == "command-worker"
+        assert reads.subscribed == (policy.queue_topic, policy.retry_topic)  # what it subscribes
+        assert reads.assigned == ()
+
+
+def test_a_group_no_wiring_builds_is_shown_only_where_it_committed() -> None:
+    s = make_settings()
+    reads = group_reads(s.topology, f"rhumbatron-Not_A_Slug-{s.env}")
+    assert reads.kind == "other" and reads.subscribed == ()
+    assert set(s.topology.stream_names()) <= set(reads.assigned)
