@@ -1,6 +1,12 @@
 """The one settings model. Every limit from DESIGN.md lives here with its default, and every field
 can be set from the environment as ``RHUMBATRON_<FIELD>`` (e.g. ``RHUMBATRON_ENV=prod``,
-``RHUMBATRON_KAFKA_BOOTSTRAP=host:9092``).
+``RHUMBATRON_KAFKA_BOOTSTRAP=host:9092``). Every limit has its bounds here too, so a wrong value is
+refused when the settings load, naming its variable, not somewhere later by luck.
+
+A command queue's policy field is ``RHUMBATRON_QUEUES__<QUEUE>__<FIELD>``, the queue's name in
+capitals with ``_`` for its hyphens (``RHUMBATRON_QUEUES__AGENT_WAKEUPS__RETRIES=5``); it, and a
+whole ``RHUMBATRON_QUEUES`` JSON object, change only the fields they name and keep every other
+queue's and field's default.
 
 Nothing else in the code carries these numbers: ``streams`` and ``consumers`` take them as
 arguments, built here (``kafka_config``, ``topology``).
@@ -10,16 +16,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import cached_property
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, Field, SecretBytes, SecretStr, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretBytes,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, to_jsonable_python
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from streams.errors import ConfigurationError
-from streams.topology import Topology
+from streams.topology import QUEUE_PURPOSES, Topology, check_env
 
 DAY_MS = 86_400_000
 
@@ -35,14 +53,37 @@ def _reveal(value: Any) -> Any:
     return value
 
 
+# host:port, or [IPv6]:port, optionally after a listener's scheme (PLAINTEXT://, SSL:// ...).
+_BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
+_TIME_OF_DAY = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
 class QueuePolicy(BaseModel):
     """One command queue's delivery policy (DESIGN.md §9)."""
 
-    batch: int
-    retries: int
-    retry_delay_s: float
-    concurrency: int = 1
+    # A misspelt field would otherwise be dropped and its default used without a word.
+    model_config = ConfigDict(extra="forbid")
+
+    batch: int = Field(ge=1)
+    retries: int = Field(ge=0)
+    retry_delay_s: float = Field(ge=0)
+    concurrency: int = Field(1, ge=1)
     dead_letter: str | None = "dead-letter"  # purpose of the dead-letter queue, or None
+
+    @field_validator("dead_letter")
+    @classmethod
+    def _known_dead_letter(cls, value: str | None) -> str | None:
+        if value is not None and value not in QUEUE_PURPOSES:
+            raise ValueError(
+                f"dead_letter must be a queue ({', '.join(QUEUE_PURPOSES)}) or null, got {value!r}"
+            )
+        return value
+
+
+def _queue_variable(purpose: str) -> str:
+    """How a queue is spelt in a variable's name: ``agent-wakeups`` -> ``AGENT_WAKEUPS``."""
+    return purpose.upper().replace("-", "_")
 
 
 def _queue_policies() -> dict[str, QueuePolicy]:
@@ -63,8 +104,11 @@ class Settings(BaseSettings):
 
     # -- where things are --------------------------------------------------------------------
     env: str = "dev"
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port ...]")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="redis://host[:port]/db, rediss://... or unix://path",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="bound on reaching Kafka or Redis")
     flush_timeout_s: float = Field(
         30.0,
@@ -80,21 +124,25 @@ class Settings(BaseSettings):
     )
     partitions: int = Field(4, ge=1, description="partitions per event stream")
     replication_factor: int = Field(1, ge=1)
-    stream_retention_ms: int = 7 * DAY_MS
-    queue_retention_ms: int = 1 * DAY_MS
+    # Kafka's retention.ms also takes -1 (forever), but claims live the stream's retention plus a
+    # margin (claim_ttl_ms), so a stream here always has a finite one.
+    stream_retention_ms: int = Field(7 * DAY_MS, ge=1)
+    queue_retention_ms: int = Field(1 * DAY_MS, ge=1)
     queue_partitions: int = Field(4, ge=1)
-    dead_letter_retention_ms: int = 30 * DAY_MS
-    max_streams_per_env: int = 20
+    dead_letter_retention_ms: int = Field(30 * DAY_MS, ge=1)
+    max_streams_per_env: int = Field(20, ge=1, le=100, description="stream indexes are 00-99")
 
     # -- envelopes (DESIGN.md §3) ------------------------------------------------------------
-    max_envelope_bytes: int = Field(256 * 1024, ge=1024)
+    max_envelope_bytes: int = Field(
+        256 * 1024, ge=1024, le=1_000_000_000, description="librdkafka's message.max.bytes cap"
+    )
 
     # -- outbox and publisher (DESIGN.md §5) -------------------------------------------------
-    outbox_rows_per_project_per_pass: int = 100
-    outbox_max_row_attempts: int = 10
-    outbox_backoff_initial_s: float = 1.0
-    outbox_backoff_max_s: float = 300.0
-    outbox_poll_interval_s: float = 0.5
+    outbox_rows_per_project_per_pass: int = Field(100, ge=1)
+    outbox_max_row_attempts: int = Field(10, ge=1)
+    outbox_backoff_initial_s: float = Field(1.0, gt=0)
+    outbox_backoff_max_s: float = Field(300.0, gt=0)
+    outbox_poll_interval_s: float = Field(0.5, gt=0)
     outbox_ordering: Literal["serial", "pipelined"] = Field(
         "pipelined",
         description="per-project order on Kafka: one row in flight per project (serial), or a "
@@ -106,6 +154,7 @@ class Settings(BaseSettings):
     outbox_linger_ms: float = Field(
         1.0,
         ge=0,
+        le=900_000,  # librdkafka's range for linger.ms
         description="the publisher producer's linger.ms: serial ordering waits on every "
         "acknowledgement, so a short linger pays (measured in docs/outbox.md)",
     )
@@ -157,8 +206,8 @@ class Settings(BaseSettings):
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
     max_batch_failures: int = Field(5, ge=1, description="failures of a batch before dead-letter")
-    batch_retry_backoff_s: float = 1.0
-    batch_retry_backoff_max_s: float = 60.0
+    batch_retry_backoff_s: float = Field(1.0, gt=0)
+    batch_retry_backoff_max_s: float = Field(60.0, gt=0)
     claim_retention_margin_ms: int = Field(
         1 * DAY_MS,
         ge=0,
@@ -171,9 +220,11 @@ class Settings(BaseSettings):
         "the count starts again from zero",
     )
     group_protocol: str = Field("classic", pattern="^(classic|consumer)$")
-    session_timeout_ms: int = 10_000
-    max_poll_interval_ms: int = 300_000
-    control_check_interval_s: float = 1.0
+    # librdkafka's ranges; the consumer's heartbeat is max(session/5, 500 ms) and must stay below
+    # the session timeout, hence the floor of 1 s.
+    session_timeout_ms: int = Field(10_000, ge=1000, le=3_600_000)
+    max_poll_interval_ms: int = Field(300_000, ge=1, le=86_400_000)
+    control_check_interval_s: float = Field(1.0, ge=0, description="0: check every batch")
     # Longer than any single blocking call of the loop (broker calls are bounded at 10 s, a
     # transaction's commit at 30 s), so only a truly stalled process loses its producer lease.
     producer_lease_ttl_s: int = Field(
@@ -188,7 +239,12 @@ class Settings(BaseSettings):
         "lives without renewal; RHUMBATRON_PRODUCER_LEASE_TTL_S, or the old name "
         "RHUMBATRON_WORKER_SLOT_TTL_S, which still works",
     )
-    transaction_timeout_ms: int = 30_000
+    transaction_timeout_ms: int = Field(
+        30_000,
+        ge=1000,
+        le=2_147_483_647,
+        description="librdkafka's range; the broker caps it at its transaction.max.timeout.ms",
+    )
     recovery_search_margin_s: float = Field(
         60.0,
         ge=0,
@@ -196,28 +252,29 @@ class Settings(BaseSettings):
         "copy's store time recovery reads its output topics (clock skew between hosts)",
     )
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
-    failure_policies: dict[str, str] = Field(default_factory=dict)
+    failure_policies: dict[str, Literal["dead-letter", "block"]] = Field(default_factory=dict)
 
     # -- the four subscriptions (DESIGN.md §8) -----------------------------------------------
-    project_feed_length: int = 50
-    classifier_calls_per_day: int = 200
-    classifier_threshold: float = 0.7
-    classifier_url: str | None = None
+    project_feed_length: int = Field(50, ge=1)
+    classifier_calls_per_day: int = Field(200, ge=0, description="0: the local heuristic only")
+    classifier_threshold: float = Field(0.7, ge=0, le=1)
+    classifier_url: str | None = Field(None, pattern=r"^https?://[^/\s]+")
     classifier_key: SecretStr | None = None
-    classifier_timeout_s: float = 2.0
+    classifier_timeout_s: float = Field(2.0, gt=0)
     agents_per_change: int = Field(
         8,
+        ge=1,
         description="agent slots per change: the most tasks of one change in flight (dispatched "
         "or started) at once; the causal router holds the rest until a task frees its agent slot",
     )
-    commands_per_change_per_day: int = 1000
-    maintenance_at_utc: str = Field("04:17", pattern=r"^\d{2}:\d{2}$")
-    archive_dir: str = ".local/archive"
-    archive_part_max_events: int = 5000
-    archive_part_max_bytes: int = 8 * 1024 * 1024
-    archive_part_max_age_s: float = 60.0
-    archive_retention_days_dev: int = 30
-    archive_retention_days_prod: int = 365
+    commands_per_change_per_day: int = Field(1000, ge=1)
+    maintenance_at_utc: str = Field("04:17", description="HH:MM, 00:00 to 23:59, in UTC")
+    archive_dir: str = Field(".local/archive", min_length=1)
+    archive_part_max_events: int = Field(5000, ge=1)
+    archive_part_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    archive_part_max_age_s: float = Field(60.0, gt=0)
+    archive_retention_days_dev: int = Field(30, ge=1)
+    archive_retention_days_prod: int = Field(365, ge=1)
 
     # -- project-view-projector --
     project_view_missing_cap: int = Field(
@@ -236,7 +293,9 @@ class Settings(BaseSettings):
     )
     archive_gzip_level: int = Field(6, ge=1, le=9, description="gzip level of archive parts")
     archive_s3_endpoint: str | None = Field(
-        None, description="S3-compatible endpoint URL; None: AWS's own"
+        None,
+        pattern=r"^https?://[^/\s]+",
+        description="S3-compatible endpoint URL; None: AWS's own",
     )
     archive_s3_bucket: str | None = None
     archive_s3_prefix: str = Field(
@@ -303,7 +362,9 @@ class Settings(BaseSettings):
         description="faust's processing guarantee for the rollup; at_least_once also reads "
         "uncommitted points (docs/analytics.md)",
     )
-    analytics_rollup_host: str = Field("127.0.0.1", description="the rollup's web view address")
+    analytics_rollup_host: str = Field(
+        "127.0.0.1", min_length=1, description="the rollup's web view address"
+    )
     analytics_rollup_port: int = Field(6067, ge=1, le=65535, description="the rollup's web port")
     analytics_rollup_dir: str = Field(
         ".local/analytics", description="the rollup worker's data directory (one per env)"
@@ -316,8 +377,12 @@ class Settings(BaseSettings):
     )
 
     # -- command queues (DESIGN.md §9) -------------------------------------------------------
-    queues: dict[str, QueuePolicy] = Field(default_factory=_queue_policies)
-    max_command_deliveries: int = 4
+    queues: dict[str, QueuePolicy] = Field(
+        default_factory=_queue_policies,
+        description="each queue's policy; what is given is merged onto the defaults (see the "
+        "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form)",
+    )
+    max_command_deliveries: int = Field(4, ge=1)
 
     # -- command workers --
     worker_poll_interval_s: float = Field(
@@ -344,12 +409,12 @@ class Settings(BaseSettings):
     )
 
     # -- feed pump (DESIGN.md §6) ------------------------------------------------------------
-    pump_batch_max_events: int = 100
-    pump_batch_max_bytes: int = 1024 * 1024
+    pump_batch_max_events: int = Field(100, ge=1)
+    pump_batch_max_bytes: int = Field(1024 * 1024, ge=1)
 
     # -- operator surface --------------------------------------------------------------------
-    operator_host: str = "127.0.0.1"
-    operator_port: int = 8642
+    operator_host: str = Field("127.0.0.1", min_length=1)
+    operator_port: int = Field(8642, ge=0, le=65535, description="0: any free port")
     operator_token: SecretStr | None = None
     # -- operator surface (issue 6) --
     operator_outboxes: list[str] = Field(
@@ -384,6 +449,94 @@ class Settings(BaseSettings):
     operator_text_max_chars: int = Field(
         2000, ge=1, description="longest operator name or reason an action accepts"
     )
+
+    # -- checks of a value's form, and across fields -------------------------------------------
+    @field_validator("env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        return check_env(value)
+
+    @field_validator("maintenance_at_utc")
+    @classmethod
+    def _time_of_day(cls, value: str) -> str:
+        if not _TIME_OF_DAY.match(value):
+            raise ValueError("expected a time of day HH:MM, 00:00 to 23:59")
+        return value
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        for broker in value.split(","):
+            found = _BROKER.match(broker.strip())
+            if found is None or not 0 < int(found.group(1)) <= 65535:
+                raise ValueError(
+                    f"expected host:port[,host:port ...] with ports 1-65535, got {broker!r}"
+                )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        url = urlsplit(value)
+        if url.scheme not in _REDIS_SCHEMES:
+            raise ValueError(
+                f"expected a URL with scheme {', '.join(_REDIS_SCHEMES)} "
+                "(redis://host[:port]/db, rediss://..., unix:///path)"
+            )
+        try:
+            url.port  # noqa: B018 -- a port that is not a number raises only when read
+        except ValueError as exc:
+            raise ValueError(f"expected a port of 0-65535: {exc}") from None
+        if url.scheme == "unix" and not url.path:
+            raise ValueError("expected unix:///path/to/redis.sock")
+        if url.scheme != "unix" and not url.hostname:
+            raise ValueError(f"expected a host: {url.scheme}://host[:port]/db")
+        return value
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _merge_queues(cls, value: Any) -> Any:
+        """What is given for a queue is laid over that queue's default policy, so one field
+        (``RHUMBATRON_QUEUES__INTEGRATION__RETRIES=5``) changes that field alone. Names arrive
+        lower-cased, with ``_`` for ``-``, from a variable's name; an unknown name is refused."""
+        if not isinstance(value, dict):
+            return value  # pydantic refuses it, saying what it expected
+        merged: dict[str, Any] = dict(_queue_policies())
+        for name, given in value.items():
+            purpose = str(name).lower().replace("_", "-")
+            if purpose not in merged:
+                raise ValueError(
+                    f"unknown queue {name!r}; known: "
+                    + ", ".join(f"{p} ({_queue_variable(p)})" for p in QUEUE_PURPOSES)
+                )
+            merged[purpose] = (
+                {**merged[purpose].model_dump(), **given} if isinstance(given, dict) else given
+            )
+        return merged
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        pairs = (
+            ("outbox_backoff_initial_s", "outbox_backoff_max_s", "the first wait exceeds its cap"),
+            (
+                "batch_retry_backoff_s",
+                "batch_retry_backoff_max_s",
+                "the first wait exceeds its cap",
+            ),
+            (
+                "session_timeout_ms",
+                "max_poll_interval_ms",
+                "librdkafka requires max.poll.interval.ms >= session.timeout.ms",
+            ),
+            ("streams", "max_streams_per_env", "the plan exceeds the limit per environment"),
+        )
+        for low, high, why in pairs:
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"RHUMBATRON_{low.upper()}={getattr(self, low)} must be at most "
+                    f"RHUMBATRON_{high.upper()}={getattr(self, high)} ({why})"
+                )
+        return self
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -437,25 +590,60 @@ class Settings(BaseSettings):
 def load_settings() -> Settings:
     """The settings the environment gives. A value pydantic refuses is a
     :class:`ConfigurationError` naming each variable, what it held and what is wrong with it, so a
-    typo in one variable is one line, not a validation traceback."""
+    typo in one variable is one line, not a validation traceback. A complex setting (a JSON
+    object or list) that is not JSON at all is refused the same way: pydantic-settings raises a
+    ``SettingsError`` for it before validation starts."""
     try:
         return Settings()
     except ValidationError as exc:
-        refusals = "; ".join(_refusal(error) for error in exc.errors())
-        raise ConfigurationError(
-            f"invalid setting: {refusals}; fix the variable, or unset it for its default"
-        ) from exc
+        raise _invalid("; ".join(_refusal(error) for error in exc.errors())) from exc
+    except SettingsError as exc:
+        raise _invalid(_unparsable(exc)) from exc
+
+
+def _invalid(refusals: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"invalid setting: {refusals}; fix the variable, or unset it for its default"
+    )
+
+
+def _unparsable(exc: SettingsError) -> str:
+    found = re.search(r'field "([^"]+)"', str(exc))
+    if found is None:  # not the JSON of one field: pydantic-settings' own words are all we have
+        return str(exc)
+    name = found.group(1)
+    field = Settings.model_fields.get(name)
+    variable = _variable(name, field)
+    shown = _shown(field, os.environ.get(variable))
+    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    return f"{variable}={shown}: expected JSON{cause}"
 
 
 def _refusal(error: ErrorDetails) -> str:
     loc = [str(part) for part in error["loc"]]
+    message = error["msg"].removeprefix("Value error, ")  # our validators' own words
     if not loc:  # a check across fields: its message names them
-        return error["msg"]
+        return message
     field = Settings.model_fields.get(loc[0])
-    variable = "__".join([_variable(loc[0], field), *(part.upper() for part in loc[1:])])
+    top = _variable(loc[0], field)
+    variable = "__".join([top, *(_queue_variable(part) for part in loc[1:])])
+    if variable in os.environ:  # what the user wrote, not what pydantic made of it
+        return f"{variable}={_shown(field, os.environ[variable])}: {message}"
+    if top in os.environ and loc[1:]:  # inside the variable's JSON
+        return f"{top} (at {'.'.join(loc[1:])})={_shown(field, error.get('input'))}: {message}"
+    nested = sorted(name for name in os.environ if name.startswith(f"{top}__"))
+    # A refusal of the whole field (an unknown queue) that the nested variables built: name the
+    # ones whose key its message quotes.
+    named = [n for n in nested if f"'{n[len(top) + 2 :].split('__')[0].lower()}'" in message]
+    if named or nested:
+        shown = ", ".join(f"{n}={_shown(field, os.environ[n])}" for n in named or nested)
+        return f"{shown}: {message}"
+    return f"{variable}={_shown(field, error.get('input'))}: {message}"
+
+
+def _shown(field: FieldInfo | None, value: Any) -> str:
     secret = field is not None and "Secret" in str(field.annotation)
-    shown = "(a secret, not shown)" if secret else repr(error.get("input"))
-    return f"{variable}={shown}: {error['msg']}"
+    return "(a secret, not shown)" if secret else repr(value)
 
 
 def _variable(name: str, field: FieldInfo | None) -> str:

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from router.settings import DAY_MS, Settings
+from router.settings import DAY_MS, Settings, load_settings
 from router.wiring.causal import router_outbox_path
+from streams.errors import ConfigurationError
+from tests.support.environment import make_settings, run_cli, subprocess_env
 
 
 @pytest.mark.parametrize(
@@ -42,6 +44,213 @@ def test_a_wrong_limit_from_the_environment_is_refused_too(monkeypatch: pytest.M
     monkeypatch.setenv("RHUMBATRON_FLUSH_TIMEOUT_S", "-3")
     with pytest.raises(ValidationError, match=r"flush_timeout_s\n.*greater than 0"):
         Settings()
+
+
+BAD_VALUES = [
+    # (variable, value, what the line must also say)
+    ("RHUMBATRON_BATCH_SIZE", "abc", "valid integer"),
+    ("RHUMBATRON_BATCH_SIZE", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_REDIS_URL", "notaurl", "scheme redis, rediss, unix"),
+    ("RHUMBATRON_REDIS_URL", "redis://", "expected a host"),
+    ("RHUMBATRON_REDIS_URL", "redis://h:99999/0", "port of 0-65535"),
+    ("RHUMBATRON_REDIS_URL", "unix://", "unix:///path"),
+    ("RHUMBATRON_KAFKA_BOOTSTRAP", "broker", "host:port"),
+    ("RHUMBATRON_KAFKA_BOOTSTRAP", "a:9092,b:0", "ports 1-65535"),
+    ("RHUMBATRON_KAFKA_BOOTSTRAP", "a:9092,", "host:port"),
+    ("RHUMBATRON_ENV", "no-hyphens", "letters, digits and underscores"),
+    ("RHUMBATRON_SESSION_TIMEOUT_MS", "-5", "greater than or equal to 1000"),
+    ("RHUMBATRON_SESSION_TIMEOUT_MS", "3600001", "less than or equal to 3600000"),
+    ("RHUMBATRON_MAX_POLL_INTERVAL_MS", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_TRANSACTION_TIMEOUT_MS", "999", "greater than or equal to 1000"),
+    ("RHUMBATRON_BATCH_RETRY_BACKOFF_S", "-10", "greater than 0"),
+    ("RHUMBATRON_OUTBOX_BACKOFF_INITIAL_S", "0", "greater than 0"),
+    ("RHUMBATRON_OUTBOX_POLL_INTERVAL_S", "0", "greater than 0"),
+    ("RHUMBATRON_OUTBOX_LINGER_MS", "900001", "less than or equal to 900000"),
+    ("RHUMBATRON_CONTROL_CHECK_INTERVAL_S", "-1", "greater than or equal to 0"),
+    ("RHUMBATRON_MAINTENANCE_AT_UTC", "99:99", "HH:MM, 00:00 to 23:59"),
+    ("RHUMBATRON_MAINTENANCE_AT_UTC", "24:00", "HH:MM, 00:00 to 23:59"),
+    ("RHUMBATRON_MAINTENANCE_AT_UTC", "4:17", "HH:MM, 00:00 to 23:59"),
+    ("RHUMBATRON_CLASSIFIER_THRESHOLD", "1.5", "less than or equal to 1"),
+    ("RHUMBATRON_CLASSIFIER_CALLS_PER_DAY", "-1", "greater than or equal to 0"),
+    ("RHUMBATRON_CLASSIFIER_URL", "ftp://model", "should match pattern"),
+    ("RHUMBATRON_AGENTS_PER_CHANGE", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_COMMANDS_PER_CHANGE_PER_DAY", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_STREAM_RETENTION_MS", "-1", "greater than or equal to 1"),
+    ("RHUMBATRON_MAX_STREAMS_PER_ENV", "101", "less than or equal to 100"),
+    ("RHUMBATRON_MAX_ENVELOPE_BYTES", "1000000001", "less than or equal to 1000000000"),
+    ("RHUMBATRON_ARCHIVE_PART_MAX_AGE_S", "0", "greater than 0"),
+    ("RHUMBATRON_MAX_COMMAND_DELIVERIES", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_PUMP_BATCH_MAX_EVENTS", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_OPERATOR_PORT", "65536", "less than or equal to 65535"),
+    ("RHUMBATRON_OPERATOR_PORT", "-1", "greater than or equal to 0"),
+    ("RHUMBATRON_OPERATOR_OUTBOXES", '["a.sqlite"', "expected JSON"),
+    # the queues: malformed JSON, a bad field, an unknown field, an unknown queue
+    ("RHUMBATRON_QUEUES", '{"integration": {"retries": 5}', "expected JSON"),
+    ("RHUMBATRON_QUEUES", '["integration"]', "valid dictionary"),
+    ("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "-1", "greater than or equal to 0"),
+    ("RHUMBATRON_QUEUES__AGENT_WAKEUPS__BATCH", "0", "greater than or equal to 1"),
+    ("RHUMBATRON_QUEUES__RELEASE__RETRY_DELAY_S", "soon", "valid number"),
+    ("RHUMBATRON_QUEUES__INDEXING__DEAD_LETTER", '"nowhere"', "dead_letter must be a queue"),
+    ("RHUMBATRON_QUEUES__INTEGRATION__RETRYS", "5", "Extra inputs are not permitted"),
+    ("RHUMBATRON_QUEUES__NO_SUCH_QUEUE__RETRIES", "5", "unknown queue 'no_such_queue'"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), BAD_VALUES)
+def test_a_bad_value_is_one_line_naming_the_variable_the_value_and_the_expectation(
+    variable: str, value: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith(f"invalid setting: {variable}=")
+    assert says in line and (value in line or repr(value) in line)
+
+
+@pytest.mark.parametrize(
+    ("variables", "first", "second"),
+    [
+        (
+            {"RHUMBATRON_OUTBOX_BACKOFF_INITIAL_S": "400"},
+            "RHUMBATRON_OUTBOX_BACKOFF_INITIAL_S=400.0",
+            "RHUMBATRON_OUTBOX_BACKOFF_MAX_S=300.0",
+        ),
+        (
+            {"RHUMBATRON_BATCH_RETRY_BACKOFF_S": "5", "RHUMBATRON_BATCH_RETRY_BACKOFF_MAX_S": "2"},
+            "RHUMBATRON_BATCH_RETRY_BACKOFF_S=5.0",
+            "RHUMBATRON_BATCH_RETRY_BACKOFF_MAX_S=2.0",
+        ),
+        (
+            {"RHUMBATRON_SESSION_TIMEOUT_MS": "60000", "RHUMBATRON_MAX_POLL_INTERVAL_MS": "30000"},
+            "RHUMBATRON_SESSION_TIMEOUT_MS=60000",
+            "RHUMBATRON_MAX_POLL_INTERVAL_MS=30000",
+        ),
+        (
+            {"RHUMBATRON_STREAMS": "30"},
+            "RHUMBATRON_STREAMS=30",
+            "RHUMBATRON_MAX_STREAMS_PER_ENV=20",
+        ),
+    ],
+)
+def test_values_that_contradict_each_other_are_refused_naming_both(
+    variables: dict[str, str], first: str, second: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    line = str(refused.value)
+    assert "\n" not in line and f"{first} must be at most {second}" in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        (
+            "RHUMBATRON_QUEUES",
+            '{"integration": {"retries": -5}}',
+            "RHUMBATRON_QUEUES (at integration.retries)=-5: Input should be greater than or equal",
+        ),
+        (
+            "RHUMBATRON_FAILURE_POLICIES",
+            '{"ledger": "skip"}',
+            "RHUMBATRON_FAILURE_POLICIES (at ledger)='skip': Input should be 'dead-letter' or",
+        ),
+    ],
+)
+def test_a_bad_value_inside_a_json_variable_names_the_variable_and_the_place(
+    variable: str, value: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    assert f"invalid setting: {says}" in str(refused.value)
+
+
+def test_every_default_passes_its_own_bounds() -> None:
+    # pydantic does not validate defaults on its own; given back as values, each one is.
+    defaults = Settings()
+    assert Settings.model_validate(defaults.model_dump()) == defaults
+
+
+def _queues_but(settings: Settings, purpose: str) -> dict[str, object]:
+    return {k: v for k, v in settings.queues.items() if k != purpose}
+
+
+@pytest.mark.parametrize(
+    ("variable", "purpose"),
+    [
+        ("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "integration"),
+        ("RHUMBATRON_QUEUES__AGENT_WAKEUPS__RETRIES", "agent-wakeups"),
+        ("RHUMBATRON_QUEUES__DEAD_LETTER__RETRIES", "dead-letter"),
+    ],
+)
+def test_one_queue_field_changes_that_field_alone(
+    variable: str, purpose: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    defaults = Settings()
+    monkeypatch.setenv(variable, "9")
+    s = load_settings()
+    assert s.queues[purpose] == defaults.queues[purpose].model_copy(update={"retries": 9})
+    assert _queues_but(s, purpose) == _queues_but(defaults, purpose)
+    assert s.model_dump(exclude={"queues"}) == defaults.model_dump(exclude={"queues"})
+
+
+def test_the_whole_queues_json_is_merged_onto_the_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    defaults = Settings()
+    monkeypatch.setenv("RHUMBATRON_QUEUES", '{"agent-wakeups": {"retries": 7, "batch": 2}}')
+    monkeypatch.setenv("RHUMBATRON_QUEUES__RELEASE__CONCURRENCY", "3")
+    s = load_settings()
+    assert s.queues["agent-wakeups"] == defaults.queues["agent-wakeups"].model_copy(
+        update={"retries": 7, "batch": 2}
+    )
+    assert s.queues["release"] == defaults.queues["release"].model_copy(update={"concurrency": 3})
+    others = {k: v for k, v in s.queues.items() if k not in {"agent-wakeups", "release"}}
+    assert others == {k: defaults.queues[k] for k in others} and len(others) == 4
+
+
+def test_an_unknown_queue_is_refused_naming_its_variables_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "5")
+    monkeypatch.setenv("RHUMBATRON_QUEUES__AGENT_WAKE__RETRIES", "5")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    line = str(refused.value)
+    assert line.startswith("invalid setting: RHUMBATRON_QUEUES__AGENT_WAKE__RETRIES='5': ")
+    assert "unknown queue 'agent_wake'" in line and "agent-wakeups (AGENT_WAKEUPS)" in line
+    assert "RHUMBATRON_QUEUES__INTEGRATION__RETRIES" not in line
+
+
+def test_a_parents_queues_reach_a_child_process_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = Settings(queues={"integration": {"retries": 6}})
+    assert parent.queues["integration"].retries == 6 and len(parent.queues) == 6
+    _read_back(parent.as_environment(), monkeypatch)
+    assert load_settings() == parent
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("RHUMBATRON_BATCH_SIZE", "abc"),
+        ("RHUMBATRON_REDIS_URL", "notaurl"),
+        ("RHUMBATRON_QUEUES", "{not json"),
+        ("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "-5"),
+    ],
+)
+def test_the_command_line_refuses_a_bad_value_in_one_line_with_exit_2(
+    variable: str, value: str
+) -> None:
+    s = make_settings()
+    result = run_cli(s, "topology", env=subprocess_env(s, **{variable: value}), timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rhumbatron: invalid setting: {variable}=")
 
 
 def test_the_claim_ttl_is_the_stream_retention_plus_the_margin() -> None:
