@@ -70,6 +70,8 @@ def analytics(settings: Settings, args: argparse.Namespace) -> int:
     title = view.get("metric") or "all metrics"
     where = f" of project {args.project}" if args.project else ""
     print(f"{title}{where} since {view['since']} ({view['windowSeconds']}s windows)")
+    if not view["windows"]:
+        print("  no windows in that time")
     for w in view["windows"]:
         value = w["count"] if "count" in w else orjson.dumps(w["counts"]).decode()
         print(f"  {w['start']}  {value}")
@@ -87,6 +89,8 @@ def points_cmd(settings: Settings, args: argparse.Namespace) -> int:
         print_json(counts)
     else:
         print(f"{counts['points']} points from {counts['events']} events")
+        if not counts["byMetric"]:
+            print("  no points on the topic")
         for metric, n in counts["byMetric"].items():
             print(f"  {metric:<32} {n}")
     return 0
@@ -97,18 +101,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "analytics-rollup",
         help="run the faust rollup of the metric points into per-minute windows (web view)",
     )
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="the worker's log level (default: warning)",
+    )
     p.set_defaults(handler=analytics_rollup)
 
     p = sub.add_parser("analytics", help="per-minute counts of a metric, read from the rollup")
     p.add_argument("--metric", help=f"one of: {', '.join(sorted(METRIC_NAMES))}")
     p.add_argument("--project", help="a project's windows instead of the metric's overall ones")
     p.add_argument("--since", default="1h", help="how far back: 90s, 30m, 2h, 1d (default 1h)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=analytics)
 
     p = sub.add_parser(
         "analytics-points", help="count the metric points on the topic (read_committed)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=points_cmd)

@@ -76,7 +76,11 @@ def archive_verify(settings: Settings, args: argparse.Namespace) -> int:
 
 def archive_count(settings: Settings, args: argparse.Namespace) -> int:
     day = parse_day(args.day) if args.day else None
-    print(count_parts(settings, day))
+    parts = count_parts(settings, day)
+    if args.json:
+        print_json({"parts": parts, "day": day.isoformat() if day else None})
+    else:
+        print(parts)
     return 0
 
 
@@ -89,14 +93,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="delete parts older than the environment's retention (30 days dev, 365 prod)",
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=archive_expire)
     p = archive.add_parser(
         "verify", help="read every part of a day back and check it against its key's hash"
     )
-    p.add_argument("--day", required=True, metavar="YYYY-MM-DD")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--day", required=True, metavar="YYYY-MM-DD", help="the day to verify")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=archive_verify)
     p = archive.add_parser("count", help="number of parts (of one day, or all)")
-    p.add_argument("--day", metavar="YYYY-MM-DD")
+    p.add_argument("--day", metavar="YYYY-MM-DD", help="only this day's parts (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=archive_count)

@@ -1,8 +1,9 @@
-"""What every command module shares: JSON output, durations given on the command line, the
-operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
+"""What every command module shares: JSON output, durations and counts given on the command line,
+the operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import os
 import re
@@ -31,6 +32,33 @@ def parse_duration(text: str, *, option: str) -> int:
             f"m (minutes), h (hours) or d (days), e.g. 90s, 30m, 12h, 7d; got {text!r}"
         )
     return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def non_negative_int(text: str) -> int:
+    """An ``argparse`` ``type=``: a whole number, 0 or more. argparse turns the refusal into a
+    usage error (exit 2) naming the option."""
+    return int(_at_least(text, 0, whole=True))
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` ``type=``: a whole number, 1 or more."""
+    return int(_at_least(text, 1, whole=True))
+
+
+def non_negative_float(text: str) -> float:
+    """An ``argparse`` ``type=``: a number of seconds (fractions allowed), 0 or more."""
+    return _at_least(text, 0, whole=False)
+
+
+def _at_least(text: str, least: int, *, whole: bool) -> float:
+    what = "a whole number" if whole else "a number"
+    try:
+        value: float = int(text) if whole else float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= least:  # NaN (not a number, or given as "nan") is refused too
+        raise argparse.ArgumentTypeError(f"must be {what} >= {least}, got {text!r}")
+    return value
 
 
 def operator_name(given: str | None) -> str:

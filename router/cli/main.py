@@ -1,9 +1,11 @@
 """The ``rhumbatron`` command line. Each subcommand is a thin shell over service code; every error
-we raise on purpose is printed as one line naming what was wrong, with a non-zero exit."""
+we raise on purpose is printed as one line naming what was wrong, with a non-zero exit: 2 for a
+usage or input error (argparse's own and ours alike)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -21,6 +23,13 @@ from router.cli import (
 from router.settings import Settings, load_settings
 from streams.errors import RhumbatronError
 
+# The docstring above is for readers of the code; this is what `rhumbatron --help` says.
+DESCRIPTION = (
+    "Rhumbatron moves domain events from a service's outbox to Kafka and runs subscriptions over "
+    "them with exactly-once effects. Every read command takes --json; an error prints one line "
+    "and exits 2 for a usage or input error."
+)
+
 Handler = Callable[[Settings, argparse.Namespace], int]
 
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
@@ -36,8 +45,14 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rhumbatron", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rhumbatron", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"rhumbatron {importlib.metadata.version('rhumbatron')}",
+        help="print the installed version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     # Each area registers its own subcommands (one module per area, each with `register`).
     for register in REGISTRARS:

@@ -1,6 +1,6 @@
 """The outbox's commands: ``publish``, ``outbox stats|retry|skip|purge``, and ``produce --outbox``
 (the synthetic workload written through the outbox by concurrent writers). The outbox and its
-publisher are built from settings in :mod:`router.wiring.outbox`."""
+publisher are built from settings in router/wiring/outbox.py."""
 
 from __future__ import annotations
 
@@ -157,6 +157,8 @@ def stats(settings: Settings, args: argparse.Namespace) -> int:
     print("  " + ", ".join(f"{state.value} {n}" for state, n in found.counts.items()))
     if found.oldest_pending_age_s is not None:
         print(f"  oldest unpublished row: {found.oldest_pending_age_s:.1f}s old")
+    if not shown["failed_rows"]:
+        print("  no failed rows")
     for row in shown["failed_rows"]:
         print(
             f"  failed {row['event_id']} ({row['project_id']} slot {row['slot']}): {row['last_error']}"
@@ -208,9 +210,12 @@ def purge(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+_OUTBOX = "the outbox (SQLite file)"
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("publish", help="send outbox rows to the streams, in order per project")
-    p.add_argument("--outbox", required=True, metavar="PATH", help="the outbox (SQLite file)")
+    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
     p.add_argument("--until-empty", action="store_true", help="exit once nothing is left to send")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=publish)
@@ -219,20 +224,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = outbox.add_subparsers(dest="outbox_command", required=True)
 
     p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
-    p.add_argument("--outbox", required=True, metavar="PATH")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=stats)
 
     p = commands.add_parser("retry", help="send a failed (or waiting) row again (audited)")
-    p.add_argument("event_id", metavar="EVENT_ID")
-    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("event_id", metavar="EVENT_ID", help="the row's event id (outbox stats)")
+    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
     p.add_argument("--who", help="operator name for the audit log (default: the login name)")
     p.set_defaults(handler=retry)
 
     p = commands.add_parser("skip", help="never send a row; its project moves on (audited)")
-    p.add_argument("event_id", metavar="EVENT_ID")
+    p.add_argument("event_id", metavar="EVENT_ID", help="the row's event id (outbox stats)")
     p.add_argument("--reason", required=True, help="why, for the audit log")
-    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
     p.add_argument("--who", help="operator name for the audit log (default: the login name)")
     p.set_defaults(handler=skip)
 
@@ -240,5 +245,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--published-before", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m"
     )
-    p.add_argument("--outbox", required=True, metavar="PATH")
+    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
     p.set_defaults(handler=purge)

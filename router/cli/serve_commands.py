@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from router.cli.common import non_negative_int
 from router.operator.server import address_of, bind, server
 from router.operator.service import OperatorService
 from router.settings import Settings
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--port",
-        type=int,
+        type=non_negative_int,
         metavar="N",
         help="listen on this port (default: operator_port; 0 picks a free one)",
     )

@@ -8,7 +8,7 @@ import secrets
 import time
 
 from consumers.redis_conn import address_of, connect
-from router.cli.common import print_json
+from router.cli.common import non_negative_int, positive_int, print_json
 from router.operator.service import OperatorService
 from router.settings import Settings
 from streams.admin import (
@@ -58,8 +58,6 @@ def topology(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def produce(settings: Settings, args: argparse.Namespace) -> int:
-    if args.projects < 1 or args.events < 0:
-        raise SystemExit("rhumbatron produce: --projects must be >= 1 and --events >= 0")
     if args.outbox:
         from router.cli.outbox_commands import produce_to_outbox
 
@@ -146,24 +144,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=topology)
 
     p = sub.add_parser("produce", help="write a synthetic workload of M events over N projects")
-    p.add_argument("--projects", type=int, required=True)
-    p.add_argument("--events", type=int, required=True)
+    p.add_argument(
+        "--projects", type=positive_int, required=True, metavar="N", help="how many projects"
+    )
+    p.add_argument(
+        "--events",
+        type=non_negative_int,
+        required=True,
+        metavar="M",
+        help="how many events in all, spread over the projects",
+    )
     p.add_argument("--run", help="run id baked into project ids (default: random)")
     p.add_argument(
         "--outbox",
         metavar="PATH",
         help="write through this outbox (concurrent writers; rhumbatron publish sends it)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=produce)
 
     p = sub.add_parser("status", help="topics, and consumer lag per group and partition")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=status)
 
     p = sub.add_parser("demo", help="the main job: provision, produce, consume, print the figures")
-    p.add_argument("--projects", type=int, default=200)
-    p.add_argument("--events", type=int, default=10_000)
+    p.add_argument(
+        "--projects", type=positive_int, default=200, metavar="N", help="how many projects"
+    )
+    p.add_argument(
+        "--events",
+        type=non_negative_int,
+        default=10_000,
+        metavar="M",
+        help="how many events in all, spread over the projects",
+    )
     p.add_argument(
         "--no-serve",
         dest="serve",

@@ -9,7 +9,14 @@ from typing import Any
 
 from consumers.runtime.dead_letters import LetterKind, LetterStatus
 from consumers.subscriptions.ledger import read_ledger
-from router.cli.common import operator_name, print_json, stop_on_signals
+from router.cli.common import (
+    non_negative_float,
+    non_negative_int,
+    operator_name,
+    positive_int,
+    print_json,
+    stop_on_signals,
+)
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import (
@@ -55,10 +62,15 @@ def dead_letters_list(settings: Settings, args: argparse.Namespace) -> int:
         service.close()
     if args.json:
         print_json([d.model_dump() for d in found.items])
+    elif not found.items:
+        print("no dead letters")
     else:
+        width = max(len(d.id) for d in found.items)
+        print(f"{'ID':<{width}}  {'STATUS':<9} {'KIND':<12} {'FROM':<24} ERROR")
         for d in found.items:
             print(
-                f"{d.id}  {d.status:<9} {d.kind:<12} {d.subscription or d.origin_queue or '-':<24} {d.error[:80]}"
+                f"{d.id:<{width}}  {d.status:<9} {d.kind:<12} "
+                f"{d.subscription or d.origin_queue or '-':<24} {d.error[:80]}"
             )
     if found.matched > len(found.items) or found.truncated:
         more = "+" if found.truncated else ""
@@ -160,8 +172,42 @@ def progress(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def ledger(settings: Settings, args: argparse.Namespace) -> int:
-    print_json(read_ledger(redis_client(settings), settings.env))
+    applied = read_ledger(redis_client(settings), settings.env)
+    if args.json:
+        print_json(applied)
+        return 0
+    projects: dict[str, list[int]] = applied["projects"]
+    if not projects:
+        print(f"no ledger entries: the ledger subscription applied nothing in '{settings.env}'")
+        return 0
+    width = max(len("PROJECT"), *(len(p) for p in projects))
+    print(f"{'PROJECT':<{width}}  {'APPLIED':>7}  SLOTS")
+    for project, slots in projects.items():
+        print(f"{project:<{width}}  {len(slots):>7}  {_ranges(slots)}")
+    repeated = sum(1 for n in applied["counts"].values() if n > 1)
+    print(
+        f"{sum(len(s) for s in projects.values())} events applied over {len(projects)} projects; "
+        f"{repeated} applied more than once"
+    )
     return 0
+
+
+def _ranges(slots: list[int]) -> str:
+    """``1 2 3 5 7 8`` → ``1-3, 5, 7-8``, in applied order (an out-of-order slot starts a run)."""
+    runs: list[list[int]] = []
+    for slot in slots:
+        if runs and slot == runs[-1][1] + 1:
+            runs[-1][1] = slot
+        else:
+            runs.append([slot, slot])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+_WHO = "operator name for the audit log (default: the login name)"
+_CONTROL_ARGS = {
+    "offset": "the stream offset",
+    "expected-revision": "the cursor revision you saw (subscription progress); refused if it moved",
+}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -174,7 +220,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--until-idle",
-        type=float,
+        type=non_negative_float,
         metavar="SECONDS",
         help="exit once nothing was consumed, paused for retry or in flight for this long",
     )
@@ -184,47 +230,72 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "dead-letters", help="list, show, retry or dismiss dead letters"
     ).add_subparsers(dest="action", required=True)
     p = dl.add_parser("list", help="dead letters of every kind, newest first")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--status", choices=[s.value for s in LetterStatus])
-    p.add_argument("--kind", choices=[k.value for k in LetterKind])
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--status", choices=[s.value for s in LetterStatus], help="only this status")
+    p.add_argument("--kind", choices=[k.value for k in LetterKind], help="only this kind")
     p.add_argument("--subscription", help="only letters of this subscription")
     p.add_argument("--queue", choices=QUEUE_PURPOSES, help="only commands from this queue")
-    p.add_argument("--limit", type=int, help="at most this many (default: operator_page_size)")
+    p.add_argument(
+        "--limit", type=positive_int, help="at most this many (default: operator_page_size)"
+    )
     p.set_defaults(handler=dead_letters_list)
-    p = dl.add_parser("show")
-    p.add_argument("id")
+    p = dl.add_parser("show", help="one dead letter in full, as JSON")
+    p.add_argument("id", metavar="ID", help="the letter's id, as dead-letters list prints it")
+    p.add_argument("--json", action="store_true", help="print JSON (this command always does)")
     p.set_defaults(handler=dead_letters_show)
-    p = dl.add_parser("retry")
-    p.add_argument("id")
-    p.add_argument("--who")
-    p.add_argument("--reason")
+    p = dl.add_parser("retry", help="deliver a letter again (audited)")
+    p.add_argument("id", metavar="ID", help="the letter's id, as dead-letters list prints it")
+    p.add_argument("--who", help=_WHO)
+    p.add_argument("--reason", help="why, for the audit log")
     p.set_defaults(handler=dead_letters_retry)
-    p = dl.add_parser("dismiss")
-    p.add_argument("id")
-    p.add_argument("--reason", required=True)
-    p.add_argument("--who")
+    p = dl.add_parser("dismiss", help="give a letter up: it is never delivered (audited)")
+    p.add_argument("id", metavar="ID", help="the letter's id, as dead-letters list prints it")
+    p.add_argument("--reason", required=True, help="why, for the audit log")
+    p.add_argument("--who", help=_WHO)
     p.set_defaults(handler=dead_letters_dismiss)
 
     ctl = sub.add_parser(
         "subscription", help="operator controls per topic-partition (audited)"
     ).add_subparsers(dest="action", required=True)
-    for name, handler, extra in (
-        ("re-reduce", re_reduce, ()),
-        ("reprocess-from", reprocess_from, ("offset", "expected-revision")),
-        ("skip-through", skip_through, ("offset",)),
-        ("progress", progress, ()),
+    for name, handler, what, extra in (
+        (
+            "re-reduce",
+            re_reduce,
+            "rebuild a partition's fold through its acknowledged cursor (no effects run)",
+            (),
+        ),
+        (
+            "reprocess-from",
+            reprocess_from,
+            "apply a partition's events again from an offset",
+            ("offset", "expected-revision"),
+        ),
+        ("skip-through", skip_through, "acknowledge a partition through an offset", ("offset",)),
+        ("progress", progress, "every partition's cursor, as JSON", ()),
     ):
-        p = ctl.add_parser(name)
-        p.add_argument("--subscription", required=True)
+        p = ctl.add_parser(name, help=what)
+        p.add_argument("--subscription", required=True, help="the subscription's name")
         if name != "progress":
-            p.add_argument("--topic", required=True)
-            p.add_argument("--partition", type=int, required=True)
-            p.add_argument("--who")
-            p.add_argument("--reason", required=name in ("skip-through", "reprocess-from"))
+            p.add_argument("--topic", required=True, help="the stream")
+            p.add_argument(
+                "--partition", type=non_negative_int, required=True, help="the stream's partition"
+            )
+            p.add_argument("--who", help=_WHO)
+            p.add_argument(
+                "--reason",
+                required=name in ("skip-through", "reprocess-from"),
+                help="why, for the audit log",
+            )
         for arg in extra:
-            p.add_argument(f"--{arg}", type=int, required=True)
+            p.add_argument(
+                f"--{arg}", type=non_negative_int, required=True, help=_CONTROL_ARGS[arg]
+            )
+        if name == "progress":
+            p.add_argument(
+                "--json", action="store_true", help="print JSON (this command always does)"
+            )
         p.set_defaults(handler=handler)
 
     p = sub.add_parser("ledger", help="what the ledger subscription applied, per project in order")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=ledger)

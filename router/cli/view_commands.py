@@ -59,6 +59,8 @@ def feed(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json(entries)
         return 0
+    if not entries:
+        print(f"no events in the feed of project {args.project_id}")
     for e in entries:
         slot = str(e.get("slot", "-"))
         subject = e.get("taskId") or e.get("changeId") or ""
@@ -68,10 +70,10 @@ def feed(settings: Settings, args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("view", help="a project's view (kept by project-view-projector)")
-    p.add_argument("project_id", metavar="PROJECT_ID")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("project_id", metavar="PROJECT_ID", help="the project")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=view)
     p = sub.add_parser("feed", help="a project's recent events, newest first")
-    p.add_argument("project_id", metavar="PROJECT_ID")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("project_id", metavar="PROJECT_ID", help="the project")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=feed)

@@ -8,7 +8,7 @@ import threading
 
 import orjson
 
-from router.cli.common import stop_on_signals
+from router.cli.common import non_negative_float, stop_on_signals
 from router.settings import Settings
 from router.wiring.subscription import redis_client
 from router.wiring.workers import (
@@ -56,6 +56,7 @@ def dead_letter_consumer(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def worker_stats(settings: Settings, args: argparse.Namespace) -> int:
+    # JSON with or without --json: the figures are nested maps that a table would flatten.
     figures = worker_figures(settings, redis_client(settings))
     sys.stdout.write(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
@@ -73,15 +74,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         required=True,
         help=f"one of: {', '.join(sorted(HANDLERS))}",
     )
-    p.add_argument("--until-idle", type=float, default=None, help="stop after S idle seconds")
+    p.add_argument(
+        "--until-idle",
+        type=non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="exit once nothing was consumed or in flight for this long",
+    )
     p.set_defaults(handler=worker)
 
     p = sub.add_parser(
         "dead-letter-consumer",
         help="record dead-lettered commands, block their tasks through the router's outbox",
     )
-    p.add_argument("--until-idle", type=float, default=None, help="stop after S idle seconds")
+    p.add_argument(
+        "--until-idle",
+        type=non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="exit once nothing was consumed or in flight for this long",
+    )
     p.set_defaults(handler=dead_letter_consumer)
 
     p = sub.add_parser("worker-stats", help="the workers' counters and command dead letters")
+    p.add_argument("--json", action="store_true", help="print JSON (this command always does)")
     p.set_defaults(handler=worker_stats)
