@@ -68,6 +68,8 @@ BAD_VALUES = [
     ("RHUMBATRON_OUTBOX_LINGER_MS", "900001", "less than or equal to 900000"),
     ("RHUMBATRON_CONTROL_CHECK_INTERVAL_S", "-1", "greater than or equal to 0"),
     ("RHUMBATRON_MAINTENANCE_AT_UTC", "99:99", "HH:MM, 00:00 to 23:59"),
+    ("RHUMBATRON_OPERATOR_TOKEN", "short-token", "at least 32 characters"),
+    ("RHUMBATRON_OPERATOR_READ_TOKEN", "short-token", "at least 32 characters"),
     ("RHUMBATRON_MAINTENANCE_AT_UTC", "24:00", "HH:MM, 00:00 to 23:59"),
     ("RHUMBATRON_MAINTENANCE_AT_UTC", "4:17", "HH:MM, 00:00 to 23:59"),
     ("RHUMBATRON_CLASSIFIER_THRESHOLD", "1.5", "less than or equal to 1"),
@@ -293,7 +295,7 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         "archive_s3_access_key",
         "archive_s3_secret_key",
     } <= set(names)
-    secrets = {name: f"s3cret-{name}-é" for name in names}
+    secrets = {name: f"s3cret-{name}-é-" + "0" * 32 for name in names}
     parent = Settings(**secrets)  # type: ignore[arg-type]
     environment = parent.as_environment()
     assert "**********" not in "".join(environment.values())

@@ -48,8 +48,10 @@ from tests.support.runtime_processes import (
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "op-" + secrets.token_hex(12)
+TOKEN = "op-" + secrets.token_hex(16)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+READ_TOKEN = "read-" + secrets.token_hex(16)
+READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 
 
 @dataclass
@@ -69,7 +71,7 @@ class World:
         self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def get(self, path: str, **params: Any) -> httpx.Response:
-        return self.http.get(path, params=params)
+        return self.http.get(path, params=params, headers=READ)
 
     def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
         return self.http.post(path, json=body, headers=AUTH if headers is None else headers)
@@ -106,6 +108,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     operator = s.model_copy(
         update={
             "operator_token": SecretStr(TOKEN),
+            "operator_read_token": SecretStr(READ_TOKEN),
             "operator_outboxes": [str(outbox), str(folder / "not-yet.sqlite")],
         }
     )
@@ -127,7 +130,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         store.close()
         service = OperatorService(operator)
         with running_server(service) as url:
-            listed = httpx.get(url + "api/dead-letters", params={"kind": "event-batch"}).json()
+            listed = httpx.get(
+                url + "api/dead-letters", params={"kind": "event-batch"}, headers=READ
+            ).json()
             letters = {item["events"][0]: item["id"] for item in listed["items"]}
             yield World(s, url, events, bad, letters, command, raw, outbox, head.event_id)
         service.close()
@@ -367,7 +372,7 @@ def _ledger_counts(s: Settings, slug: str) -> dict[str, int]:
     return dict(counts)
 
 
-# -- the whole document, fuzzed (no token: changes are only ever refused here) ---------------------
+# -- the whole document, fuzzed (the read token: changes are only ever refused here) --------------
 # Each operation gets generated requests, valid and invalid; every response must match the
 # document (status code, content type, body schema) and none may be a server error.
 FUZZ = hypothesis.settings(
@@ -389,7 +394,7 @@ def test_every_endpoint_answers_as_its_openapi_document_says(world: World) -> No
         @FUZZ
         @hypothesis.given(case=operation.as_strategy())
         def check(case: Any) -> None:
-            case.call_and_validate(base_url=base)
+            case.call_and_validate(base_url=base, headers=READ)
 
         check()
 

@@ -23,7 +23,7 @@ from tests.support.operator import running_server
 pytestmark = pytest.mark.integration
 
 NOBODY = "127.0.0.1:1"  # loopback port 1: nothing listens, every connection is refused at once
-TOKEN = "op-token-for-library-errors"
+TOKEN = "op-token-for-library-errors-0123456789"
 
 
 def _http(s: Settings) -> Iterator[httpx.Client]:
@@ -79,7 +79,7 @@ def test_an_unreachable_server_is_a_503_naming_it(
 @pytest.fixture
 def stranger() -> Iterator[tuple[Settings, httpx.Client]]:
     """An environment whose keys something else overwrote with values of another type."""
-    s = make_settings()
+    s = make_settings(operator_read_token=TOKEN)
     client = connect(s.redis_url, timeout=5)
     client.set(f"rh:{s.env}:{{dead-letters}}:index", b"not a sorted set")
     topic, partition = s.topology.partition_of("proj-1")
@@ -118,7 +118,7 @@ def test_a_redis_error_answer_is_a_502_naming_redis(
     stranger: tuple[Settings, httpx.Client], path: str, said: str
 ) -> None:
     _, http = stranger
-    response = http.get(path)
+    response = http.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 502, response.text
     reason = response.json()["reason"]
     assert "Redis at 127.0.0.1:" in reason and said in reason and "WRONGTYPE" in reason

@@ -38,7 +38,10 @@ from tests.support.environment import make_settings
 from tests.support.operator import running_server
 from tests.support.outbox import append_all, drafts, outbox_for
 
-TOKEN = "s3cret-operator-token"
+TOKEN = "s3cret-operator-token-0123456789abcdef"
+READ_TOKEN = "r3ad-operator-token-0123456789abcdef"
+READ = {"Authorization": f"Bearer {READ_TOKEN}"}
+WRITE = {"Authorization": f"Bearer {TOKEN}"}
 
 Sent = tuple[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]]
 
@@ -157,7 +160,9 @@ def command_letter(parts: Parts, n: int, *, minutes: int) -> tuple[DeadLetter, b
 
 @pytest.fixture
 def parts() -> Parts:
-    p = Parts(make_settings(operator_token=TOKEN, operator_page_size=50))
+    p = Parts(
+        make_settings(operator_token=TOKEN, operator_read_token=READ_TOKEN, operator_page_size=50)
+    )
     p.store.write([event_letter(p, 3, minutes=1), poison_letter(p, minutes=2)])
     p.store.write([command_letter(p, 1, minutes=3)[0]])
     return p
@@ -471,9 +476,12 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
         for method, operation in operations.items()
         if operation.get("security")
     }
+    # Every read of a payload needs a token too; only info and health are open.
     assert secured == {
-        ("/api/dead-letters/{letter_id}/retry", "post"),
-        ("/api/dead-letters/{letter_id}/dismiss", "post"),
+        (path, method)
+        for path, operations in paths.items()
+        for method in operations
+        if path not in ("/api/info", "/api/health")
     }
     page = http.get("/")
     assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_POLICY
@@ -483,6 +491,121 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
     for marker in ("http://", "https://", "<script src", "<link"):
         assert marker not in html, marker
     assert http.get("/docs").status_code == 404  # the interactive docs would load a CDN
+
+
+# -- who may read, and from which Host ---------------------------------------------------------------
+PAYLOAD_READS = [
+    "/api/dead-letters",
+    "/api/dead-letters/{id}",
+    "/api/failures",
+    "/api/outboxes",
+    "/api/held-projects",
+    "/api/lag",
+    "/api/projects/proj-1/view",
+    "/api/projects/proj-1/feed",
+]
+
+
+@pytest.mark.parametrize("path", PAYLOAD_READS)
+def test_a_payload_read_needs_the_read_or_the_write_token(
+    parts: Parts, http: httpx.Client, path: str
+) -> None:
+    url = path.replace("{id}", parts.service.list_dead_letters().items[0].id)
+    for headers in ({}, {"Authorization": "Bearer " + "x" * 40}, {"Authorization": READ_TOKEN}):
+        refused = http.get(url, headers=headers)
+        assert refused.status_code == 401, (headers, refused.text)
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert refused.json() == {"reason": refused.json()["reason"], "field": None}
+        assert READ_TOKEN not in refused.text and TOKEN not in refused.text
+    answer = 404 if path.endswith("/view") else 200  # proj-1 has no view in the in-memory parts
+    assert http.get(url, headers=READ).status_code == answer
+    assert http.get(url, headers=WRITE).status_code == answer
+
+
+def test_a_change_with_the_read_token_is_forbidden(parts: Parts, http: httpx.Client) -> None:
+    letter = parts.service.list_dead_letters(kind="command").items[0].id
+    refused = http.post(f"/api/dead-letters/{letter}/retry", json={"who": "ann"}, headers=READ)
+    assert refused.status_code == 403
+    assert "read token" in refused.json()["reason"] and refused.json()["field"] is None
+    assert parts.service.dead_letter(letter).status == "open" and not parts.sent
+
+
+def test_the_token_is_checked_before_the_body_is_parsed(parts: Parts, http: httpx.Client) -> None:
+    letter = parts.service.list_dead_letters(kind="command").items[0].id
+    url = f"/api/dead-letters/{letter}/retry"
+    json_type = {"Content-Type": "application/json"}
+    bad = http.post(url, content=b"{nonsense", headers={**json_type, "Authorization": "Bearer x"})
+    assert bad.status_code == 401 and bad.json()["field"] is None
+    reader = http.post(url, content=b"{nonsense", headers={**json_type, **READ})
+    assert reader.status_code == 403
+    # With the right token the body's own refusal comes through.
+    assert http.post(url, content=b"{nonsense", headers={**json_type, **WRITE}).status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/dead-letters"),
+        ("get", "/api/health"),
+        ("get", "/metrics"),
+        ("get", "/"),
+        ("post", "/api/dead-letters/dl_x/retry"),
+    ],
+)
+def test_a_host_not_allowed_is_refused_before_anything_else(
+    http: httpx.Client, method: str, path: str
+) -> None:
+    # What a DNS-rebinding page sends: its own name, resolved to our loopback address.
+    refused = http.request(
+        method.upper(), path, content=b"{nonsense", headers={"Host": "evil.example:8642"}
+    )
+    assert refused.status_code == 421, refused.text
+    body = refused.json()
+    assert set(body) == {"reason", "field"} and "evil.example" in body["reason"]
+
+
+def test_the_bind_address_and_localhost_are_allowed_hosts(http: httpx.Client) -> None:
+    port = http.base_url.port
+    for host in (
+        "127.0.0.1",
+        f"127.0.0.1:{port}",
+        "localhost",
+        f"localhost:{port}",
+        f"[::1]:{port}",
+    ):
+        answered = http.get("/api/dead-letters", headers={"Host": host, **READ})
+        assert answered.status_code == 200, (host, answered.text)
+
+
+def test_health_info_and_metrics_are_open_and_carry_no_payload_or_token(
+    parts: Parts, http: httpx.Client
+) -> None:
+    payloads = [
+        entry.value
+        for item in parts.service.list_dead_letters().items
+        for entry in parts.store.get(item.id).entries  # type: ignore[union-attr]
+    ]
+    assert payloads
+    for path in ("/api/health", "/api/info", "/metrics"):
+        answered = http.get(path)
+        assert answered.status_code in (200, 503), (path, answered.text)
+        for secret in (TOKEN, READ_TOKEN):
+            assert secret.encode() not in answered.content, path
+        for value in payloads:
+            assert value not in answered.content, path
+
+
+def test_with_no_read_token_reads_need_the_write_token() -> None:
+    p = Parts(make_settings(operator_token=TOKEN))
+    with _client(p) as client:
+        refused = client.get("/api/dead-letters", headers=READ)
+        assert refused.status_code == 401
+        assert client.get("/api/dead-letters", headers=WRITE).status_code == 200
+    bare = Parts(make_settings())
+    with _client(bare) as client:
+        refused = client.get("/api/dead-letters", headers=READ)
+        assert refused.status_code == 403
+        assert "RHUMBATRON_OPERATOR_READ_TOKEN" in refused.json()["reason"]
 
 
 # -- Kafka and Redis out of reach -------------------------------------------------------------------
