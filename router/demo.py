@@ -320,7 +320,7 @@ def serve_operator_page(settings: Settings) -> None:
     token = (
         settings.operator_token.get_secret_value()
         if settings.operator_token
-        else secrets.token_urlsafe(16)
+        else secrets.token_urlsafe(32)
     )
     token_file.write_text(token + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}

@@ -40,6 +40,8 @@ from streams.errors import ConfigurationError
 from streams.topology import QUEUE_PURPOSES, Topology, check_env
 
 DAY_MS = 86_400_000
+# The shortest operator token accepted: 32 characters of token_urlsafe are 192 bits.
+OPERATOR_TOKEN_MIN_CHARS = 32
 
 
 def _reveal(value: Any) -> Any:
@@ -415,7 +417,20 @@ class Settings(BaseSettings):
     # -- operator surface --------------------------------------------------------------------
     operator_host: str = Field("127.0.0.1", min_length=1)
     operator_port: int = Field(8642, ge=0, le=65535, description="0: any free port")
-    operator_token: SecretStr | None = None
+    operator_token: SecretStr | None = Field(
+        None, description="bearer token of every change (and of every read); unset: none allowed"
+    )
+    operator_read_token: SecretStr | None = Field(
+        None,
+        description="bearer token of the reads that return payloads (dead letters, failures, "
+        "outboxes, lag, views); the operator token reads too. Unset: only the operator token reads",
+    )
+    operator_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header names the operator server answers (any port), against DNS "
+        "rebinding, as JSON: '[\"ops.internal\"]'. Empty: operator_host, localhost, 127.0.0.1, "
+        "[::1]",
+    )
     # -- operator surface (issue 6) --
     operator_outboxes: list[str] = Field(
         default_factory=list,
@@ -455,6 +470,18 @@ class Settings(BaseSettings):
     @classmethod
     def _env_name(cls, value: str) -> str:
         return check_env(value)
+
+    @field_validator("operator_token", "operator_read_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        # Empty is the same as unset; anything shorter than this is guessable over HTTP.
+        length = 0 if value is None else len(value.get_secret_value())
+        if 0 < length < OPERATOR_TOKEN_MIN_CHARS:
+            raise ValueError(
+                f"a token must be at least {OPERATOR_TOKEN_MIN_CHARS} characters, got {length}; "
+                "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("maintenance_at_utc")
     @classmethod

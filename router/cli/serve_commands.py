@@ -21,8 +21,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     service = OperatorService(settings)
     print(
         f"operator page at {address_of(sock)} (API under /api, OpenAPI at /openapi.json); "
-        f"environment {settings.env!r}"
-        + ("" if service.info().mutations_enabled else "; read-only: no operator token set"),
+        f"environment {settings.env!r}" + _access_note(settings),
         flush=True,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
@@ -35,6 +34,18 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         service.close()
         sock.close()
     return 0
+
+
+def _access_note(settings: Settings) -> str:
+    if settings.operator_token:
+        return ""
+    if settings.operator_read_token:
+        return "; read-only: no operator token set"
+    return (
+        "; no operator or read token set: every read of dead letters, failures, outboxes, lag "
+        "and views, and every change, is refused (set RHUMBATRON_OPERATOR_READ_TOKEN or "
+        "RHUMBATRON_OPERATOR_TOKEN)"
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

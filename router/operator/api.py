@@ -1,9 +1,14 @@
 """The operator HTTP API and web page over :class:`router.operator.service.OperatorService`.
 
-- Reads are open to whoever can reach the address (127.0.0.1 by default).
-- Every call that changes state (retry, dismiss) needs ``Authorization: Bearer <operator_token>``
-  (``RHUMBATRON_OPERATOR_TOKEN``): 401 without it or with another token; with no token configured
-  at all the server refuses every change (403) rather than allow it.
+- First the ``Host`` header: a name not in ``operator_allowed_hosts`` (default: operator_host,
+  localhost, 127.0.0.1, [::1]; any port) is refused with 421, against DNS rebinding.
+- Then the token, before anything of the request is parsed: every read under ``/api`` but
+  ``/api/info`` and ``/api/health`` needs ``Authorization: Bearer <operator_read_token>`` or the
+  operator token; every change (retry, dismiss) needs ``Authorization: Bearer <operator_token>``
+  (``RHUMBATRON_OPERATOR_TOKEN``). 401 without a token or with another one; 403 with the read
+  token on a change, or when no token that could allow the call is configured.
+- ``/``, ``/openapi.json``, ``/api/info``, ``/api/health`` and ``/metrics`` carry no payload and
+  no secret, and stay open.
 - Every error is JSON ``{"reason": …, "field": …}``: 404 names the unknown id, 409 says why a
   letter cannot take the action, 422 names the refused field, 502 names the server that refused
   a request (a Redis error answer), 503 names what is unreachable.
@@ -14,14 +19,16 @@
 # time, and some name limits taken from settings inside create_app.
 import hmac
 import re
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import redis
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from consumers.redis_conn import address_of
@@ -43,6 +50,7 @@ from router.operator.models import (
     action_requests,
 )
 from router.operator.service import OperatorService
+from router.settings import Settings
 from streams.errors import (
     BadInput,
     OperatorError,
@@ -70,6 +78,9 @@ def _error(status: int, reason: str, field: str | None = None) -> JSONResponse:
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "no bearer token, or not the read or operator token"},
+    403: {"model": ErrorBody, "description": "no read or operator token is configured"},
+    421: {"model": ErrorBody, "description": "the Host header is not an allowed host"},
     404: {"model": ErrorBody, "description": "no such dead letter or project view"},
     422: {"model": ErrorBody, "description": "a refused argument (names the field)"},
     502: {"model": ErrorBody, "description": "Kafka or Redis answered with an error"},
@@ -78,7 +89,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_ERRORS,
     401: {"model": ErrorBody, "description": "no bearer token, or not the operator token"},
-    403: {"model": ErrorBody, "description": "no operator token is configured: changes refused"},
+    403: {"model": ErrorBody, "description": "the read token, or no operator token configured"},
     409: {"model": ErrorBody, "description": "the dead letter is not open, or cannot be retried"},
 }
 
@@ -89,28 +100,87 @@ ProjectId = Annotated[
 QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
 
 
-_bearer = HTTPBearer(auto_error=False, description="the operator token")
+_bearer = HTTPBearer(auto_error=False, description="the read token, or the operator token")
+# Open: no payload and no secret in their answers (the page itself asks for the token).
+OPEN_PATHS = frozenset({"/", "/openapi.json", "/api/info", "/api/health", "/metrics"})
+READS = frozenset({"GET", "HEAD"})
 
 
-def _operator_token(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    token = request.app.state.service.settings.operator_token
-    expected = token.get_secret_value() if token is not None else ""
-    if not expected:
-        raise Refused(
+def allowed_hosts(settings: Settings) -> frozenset[str]:
+    """The ``Host`` names the server answers, lowercased, without port or brackets."""
+    named = settings.operator_allowed_hosts or [
+        settings.operator_host,
+        "localhost",
+        "127.0.0.1",
+        "[::1]",
+    ]
+    return frozenset(_host_name(name) for name in named)
+
+
+def _host_name(host: str) -> str:
+    # urlsplit knows "name:port" and "[v6]:port"; a bare v6 address ("::1") has no port to drop.
+    if host.count(":") > 1 and not host.startswith("["):
+        return host.lower()
+    try:
+        return (urlsplit("//" + host).hostname or "").lower()
+    except ValueError:  # not a host at all ("[nonsense", a bad port)
+        return ""
+
+
+def _secret(token: Any) -> str:
+    return str(token.get_secret_value()) if token is not None else ""
+
+
+def _same(sent: str, expected: str) -> bool:
+    return bool(expected) and hmac.compare_digest(sent.encode(), expected.encode())
+
+
+def _refusal(request: Request, settings: Settings, hosts: frozenset[str]) -> JSONResponse | None:
+    """Why the request is refused before it reaches its route (nothing of it parsed yet), or
+    None. A route's own dependencies run after FastAPI has read the body: too late for this."""
+    host = request.headers.get("host", "")
+    if _host_name(host) not in hosts:
+        return _error(
+            421,
+            f"this server does not answer for Host {host[:200]!r} (allowed: "
+            f"{', '.join(sorted(hosts))}); add the name to RHUMBATRON_OPERATOR_ALLOWED_HOSTS",
+        )
+    path = request.url.path
+    if path in OPEN_PATHS or not path.startswith("/api/"):
+        return None
+    scheme, _, sent = request.headers.get("authorization", "").partition(" ")
+    sent = sent.strip() if scheme.lower() == "bearer" else ""
+    write, read = _secret(settings.operator_token), _secret(settings.operator_read_token)
+    if request.method in READS:
+        if not write and not read:
+            return _error(
+                403,
+                "no read token is configured on this server, so every read of dead letters, "
+                "failures, outboxes, lag and views is refused: set "
+                "RHUMBATRON_OPERATOR_READ_TOKEN (or RHUMBATRON_OPERATOR_TOKEN) and restart",
+            )
+        if not sent:
+            return _error(
+                401, "this call reads payloads: send 'Authorization: Bearer <read token>'"
+            )
+        if not (_same(sent, read) or _same(sent, write)):
+            return _error(401, "the bearer token is not this server's read or operator token")
+        return None
+    if not write:
+        return _error(
             403,
             "no operator token is configured on this server, so every retry and dismiss is "
             "refused: set RHUMBATRON_OPERATOR_TOKEN and restart rhumbatron serve",
         )
-    if credentials is None:
-        raise Refused(
-            401,
-            "this call changes state: send the header 'Authorization: Bearer <operator token>'",
+    if not sent:
+        return _error(
+            401, "this call changes state: send the header 'Authorization: Bearer <operator token>'"
         )
-    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise Refused(401, "the bearer token is not this server's operator token")
+    if _same(sent, write):
+        return None
+    if _same(sent, read):
+        return _error(403, "the read token only reads: a retry or dismiss needs the operator token")
+    return _error(401, "the bearer token is not this server's operator token")
 
 
 def _who_and_reason(body: Any) -> tuple[str, str | None]:
@@ -136,7 +206,16 @@ def create_app(service: OperatorService) -> FastAPI:
     html = page_html()
     RetryBody, DismissBody = action_requests(settings.operator_text_max_chars)
 
-    Authorized = Depends(_operator_token)
+    # The check is the middleware; the dependency marks the routes secured in the document.
+    Authorized = Depends(_bearer)
+    hosts = allowed_hosts(settings)
+
+    @app.middleware("http")
+    async def _access(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        refused = _refusal(request, settings, hosts)
+        return refused if refused is not None else await call_next(request)
 
     # -- errors: always JSON with a reason ------------------------------------------------------
     @app.exception_handler(OperatorError)
@@ -220,7 +299,9 @@ def create_app(service: OperatorService) -> FastAPI:
             return JSONResponse(found.model_dump(), status_code=503)
         return found
 
-    @app.get("/api/dead-letters", tags=["dead letters"], responses=_ERRORS)
+    @app.get(
+        "/api/dead-letters", tags=["dead letters"], responses=_ERRORS, dependencies=[Authorized]
+    )
     def list_dead_letters(
         status: LetterStatusParam | None = None,
         kind: LetterKindParam | None = None,
@@ -238,24 +319,29 @@ def create_app(service: OperatorService) -> FastAPI:
             status=status, kind=kind, subscription=subscription, queue=queue, limit=limit
         )
 
-    @app.get("/api/dead-letters/{letter_id}", tags=["dead letters"], responses=_ERRORS)
+    @app.get(
+        "/api/dead-letters/{letter_id}",
+        tags=["dead letters"],
+        responses=_ERRORS,
+        dependencies=[Authorized],
+    )
     def show_dead_letter(letter_id: LetterId) -> DeadLetterDetail:
         """One letter with its original bytes (decoded as JSON when they are JSON), its headers
         and its audit trail."""
         return service.dead_letter(letter_id)
 
-    @app.get("/api/failures", tags=["dead letters"], responses=_ERRORS)
+    @app.get("/api/failures", tags=["dead letters"], responses=_ERRORS, dependencies=[Authorized])
     def recent_failures() -> RecentFailures:
         """The newest dead letters (any status) and the outboxes' failed rows."""
         return service.recent_failures()
 
-    @app.get("/api/outboxes", tags=["outboxes"], responses=_ERRORS)
+    @app.get("/api/outboxes", tags=["outboxes"], responses=_ERRORS, dependencies=[Authorized])
     def outboxes() -> list[OutboxReport]:
         """Rows by state, the oldest unpublished row's age, failed rows and held projects, for
         each configured outbox (operator_outboxes; default: the router's)."""
         return service.outboxes()
 
-    @app.get("/api/held-projects", tags=["outboxes"], responses=_ERRORS)
+    @app.get("/api/held-projects", tags=["outboxes"], responses=_ERRORS, dependencies=[Authorized])
     def held_projects() -> list[HeldProjectBody]:
         """Projects whose next row failed to publish, in every configured outbox."""
         return service.held_projects()
@@ -267,17 +353,27 @@ def create_app(service: OperatorService) -> FastAPI:
 
         return PlainTextResponse(render(service), media_type="text/plain; version=0.0.4")
 
-    @app.get("/api/lag", tags=["consumers"], responses=_ERRORS)
+    @app.get("/api/lag", tags=["consumers"], responses=_ERRORS, dependencies=[Authorized])
     def lag() -> LagReport:
         """Consumer lag per subscription (consumer group) and partition."""
         return service.lag()
 
-    @app.get("/api/projects/{project_id}/view", tags=["projects"], responses=_ERRORS)
+    @app.get(
+        "/api/projects/{project_id}/view",
+        tags=["projects"],
+        responses=_ERRORS,
+        dependencies=[Authorized],
+    )
     def project_view(project_id: ProjectId) -> dict[str, Any]:
         """The project's view kept by project-view-projector."""
         return service.project_view(project_id)
 
-    @app.get("/api/projects/{project_id}/feed", tags=["projects"], responses=_ERRORS)
+    @app.get(
+        "/api/projects/{project_id}/feed",
+        tags=["projects"],
+        responses=_ERRORS,
+        dependencies=[Authorized],
+    )
     def project_feed(project_id: ProjectId) -> list[dict[str, Any]]:
         """The project's recent events, newest applied first."""
         return service.project_feed(project_id)

@@ -28,8 +28,11 @@ def _serve(s: Settings, *args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
+TOKEN = "serve-test-token-0123456789abcdef"
+
+
 def test_serve_prints_its_address_answers_there_and_stops_on_sigterm(settings: Settings) -> None:
-    proc = _serve(settings, "--port", "0", RHUMBATRON_OPERATOR_TOKEN="t0ken")
+    proc = _serve(settings, "--port", "0", RHUMBATRON_OPERATOR_TOKEN=TOKEN)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once the socket is bound
@@ -42,6 +45,9 @@ def test_serve_prints_its_address_answers_there_and_stops_on_sigterm(settings: S
         assert page.status_code == 200 and "Rhumbatron operator" in page.text
         refused = httpx.post(url + "api/dead-letters/dl_x/retry", json={"who": "a"}, timeout=30)
         assert refused.status_code == 401
+        assert httpx.get(url + "api/dead-letters", timeout=30).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.get(url + "api/dead-letters", headers=auth, timeout=30).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
