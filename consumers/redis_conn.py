@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 
@@ -26,21 +27,72 @@ def address_of(url: str) -> str:
     return f"{parts.hostname or '?'}:{parts.port or 6379}"
 
 
-def connect(url: str, *, timeout: float) -> redis.Redis[bytes]:
-    """A client whose every call is bounded by ``timeout``; pinged once so a dead server is
-    reported here, naming the address, instead of on first use."""
-    client = redis.Redis.from_url(
-        url,
+def connect(
+    url: str,
+    *,
+    timeout: float,
+    username: str | None = None,
+    password: str | None = None,
+    ssl_ca_file: str | None = None,
+    ssl_cert_file: str | None = None,
+    ssl_key_file: str | None = None,
+) -> redis.Redis[bytes]:
+    """A client whose every call is bounded by ``timeout``; pinged once so a dead server, or a
+    refused login, is reported here, naming the address, instead of on first use.
+
+    The credentials may be in ``url`` (``redis://user:password@host``) or given apart; one given
+    apart wins over the URL's. The ``ssl_*`` files apply to a ``rediss://`` URL: the CA bundle the
+    server's certificate is checked against, and a client certificate and its key for a server
+    that asks for one (``tls-auth-clients``)."""
+    url_username, url_password, bare_url = _split_credentials(url)
+    options: dict[str, Any] = {}
+    if ssl_ca_file is not None:
+        options["ssl_ca_certs"] = ssl_ca_file
+    if ssl_cert_file is not None:
+        options["ssl_certfile"] = ssl_cert_file
+    if ssl_key_file is not None:
+        options["ssl_keyfile"] = ssl_key_file
+    client: redis.Redis[bytes] = redis.Redis.from_url(
+        bare_url,
+        username=username if username is not None else url_username,
+        password=password if password is not None else url_password,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
         health_check_interval=HEALTH_CHECK_INTERVAL_S,
         retry_on_timeout=False,
+        **options,
     )
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise Unreachable("Redis", address_of(url), f"{type(exc).__name__}: {exc}") from exc
+        client.close()
+        raise Unreachable(
+            "Redis", address_of(url), f"{type(exc).__name__}: {exc}{_login_hint(exc)}"
+        ) from exc
     return client
+
+
+def _split_credentials(url: str) -> tuple[str | None, str | None, str]:
+    """The user and password a URL carries, and the URL without them: redis-py lets a URL's
+    credentials win over its keyword arguments, and ours must lose to the separate settings."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return None, None, url
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return username, password, bare
+
+
+def _login_hint(exc: redis.RedisError) -> str:
+    # redis-py's own words never carry the password; ours say which settings give the login.
+    if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc):
+        return (
+            "; the server refused the login: check the user and password "
+            "(RHUMBATRON_REDIS_USERNAME, RHUMBATRON_REDIS_PASSWORD, or user:password@ in "
+            "RHUMBATRON_REDIS_URL)"
+        )
+    return ""
 
 
 def client_address(client: redis.Redis[bytes]) -> str:

@@ -32,11 +32,11 @@ import orjson
 from confluent_kafka import Message
 
 from consumers.kafka_consumer import drain
-from consumers.redis_conn import connect
 from consumers.subscriptions.projector.view import count_views
 from router.settings import QueuePolicy, Settings
 from router.wiring.causal import router_outbox_path
 from router.wiring.outbox import build_publisher, open_outbox
+from router.wiring.subscription import redis_client
 from streams.admin import admin_client, provision
 from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import EnvelopeError
@@ -79,7 +79,7 @@ def run_demo(settings: Settings, *, projects: int, events: int, serve: bool = Tr
     settings = demo_settings(settings)
     base = settings.kafka_config()
     topology = settings.topology
-    connect(settings.redis_url, timeout=settings.connect_timeout_s).close()
+    redis_client(settings).close()
     report = provision(
         admin_client(base),
         base,
@@ -291,7 +291,7 @@ def print_figures(settings: Settings) -> None:
     from router.wiring.subscription import dead_letters
     from router.wiring.workers import worker_figures
 
-    client = connect(settings.redis_url, timeout=settings.connect_timeout_s)
+    client = redis_client(settings)
     letters = dead_letters(settings, client).list()
     figures: dict[str, Any] = {
         "project views built": count_views(client, settings.env),

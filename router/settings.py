@@ -38,6 +38,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from streams.errors import ConfigurationError
 from streams.topology import QUEUE_PURPOSES, Topology, check_env
+from streams.urls import masked
 
 DAY_MS = 86_400_000
 # The shortest operator token accepted: 32 characters of token_urlsafe are 192 bits.
@@ -59,6 +60,7 @@ def _reveal(value: Any) -> Any:
 _BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
 _TIME_OF_DAY = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+_URL_FIELDS = ("redis_url", "classifier_url")  # URLs that may carry a password
 
 
 class QueuePolicy(BaseModel):
@@ -109,7 +111,26 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port ...]")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        description="redis://host[:port]/db, rediss://... or unix://path",
+        description="redis://[user:password@]host[:port]/db, rediss://... (TLS) or unix://path; "
+        "a secret when it holds a password: shown masked (user:****@host) everywhere",
+    )
+    redis_username: str | None = Field(
+        None, description="the ACL user Redis logs in as; wins over a user in redis_url"
+    )
+    redis_password: SecretStr | None = Field(
+        None, description="the password Redis logs in with; wins over one in redis_url"
+    )
+    redis_ssl_ca_file: str | None = Field(
+        None,
+        description="rediss:// only: the CA bundle (PEM) the server's certificate is checked "
+        "against; unset: the system's CAs",
+    )
+    redis_ssl_cert_file: str | None = Field(
+        None,
+        description="rediss:// only: a client certificate (PEM), for a server that asks for one",
+    )
+    redis_ssl_key_file: str | None = Field(
+        None, description="rediss:// only: the client certificate's key (PEM), when it is apart"
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="bound on reaching Kafka or Redis")
     flush_timeout_s: float = Field(
@@ -520,6 +541,32 @@ class Settings(BaseSettings):
             raise ValueError(f"expected a host: {url.scheme}://host[:port]/db")
         return value
 
+    @field_validator("redis_ssl_ca_file", "redis_ssl_cert_file", "redis_ssl_key_file")
+    @classmethod
+    def _existing_file(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"no such file: {value!r}; give the path of a PEM file, or unset it")
+        return value
+
+    @model_validator(mode="after")
+    def _redis_tls(self) -> Settings:
+        given = [
+            f"RHUMBATRON_{name.upper()}"
+            for name in ("redis_ssl_ca_file", "redis_ssl_cert_file", "redis_ssl_key_file")
+            if getattr(self, name) is not None
+        ]
+        if given and urlsplit(self.redis_url).scheme != "rediss":
+            raise ValueError(
+                f"{', '.join(given)} apply to TLS only, but RHUMBATRON_REDIS_URL="
+                f"{masked(self.redis_url)} is not rediss://; use rediss://, or unset them"
+            )
+        if self.redis_ssl_key_file is not None and self.redis_ssl_cert_file is None:
+            raise ValueError(
+                "RHUMBATRON_REDIS_SSL_KEY_FILE is set without RHUMBATRON_REDIS_SSL_CERT_FILE: "
+                "a key is only used with its certificate"
+            )
+        return self
+
     @field_validator("queues", mode="before")
     @classmethod
     def _merge_queues(cls, value: Any) -> Any:
@@ -564,6 +611,15 @@ class Settings(BaseSettings):
                     f"RHUMBATRON_{high.upper()}={getattr(self, high)} ({why})"
                 )
         return self
+
+    def __repr_args__(self) -> Any:
+        # The URLs may carry a password; repr and str (and so every log line and error that
+        # formats the settings) show them masked. as_environment still gives them in clear.
+        for name, value in super().__repr_args__():
+            if name in _URL_FIELDS and isinstance(value, str):
+                yield name, masked(value)
+            else:
+                yield name, value
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -670,7 +726,9 @@ def _refusal(error: ErrorDetails) -> str:
 
 def _shown(field: FieldInfo | None, value: Any) -> str:
     secret = field is not None and "Secret" in str(field.annotation)
-    return "(a secret, not shown)" if secret else repr(value)
+    if secret:
+        return "(a secret, not shown)"
+    return repr(masked(value)) if isinstance(value, str) else repr(value)  # a URL's password
 
 
 def _variable(name: str, field: FieldInfo | None) -> str:

@@ -7,7 +7,7 @@ import argparse
 import secrets
 import time
 
-from consumers.redis_conn import address_of, connect
+from consumers.redis_conn import address_of
 from router.cli.common import non_negative_int, positive_int, print_json
 from router.operator.service import OperatorService
 from router.settings import Settings
@@ -98,7 +98,9 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
     timeout = settings.connect_timeout_s
     described = describe_topology(admin, base, settings.topology, timeout)
     topics = [t["name"] for group in described.values() for t in group]
-    connect(settings.redis_url, timeout=timeout).close()
+    from router.wiring.subscription import redis_client
+
+    redis_client(settings, timeout=timeout).close()
     groups = {
         g.group: {
             "total_lag": g.total_lag,

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 from pydantic import TypeAdapter, ValidationError
 
 from consumers.lag import group_lag, list_groups
-from consumers.redis_conn import address_of, connect
+from consumers.redis_conn import address_of
 from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKind, LetterStatus
 from consumers.runtime.types import TP
@@ -368,7 +368,9 @@ class OperatorService:
             kafka = Probe(ok=False, address=bootstrap_of(base), detail=str(exc))
         where = address_of(settings.redis_url)
         try:
-            probe = connect(settings.redis_url, timeout=timeout)  # pings
+            from router.wiring.subscription import redis_client
+
+            probe = redis_client(settings, timeout=timeout)  # pings
             probe.close()
             store = Probe(ok=True, address=where, detail="answered PING")
         except Unreachable as exc:

@@ -65,8 +65,19 @@ def policy(settings: Settings, slug: str) -> RuntimePolicy:
     )
 
 
-def redis_client(settings: Settings) -> redis.Redis[bytes]:
-    return connect(settings.redis_url, timeout=settings.connect_timeout_s)
+def redis_client(settings: Settings, *, timeout: float | None = None) -> redis.Redis[bytes]:
+    """The one client the settings describe: their URL, login and TLS files; every call bounded
+    by ``timeout`` (default: ``connect_timeout_s``)."""
+    password = settings.redis_password
+    return connect(
+        settings.redis_url,
+        timeout=settings.connect_timeout_s if timeout is None else timeout,
+        username=settings.redis_username,
+        password=None if password is None else password.get_secret_value(),
+        ssl_ca_file=settings.redis_ssl_ca_file,
+        ssl_cert_file=settings.redis_ssl_cert_file,
+        ssl_key_file=settings.redis_ssl_key_file,
+    )
 
 
 def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Clock) -> RedisStore:
