@@ -484,10 +484,22 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         if revision == 0:
             return applied, claimed, stale
         claimed |= set(ids) & set(progress.rerun_duplicates)
+        # An event with a copy still to judge in the re-run range is judged there, at this
+        # revision: a later copy of it is not stale even if an earlier revision claimed it (a
+        # skip's dead claim, re-admitted by the reprocess). A batch starts at the first offset
+        # not yet handled, so that copy is in this batch whenever a later one is.
+        rerun = {
+            e.event_id
+            for r, e in candidates
+            if e.event_id not in claimed
+            and not self._is_redelivery(r)
+            and r.offset <= progress.rerun_through
+        }
         later = {
             r.offset: e.event_id
             for r, e in candidates
             if e.event_id not in claimed
+            and e.event_id not in rerun
             and not self._is_redelivery(r)
             and r.offset > progress.rerun_through
         }

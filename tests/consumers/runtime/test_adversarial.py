@@ -436,11 +436,10 @@ def test_operator_moves_between_failures_never_double_never_lose_and_folds_agree
     _check_moves(plan)
 
 
-# A known hole the soak found (open): a skip_through over a copy of an event, then a
-# reprocess_from over the skipped offset, applies the event twice in the live fold — once from
-# a later copy while the re-run copy is held back by its failures, and again from the re-run copy
-# — so the live fold has beta 1 twice where a rebuild has it once. Pinned here, failing, until the
-# runtime's duplicate judgement across a skip and a reprocess is fixed.
+# Found by the soak: a skip_through over a copy of an event, then a reprocess_from over the
+# skipped offset. A later copy was judged stale (the skip's dead claim, at the earlier revision)
+# and recorded as handled beyond the held re-run copy, so a re_reduce folded it, and the re-run
+# copy was folded again when its failures ran out: beta 1 twice in the live fold.
 SKIPPED_THEN_REPROCESSED = Plan(
     order=[("beta", 1)] * 5 + [("alpha", 1), ("alpha", 2)],
     poison_at=[],
@@ -449,9 +448,6 @@ SKIPPED_THEN_REPROCESSED = Plan(
 )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open: a reprocess over a skipped copy applies the event twice"
-)
 def test_a_reprocess_over_a_skipped_copy_folds_the_event_once() -> None:
     @settings(max_examples=1, database=None, deadline=None)
     @given(st.just(SKIPPED_THEN_REPROCESSED))
@@ -461,11 +457,6 @@ def test_a_reprocess_over_a_skipped_copy_folds_the_event_once() -> None:
     run()
 
 
-# Until that hole is fixed the soak can find it (about one fresh run in two at 5,000 examples),
-# so a failure here is expected, not a pass; the pinned case above must fail until the fix.
-@pytest.mark.xfail(
-    strict=False, reason="open: a reprocess over a skipped copy applies the event twice"
-)
 @pytest.mark.slow
 @SOAK
 @given(plans(moves=True))
