@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -114,10 +113,3 @@ def send(s: Settings, cmds: list[Command], purpose: str = QUEUE) -> None:
     for c in cmds:
         producer.produce_command(queue_name(purpose, s.env), c, max_bytes=s.max_envelope_bytes)
     producer.flush(30)
-
-
-def wait_for(condition: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.2)

@@ -31,7 +31,6 @@ from tests.support.workers import (
     settings_factory,
     short_queues,
     start_worker,
-    wait_for,
 )
 
 
@@ -99,7 +98,11 @@ def test_a_retry_waiting_while_its_worker_leaves_is_run_by_the_next_exactly_as_c
     second = None
     try:
         send(s, [waiting])
-        wait_for(lambda: read_drill(client, s.env, QUEUE)["runs"].get(waiting.command_id) == 1)
+        wait_until(
+            lambda: read_drill(client, s.env, QUEUE)["runs"].get(waiting.command_id) == 1,
+            60,
+            "the waiting command ran once",
+        )
         # The retry now waits (8 s) in the first worker, its partition paused. A second worker
         # joins (a rebalance), then the first leaves while the retry is still not due. Until the
         # first has left, the second may own nothing: its idle limit must outlast that.
@@ -116,7 +119,11 @@ def test_a_retry_waiting_while_its_worker_leaves_is_run_by_the_next_exactly_as_c
         )
         first.terminate()
         first_stats = finish(first)
-        wait_for(lambda: read_drill(client, s.env, QUEUE)["ok"].get(waiting.command_id) == 2)
+        wait_until(
+            lambda: read_drill(client, s.env, QUEUE)["ok"].get(waiting.command_id) == 2,
+            60,
+            "the waiting command succeeded on its retry",
+        )
         later = commands(10, "l")
         send(s, later)  # nothing was left paused: new work on every partition flows
         stats = finish(second)
