@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from router.cli import (
     analytics_commands,
     archive_commands,
+    dead_letter_commands,
     outbox_commands,
     serve_commands,
     stream_commands,
@@ -36,6 +37,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     stream_commands.register,
     archive_commands.register,
     subscription_commands.register,
+    dead_letter_commands.register,
     outbox_commands.register,
     view_commands.register,
     analytics_commands.register,
