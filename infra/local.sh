@@ -13,6 +13,15 @@
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
 # RHUMBATRON_REDIS_PORT=6479 infra/local.sh up. The jars are shared.
+#
+# The single broker also has a secured listener, SASL_SSL on KAFKA_PORT+1000 (10092 by default),
+# for testing Rhumbatron against a Kafka that wants TLS and a login (docs/kafka-security.md):
+# SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN, a self-signed CA and broker certificate made with
+# openssl at first start, users rh-admin (a super user) and rh-app, passwords generated once. All
+# of it is kept in $STATE/kafka/secured/ (0700), beside client.env (RHUMBATRON_KAFKA_* variables
+# to source) and client.properties (for Kafka's Java tools, --command-config). The StandardAuthorizer
+# is on; the PLAINTEXT and controller listeners log in as User:ANONYMOUS, a super user, so
+# nothing that uses them changes.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +34,10 @@ KAFKA_START_TIMEOUT="${RHUMBATRON_KAFKA_START_TIMEOUT:-90}"
 KAFKA_STOP_TIMEOUT="${RHUMBATRON_KAFKA_STOP_TIMEOUT:-30}"
 REDIS_PORT="${RHUMBATRON_REDIS_PORT:-6379}"
 CLUSTER_SIZE=3
+SECURED="$STATE/kafka/secured"
+SECURED_PORT=$((KAFKA_PORT + 1000))
+SECURED_USERS="rh-admin rh-app"
+SECURED_ADMIN=rh-admin
 
 say() { printf '[local] %s\n' "$*"; }
 fail() { printf '[local] FAILED: %s\n' "$*" >&2; exit 1; }
@@ -70,14 +83,25 @@ write_properties() {
   local node="$1" dir port id
   dir="$(node_dir "$node")"; port="$(node_port "$node")"; id="$(node_id "$node")"
   mkdir -p "$dir/data" "$dir/logs"
+  # The single broker's file holds the secured listener's passwords: readable by its owner only.
+  rm -f "$dir/server.properties"
+  (umask 077 && : >"$dir/server.properties")
   {
     echo "process.roles=broker,controller"
     echo "node.id=$id"
-    echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 10000))"
-    echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
+    if [ "$node" = single ]; then
+      echo "listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT,CONTROLLER://127.0.0.1:$((port + 10000))"
+      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT"
+      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+      secured_properties
+    else
+      # The cluster stays PLAINTEXT only: the secured listener is the single broker's.
+      echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 10000))"
+      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
+      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    fi
     echo "controller.listener.names=CONTROLLER"
     echo "inter.broker.listener.name=PLAINTEXT"
-    echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     echo "log.dirs=$dir/data"
     echo "num.network.threads=2"
     echo "num.io.threads=4"
@@ -110,7 +134,148 @@ write_properties() {
       echo "share.coordinator.state.topic.replication.factor=3"
       echo "share.coordinator.state.topic.min.isr=2"
     fi
-  } >"$dir/server.properties"
+  } >>"$dir/server.properties"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The single broker's secured listener. Its material is made once and kept, so a restart keeps
+# the same CA, certificate and passwords (delete $SECURED to start over).
+secret() { cat "$SECURED/$1"; }
+
+secured_material() {
+  (umask 077 && mkdir -p "$SECURED")
+  chmod 700 "$SECURED"
+  local name made=0
+  for name in keystore $SECURED_USERS; do
+    if [ ! -s "$SECURED/$name.password" ]; then
+      (umask 077 && openssl rand -hex 24 >"$SECURED/$name.password") \
+        || fail "openssl could not generate a password in $SECURED"
+      made=1
+    fi
+  done
+  if [ ! -s "$SECURED/ca.pem" ] || [ ! -s "$SECURED/ca.key" ]; then
+    rm -f "$SECURED/broker.p12"
+    (umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout "$SECURED/ca.key" -out "$SECURED/ca.pem" -days 3650 -subj "/CN=Rhumbatron local CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      >"$SECURED/openssl.log" 2>&1) || fail "openssl could not make the local CA; see $SECURED/openssl.log"
+    made=1
+  fi
+  if [ ! -s "$SECURED/broker.p12" ]; then
+    # SAN 127.0.0.1 and localhost: a client checking the broker's name (endpoint identification,
+    # librdkafka's default) accepts it under either.
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" "basicConstraints=CA:FALSE" \
+      "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" \
+      >"$SECURED/broker.ext"
+    if ! (umask 077 &&
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$SECURED/broker.key" \
+        -out "$SECURED/broker.csr" -subj "/CN=localhost" &&
+      openssl x509 -req -in "$SECURED/broker.csr" -CA "$SECURED/ca.pem" -CAkey "$SECURED/ca.key" \
+        -set_serial "0x$(openssl rand -hex 12)" -days 825 -extfile "$SECURED/broker.ext" \
+        -out "$SECURED/broker.pem" &&
+      openssl pkcs12 -export -name broker -in "$SECURED/broker.pem" -inkey "$SECURED/broker.key" \
+        -certfile "$SECURED/ca.pem" -passout "file:$SECURED/keystore.password" \
+        -out "$SECURED/broker.p12") >"$SECURED/openssl.log" 2>&1; then
+      fail "openssl could not make the broker certificate; see $SECURED/openssl.log"
+    fi
+    rm -f "$SECURED/broker.csr" "$SECURED/broker.ext"
+    made=1
+  fi
+  write_client_files
+  if [ "$made" = 1 ]; then say "secured listener material made in $SECURED (CA, broker certificate, passwords)"; fi
+}
+
+# What a client needs to use the secured listener as rh-admin: RHUMBATRON_KAFKA_* variables for
+# Rhumbatron (source it), and a properties file for Kafka's Java tools (--command-config).
+write_client_files() {
+  (umask 077 && {
+    echo "# The local broker's secured listener (infra/local.sh); source this file."
+    echo "RHUMBATRON_KAFKA_BOOTSTRAP=127.0.0.1:$SECURED_PORT"
+    echo "RHUMBATRON_KAFKA_SECURITY_PROTOCOL=SASL_SSL"
+    echo "RHUMBATRON_KAFKA_SASL_MECHANISM=SCRAM-SHA-512"
+    echo "RHUMBATRON_KAFKA_SASL_USERNAME=$SECURED_ADMIN"
+    echo "RHUMBATRON_KAFKA_SASL_PASSWORD=$(secret "$SECURED_ADMIN.password")"
+    echo "RHUMBATRON_KAFKA_SSL_CA_FILE=$SECURED/ca.pem"
+    echo "export RHUMBATRON_KAFKA_BOOTSTRAP RHUMBATRON_KAFKA_SECURITY_PROTOCOL RHUMBATRON_KAFKA_SASL_MECHANISM"
+    echo "export RHUMBATRON_KAFKA_SASL_USERNAME RHUMBATRON_KAFKA_SASL_PASSWORD RHUMBATRON_KAFKA_SSL_CA_FILE"
+  } >"$SECURED/client.env.tmp" && {
+    echo "# The local broker's secured listener (infra/local.sh), for Kafka's tools: --command-config"
+    echo "bootstrap.servers=127.0.0.1:$SECURED_PORT"
+    echo "security.protocol=SASL_SSL"
+    echo "sasl.mechanism=SCRAM-SHA-512"
+    echo "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"$SECURED_ADMIN\" password=\"$(secret "$SECURED_ADMIN.password")\";"
+    echo "ssl.truststore.type=PEM"
+    echo "ssl.truststore.location=$SECURED/ca.pem"
+  } >"$SECURED/client.properties.tmp")
+  mv "$SECURED/client.env.tmp" "$SECURED/client.env"
+  mv "$SECURED/client.properties.tmp" "$SECURED/client.properties"
+}
+
+secured_properties() {
+  local user plain="" l="listener.name.sasl_ssl"
+  for user in $SECURED_USERS; do plain="$plain user_$user=\"$(secret "$user.password")\""; done
+  echo "sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN"
+  echo "$l.sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN"
+  echo "$l.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+  echo "$l.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+  # PLAIN's users are the JAAS config's user_<name> entries (same passwords as for SCRAM).
+  echo "$l.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required$plain;"
+  echo "$l.ssl.keystore.type=PKCS12"
+  echo "$l.ssl.keystore.location=$SECURED/broker.p12"
+  echo "$l.ssl.keystore.password=$(secret keystore.password)"
+  echo "$l.ssl.key.password=$(secret keystore.password)"
+  echo "$l.ssl.client.auth=none"
+  echo "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+  # The PLAINTEXT and controller listeners authenticate nobody: their User:ANONYMOUS stays all-
+  # powerful. rh-admin is the secured listener's super user; rh-app gets ACLs of its own.
+  echo "super.users=User:ANONYMOUS;User:$SECURED_ADMIN"
+}
+
+# The SCRAM users as StorageTool format's --add-scram arguments (a fresh storage gets them in its
+# first metadata records).
+scram_format_args() {
+  local user mechanism
+  for user in $SECURED_USERS; do
+    for mechanism in SCRAM-SHA-512 SCRAM-SHA-256; do
+      printf '%s\n' --add-scram "$mechanism=[name=$user,password=$(secret "$user.password")]"
+    done
+  done
+}
+
+# What the storage's SCRAM users were made for: its directory id (a new format is new storage)
+# and the passwords. Equal to the marker beside the storage: the users are there.
+scram_stamp() {
+  local dir="$1" user
+  {
+    grep '^directory.id=' "$dir/data/meta.properties" 2>/dev/null || true
+    for user in $SECURED_USERS; do echo "$user $(secret "$user.password")"; done
+  } | sha256sum | cut -d' ' -f1
+}
+
+# A storage formatted before the secured listener existed (or material made anew) lacks the
+# users: create them against the running broker, through its PLAINTEXT listener, with Kafka's
+# ConfigCommand (one credential per request, which is all it takes; the four run side by side).
+ensure_scram_users() {
+  local dir user mechanism stamp pids=() failed=0 pid
+  dir="$(node_dir single)"
+  stamp="$(scram_stamp "$dir")"
+  if [ "$(cat "$dir/scram-users.stamp" 2>/dev/null || true)" = "$stamp" ]; then return; fi
+  for user in $SECURED_USERS; do
+    for mechanism in SCRAM-SHA-512 SCRAM-SHA-256; do
+      kafka_java "$dir" org.apache.kafka.tools.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+        --alter --entity-type users --entity-name "$user" \
+        --add-config "$mechanism=[password=$(secret "$user.password")]" \
+        >"$SECURED/scram-users.$user.$mechanism.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  if [ "$failed" = 1 ]; then
+    fail "could not create the SCRAM users with kafka's ConfigCommand; see $SECURED/scram-users.*.log"
+  fi
+  rm -f "$SECURED"/scram-users.*.log
+  echo "$stamp" >"$dir/scram-users.stamp"
+  say "SCRAM users $SECURED_USERS created on the running broker (its storage predates them)"
 }
 
 # Sets KAFKA_JAVA to the java command line for a node (an array, so the classpath glob stays
@@ -151,12 +316,13 @@ format_storage() {
     else echo "$cluster_id" >"$STATE/kafka/cluster.cluster-id"; fi
   fi
   local mode=()
-  if [ "$node" = single ]; then mode=(--standalone); fi
+  if [ "$node" = single ]; then mapfile -t mode < <(echo --standalone; scram_format_args); fi
   say "formatting kafka storage for node $node (cluster $cluster_id)"
   if ! kafka_java "$dir" kafka.tools.StorageTool format "${mode[@]}" -t "$cluster_id" \
       -c "$dir/server.properties" --feature share.version=1 >"$dir/logs/format.log" 2>&1; then
     fail "formatting kafka storage for node $node failed; see $dir/logs/format.log"
   fi
+  if [ "$node" = single ]; then scram_stamp "$dir" >"$dir/scram-users.stamp"; fi
 }
 
 kafka_start() {
@@ -175,9 +341,10 @@ kafka_start() {
   elif alive "$(node_dir single)/kafka.pid"; then
     fail "the single broker is running on the cluster's ports; run: infra/local.sh kafka-stop"
   fi
+  started=$(date +%s%3N)
+  if [ "$node" = single ]; then secured_material; fi
   write_properties "$node"
   format_storage "$node"
-  started=$(date +%s%3N)
   kafka_java_argv "$dir"
   nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$dir/server.properties" >"$dir/logs/stdout.log" 2>&1 &
   echo $! >"$pidfile"
@@ -187,8 +354,12 @@ kafka_start() {
       tail -n 20 "$dir/logs/server.log" "$dir/logs/stdout.log" 2>/dev/null | sed 's/^/    /' >&2 || true
       fail "kafka node $node did not become ready; logs in $dir/logs"
     fi
+    if [ "$node" = single ]; then ensure_scram_users; fi
     local ms=$(($(date +%s%3N) - started))
     say "kafka node $node ready in $((ms / 1000)).$(((ms % 1000) / 100))s"
+    if [ "$node" = single ]; then
+      say "kafka secured listener: SASL_SSL 127.0.0.1:$SECURED_PORT (source $SECURED/client.env)"
+    fi
   fi
 }
 
@@ -292,13 +463,19 @@ status() {
   local node pidfile
   for node in single $(seq 1 "$CLUSTER_SIZE"); do
     pidfile="$(node_dir "$node")/kafka.pid"
-    if alive "$pidfile"; then say "kafka node $node: running (pid $(cat "$pidfile"), 127.0.0.1:$(node_port "$node"))"
+    if alive "$pidfile"; then
+      say "kafka node $node: running (pid $(cat "$pidfile"), 127.0.0.1:$(node_port "$node"))"
+      if [ "$node" = single ]; then
+        say "kafka node single: secured listener SASL_SSL 127.0.0.1:$SECURED_PORT (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; client settings in $SECURED/client.env)"
+      fi
     elif [ "$node" = single ]; then say "kafka node single: stopped"; fi
   done
   if alive "$STATE/redis/redis.pid"; then say "redis: running (pid $(cat "$STATE/redis/redis.pid"), 127.0.0.1:$REDIS_PORT)"
   else say "redis: stopped"; fi
 }
 
+# The cluster is PLAINTEXT only (no secured listener, no authorizer): it is for replication and
+# broker-loss tests; the secured listener is the single broker's.
 cluster_up() {
   if alive "$(node_dir single)/kafka.pid"; then kafka_signal TERM single; fi
   local node

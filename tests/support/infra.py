@@ -51,8 +51,9 @@ class PrivateServices:
 
     def __init__(self, *, kafka: bool = True, redis: bool = True) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
-        # Controllers listen 10000 above each broker port; the cluster uses three ports.
-        self.kafka_port = _pick_port(3, (0, 10000)) if kafka else 0
+        # Controllers listen 10000 above each broker port, the single broker's secured listener
+        # 1000 above it; the cluster uses three ports.
+        self.kafka_port = _pick_port(3, (0, 1000, 10000)) if kafka else 0
         self.redis_port = _pick_port() if redis else 0
         self._want_kafka = kafka
         self._want_redis = redis
@@ -60,6 +61,14 @@ class PrivateServices:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def secured_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port + 1000}"
+
+    @property
+    def secured_dir(self) -> Path:
+        return self.dir / "kafka" / "secured"
 
     @property
     def cluster_bootstrap(self) -> str:
