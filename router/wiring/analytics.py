@@ -33,7 +33,9 @@ def rollup_address(settings: Settings) -> str:
 
 
 def rollup_config(settings: Settings) -> RollupConfig:
-    from consumers.subscriptions.analytics.rollup import RollupConfig
+    """The rollup's configuration; it logs in to Kafka with the login and TLS settings of the
+    librdkafka configuration every other client uses (``rollup_security``)."""
+    from consumers.subscriptions.analytics.rollup import RollupConfig, rollup_security
 
     return RollupConfig(
         app_id=rollup_app_id(settings),
@@ -48,6 +50,7 @@ def rollup_config(settings: Settings) -> RollupConfig:
         port=settings.analytics_rollup_port,
         datadir=str(Path(settings.analytics_rollup_dir) / settings.env),
         session_timeout_s=settings.session_timeout_ms / 1000,
+        security=rollup_security(settings.kafka_config()),
     )
 
 

@@ -22,6 +22,10 @@ offset under ``exactly_once``:
 
 faust's confluent-kafka driver does not work here (it never creates topics, and never polls before
 its first assignment, so it never learns its assignment); the app uses aiokafka (``kafka://``).
+It logs in as every other client does: :func:`rollup_security` reads the login and TLS settings
+out of the librdkafka configuration the settings build, and :func:`broker_credentials` turns them
+into faust's credentials (an ``ssl.SSLContext`` for TLS). OAUTHBEARER is refused: aiokafka needs a
+token provider object for it, which a setting cannot give.
 What the rollup guarantees, as measured against our broker, is in docs/analytics.md.
 """
 
@@ -29,9 +33,11 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -39,11 +45,12 @@ import orjson
 from faust.exceptions import ConsumerNotStarted
 from faust.tables.wrappers import WindowWrapper
 from faust.types import EventT, StreamT
+from faust.types.auth import CredentialsT
 from faust.web import Request, Response, View
 from faust.web.exceptions import ServiceUnavailable
 
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
-from streams.errors import PointError
+from streams.errors import ConfigurationError, PointError
 
 log = logging.getLogger("rhumbatron.analytics.rollup")
 
@@ -96,6 +103,129 @@ def format_epoch(seconds: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RollupSecurity:
+    """How the rollup logs in to Kafka: librdkafka's ``security.protocol``, ``sasl.*`` and
+    ``ssl.*`` settings, as aiokafka needs them. Secrets are left out of the repr."""
+
+    protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None  # a file or a folder of CA certificates; None: the system's
+    cert_file: str | None = None
+    key_file: str | None = None
+    key_password: str | None = field(default=None, repr=False)
+    check_hostname: bool = True  # ssl.endpoint.identification.algorithm=https
+    verify_certificate: bool = True  # enable.ssl.certificate.verification
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    reveal = getattr(value, "get_secret_value", None)  # a SecretStr that was not revealed
+    return str(reveal() if callable(reveal) else value)
+
+
+def _flag(value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def rollup_security(librdkafka: Mapping[str, Any]) -> RollupSecurity:
+    """The rollup's login, from the librdkafka configuration every other client uses
+    (``Settings.kafka_config()``), so the two can never disagree. Refuses, in one line, what
+    aiokafka cannot do from settings alone: OAUTHBEARER (it needs a token provider object) and
+    a mechanism or protocol it does not know."""
+    protocol = (_text(librdkafka.get("security.protocol")) or "PLAINTEXT").upper()
+    if protocol not in _PROTOCOLS:
+        raise ConfigurationError(
+            f"the analytics rollup cannot use security.protocol {protocol!r}; "
+            f"it knows {', '.join(_PROTOCOLS)}"
+        )
+    mechanism = _text(librdkafka.get("sasl.mechanism", librdkafka.get("sasl.mechanisms")))
+    if protocol.startswith("SASL_"):
+        mechanism = (mechanism or "GSSAPI").upper()  # librdkafka's default mechanism
+        if mechanism == "OAUTHBEARER":
+            raise ConfigurationError(
+                "the analytics rollup cannot log in with SASL OAUTHBEARER: aiokafka needs a token "
+                "provider object, which settings cannot give; run the rollup with a PLAIN or "
+                "SCRAM login (kafka_sasl_mechanism)"
+            )
+        if mechanism not in _SASL_MECHANISMS:
+            raise ConfigurationError(
+                f"the analytics rollup cannot log in with SASL {mechanism}; "
+                f"it knows {', '.join(_SASL_MECHANISMS)}"
+            )
+    else:
+        mechanism = None
+    identification = _text(librdkafka.get("ssl.endpoint.identification.algorithm")) or "https"
+    return RollupSecurity(
+        protocol=protocol,
+        mechanism=mechanism,
+        username=_text(librdkafka.get("sasl.username")) if mechanism else None,
+        password=_text(librdkafka.get("sasl.password")) if mechanism else None,
+        ca_file=_text(librdkafka.get("ssl.ca.location")),
+        cert_file=_text(librdkafka.get("ssl.certificate.location")),
+        key_file=_text(librdkafka.get("ssl.key.location")),
+        key_password=_text(librdkafka.get("ssl.key.password")),
+        check_hostname=identification.lower() == "https",
+        verify_certificate=_flag(librdkafka.get("enable.ssl.certificate.verification"), True),
+    )
+
+
+def ssl_context(security: RollupSecurity) -> ssl.SSLContext:
+    """The TLS context for ``security``: its CA (else the system's), its client certificate and
+    key if any, and the broker's name checked unless endpoint identification is off."""
+    ca = security.ca_file
+    try:
+        if ca is not None and Path(ca).is_dir():
+            context = ssl.create_default_context(capath=ca)
+        elif ca is not None and ca != "probe":  # librdkafka's "probe": the system's CAs
+            context = ssl.create_default_context(cafile=ca)
+        else:
+            context = ssl.create_default_context()
+        if security.cert_file is not None:
+            context.load_cert_chain(
+                security.cert_file, security.key_file, password=security.key_password
+            )
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(
+            f"the analytics rollup cannot load its TLS files (CA {ca}, certificate "
+            f"{security.cert_file}, key {security.key_file}): {exc}"
+        ) from exc
+    context.check_hostname = security.check_hostname and security.verify_certificate
+    if not security.verify_certificate:
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def broker_credentials(security: RollupSecurity) -> CredentialsT | None:
+    """faust's ``broker_credentials`` for ``security`` (None: PLAINTEXT, no login)."""
+    context = ssl_context(security) if security.uses_tls else None
+    if security.mechanism is not None:
+        return faust.SASLCredentials(
+            username=security.username,
+            password=security.password,
+            mechanism=security.mechanism,
+            ssl_context=context,
+        )
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class RollupConfig:
     """What the rollup needs, built from the settings by the router (router.cli.analytics_commands)."""
 
@@ -111,6 +241,7 @@ class RollupConfig:
     port: int
     datadir: str
     session_timeout_s: float  # how soon a dead worker's partitions go to another
+    security: RollupSecurity = RollupSecurity()  # how it logs in (rollup_security)
 
     @property
     def broker(self) -> str:
@@ -158,6 +289,7 @@ def build_app(config: RollupConfig) -> faust.App:
         web_port=config.port,
         web_bind=config.host,
         broker_session_timeout=config.session_timeout_s,
+        broker_credentials=broker_credentials(config.security),
     )
     points = app.topic(
         config.points_topic,
