@@ -1,8 +1,6 @@
-"""Building Kafka consumers, and the first consume loop (poll → decode → handle → commit).
+"""The first consume loop (poll → decode → handle → commit), for reads that need no claims.
 
-The consumer config is built per group protocol: under KIP-848 (``group.protocol=consumer``) the
-assignor, session and heartbeat settings live on the broker and the client refuses them, so they
-are only set for the classic protocol (cooperative-sticky).
+Its consumer's config is built where every client's is, :func:`streams.kafka_config.client_config`.
 """
 
 from __future__ import annotations
@@ -16,46 +14,11 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from streams.admin import bootstrap_of, client_config
 from streams.envelopes import Event, decode_event
 from streams.errors import EnvelopeError, Unreachable
+from streams.kafka_config import bootstrap_of, client_config
 
 log = logging.getLogger("rhumbatron.consumer")
-
-
-def consumer_config(
-    base: Mapping[str, Any],
-    *,
-    group_id: str,
-    protocol: str,
-    session_timeout_ms: int,
-    isolation: str = "read_committed",
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The only place a consumer's librdkafka config is built."""
-    config = client_config(
-        base,
-        **{
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": isolation,
-            "enable.partition.eof": False,
-        },
-    )
-    if protocol == "consumer":
-        config["group.protocol"] = "consumer"
-    elif protocol == "classic":
-        config["group.protocol"] = "classic"
-        config["partition.assignment.strategy"] = "cooperative-sticky"
-        config["session.timeout.ms"] = session_timeout_ms
-        config["heartbeat.interval.ms"] = max(session_timeout_ms // 5, 500)
-    else:
-        raise ValueError(f"group protocol must be 'classic' or 'consumer', got {protocol!r}")
-    if extra:
-        config.update(extra)
-    return config
 
 
 @dataclass
@@ -92,8 +55,12 @@ def drain(
     loses) the batch it was in. With no partition assigned ``until_idle_s + join_timeout_s`` after
     the start, Kafka is reported unreachable."""
     consumer = confluent_kafka.Consumer(
-        consumer_config(
-            base, group_id=group_id, protocol=protocol, session_timeout_ms=session_timeout_ms
+        client_config(
+            base,
+            "consumer",
+            group_id=group_id,
+            protocol=protocol,
+            session_timeout_ms=session_timeout_ms,
         )
     )
     stats = LoopStats()

@@ -19,8 +19,8 @@ import confluent_kafka
 from confluent_kafka import KafkaException, Message
 
 from consumers.runtime.kafka_transport import assign_only_consumer
-from streams.admin import bootstrap_of
 from streams.errors import TransactionsOpen, Unreachable
+from streams.kafka_config import bootstrap_of
 
 # How often to ask whether open transactions have ended: a cheap watermark request.
 SETTLE_POLL_S = 0.2

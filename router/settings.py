@@ -37,6 +37,7 @@ from pydantic_core import ErrorDetails, to_jsonable_python
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from streams.errors import ConfigurationError
+from streams.kafka_config import GUARANTEED
 from streams.topology import QUEUE_PURPOSES, Topology, check_env
 from streams.urls import masked
 
@@ -61,6 +62,38 @@ _BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])
 _TIME_OF_DAY = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _URL_FIELDS = ("redis_url", "classifier_url")  # URLs that may carry a password
+
+# The kafka_* settings and the librdkafka property each one sets (None: used by the builder).
+_KAFKA_PROPERTIES: dict[str, str | None] = {
+    "kafka_sasl_mechanism": "sasl.mechanism",
+    "kafka_sasl_username": "sasl.username",
+    "kafka_sasl_password": "sasl.password",
+    "kafka_ssl_ca_file": "ssl.ca.location",
+    "kafka_ssl_cert_file": "ssl.certificate.location",
+    "kafka_ssl_key_file": "ssl.key.location",
+    "kafka_ssl_key_password": "ssl.key.password",
+    "kafka_oauth_token_url": "sasl.oauthbearer.token.endpoint.url",
+    "kafka_oauth_client_id": "sasl.oauthbearer.client.id",
+    "kafka_oauth_client_secret": "sasl.oauthbearer.client.secret",
+    "kafka_oauth_scope": "sasl.oauthbearer.scope",
+}
+# librdkafka properties a setting of ours owns: a pass-through of one is refused, naming it.
+_OWNED_PROPERTIES: dict[str, str] = {
+    **{prop: name for name, prop in _KAFKA_PROPERTIES.items() if prop},
+    "bootstrap.servers": "kafka_bootstrap",
+    "metadata.broker.list": "kafka_bootstrap",
+    "security.protocol": "kafka_security_protocol",
+    "sasl.mechanisms": "kafka_sasl_mechanism",
+    "sasl.oauthbearer.method": "kafka_sasl_mechanism",
+    "ssl.endpoint.identification.algorithm": "kafka_ssl_endpoint_identification",
+    "socket.connection.setup.timeout.ms": "connect_timeout_s",
+    "session.timeout.ms": "session_timeout_ms",
+    "heartbeat.interval.ms": "session_timeout_ms",
+    "max.poll.interval.ms": "max_poll_interval_ms",
+    "transaction.timeout.ms": "transaction_timeout_ms",
+    "message.max.bytes": "max_envelope_bytes",
+}
+_KAFKA_PROPERTY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 
 
 class QueuePolicy(BaseModel):
@@ -139,6 +172,57 @@ class Settings(BaseSettings):
         description="bound on a producer's flush of a few records (dead letters, retries, the "
         "router's commands, the demo's drill); also the margin past the transaction timeout "
         "within which the router's queues must be read to their end",
+    )
+
+    # -- how Kafka is reached: security (docs/kafka-security.md) --------------------------------
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="librdkafka's security.protocol"
+    )
+    kafka_sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None
+    ) = Field(
+        None,
+        description="SASL_* only: sasl.mechanism. PLAIN and SCRAM-SHA-256/512 are tested; "
+        "OAUTHBEARER (OIDC client credentials, kafka_oauth_*) is configuration only, untested",
+    )
+    kafka_sasl_username: str | None = Field(None, description="PLAIN/SCRAM: the user")
+    kafka_sasl_password: SecretStr | None = Field(None, description="PLAIN/SCRAM: the password")
+    kafka_ssl_ca_file: str | None = Field(
+        None,
+        description="SSL/SASL_SSL: the CA bundle (PEM) the brokers' certificates are checked "
+        "against; unset: the system's CAs",
+    )
+    kafka_ssl_cert_file: str | None = Field(
+        None, description="SSL/SASL_SSL: a client certificate (PEM), for brokers that ask for one"
+    )
+    kafka_ssl_key_file: str | None = Field(
+        None, description="SSL/SASL_SSL: the client certificate's key (PEM)"
+    )
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, description="SSL/SASL_SSL: the password of an encrypted client key"
+    )
+    kafka_ssl_endpoint_identification: bool = Field(
+        True,
+        description="SSL/SASL_SSL: check the broker's certificate names the host it was reached "
+        "at (ssl.endpoint.identification.algorithm https); false only for a test CA without names",
+    )
+    kafka_oauth_token_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^/\s]+",
+        description="OAUTHBEARER: the OIDC token endpoint (sasl.oauthbearer.token.endpoint.url)",
+    )
+    kafka_oauth_client_id: str | None = Field(None, description="OAUTHBEARER: the client id")
+    kafka_oauth_client_secret: SecretStr | None = Field(
+        None, description="OAUTHBEARER: the client secret"
+    )
+    kafka_oauth_scope: str | None = Field(None, description="OAUTHBEARER: the scope asked for")
+    kafka: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="any other librdkafka property, for every client: RHUMBATRON_KAFKA__<PROPERTY> "
+        "with __ for its dots (RHUMBATRON_KAFKA__SOCKET__KEEPALIVE__ENABLE=true), or a JSON "
+        "object in RHUMBATRON_KAFKA. It wins over Rhumbatron's own tuning defaults (linger.ms, "
+        "compression.type ...); the properties its guarantees rest on, and those set by the "
+        "kafka_* settings above, are refused. Values are kept as secrets (never shown)",
     )
 
     # -- topology (DESIGN.md §4) -------------------------------------------------------------
@@ -485,6 +569,69 @@ class Settings(BaseSettings):
     operator_text_max_chars: int = Field(
         2000, ge=1, description="longest operator name or reason an action accepts"
     )
+    # -- operator surface (issue 11): named operators, bulk actions --
+    operator_token_name: str = Field(
+        "operator",
+        description="the operator the audit log names for a change made with operator_token",
+    )
+    operator_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="more operators, each with a write token of their own, as JSON: "
+        'RHUMBATRON_OPERATOR_TOKENS=\'{"alice": "<32+ characters>"}\'; the audit log names the '
+        "operator whose token made the change. Each token at least 32 characters",
+    )
+    operator_bulk_limit: int = Field(
+        1000, ge=1, description="most dead letters one bulk retry or dismiss acts on"
+    )
+
+    @field_validator("operator_token_name")
+    @classmethod
+    def _operator_name(cls, value: str) -> str:
+        # It goes to every audit record of that operator's actions: a plain, short word.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}", value):
+            raise ValueError(
+                f"an operator name is 1 to 64 letters, digits or . _ @ + - (starting with a "
+                f"letter or digit), got {value[:80]!r}"
+            )
+        return value
+
+    @field_validator("operator_tokens")
+    @classmethod
+    def _named_tokens(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, token in value.items():
+            cls._operator_name(name)
+            if not token.get_secret_value():
+                raise ValueError(f"operator {name!r} has an empty token")
+            try:
+                cls._long_enough(token)
+            except ValueError as exc:
+                raise ValueError(f"operator {name!r}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _operators_apart(self) -> Settings:
+        # One token, one operator: the audit log names whoever holds the token that acted.
+        if self.operator_token_name in self.operator_tokens:
+            raise ValueError(
+                f"operator {self.operator_token_name!r} is named twice: by "
+                "RHUMBATRON_OPERATOR_TOKEN_NAME and in RHUMBATRON_OPERATOR_TOKENS; give each "
+                "operator one name and one token"
+            )
+        named = [(self.operator_token_name, self.operator_token)]
+        named += list(self.operator_tokens.items())
+        named.append(("the read token", self.operator_read_token))
+        seen: dict[str, str] = {}
+        for name, token in named:
+            secret = token.get_secret_value() if token is not None else ""
+            if not secret:
+                continue
+            if secret in seen:
+                raise ValueError(
+                    f"{seen[secret]!r} and {name!r} have the same token; each operator (and "
+                    "the read token) needs a token of its own"
+                )
+            seen[secret] = name
+        return self
 
     # -- checks of a value's form, and across fields -------------------------------------------
     @field_validator("env")
@@ -541,7 +688,45 @@ class Settings(BaseSettings):
             raise ValueError(f"expected a host: {url.scheme}://host[:port]/db")
         return value
 
-    @field_validator("redis_ssl_ca_file", "redis_ssl_cert_file", "redis_ssl_key_file")
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value  # librdkafka's names are
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _pass_through(cls, value: Any) -> Any:
+        """``RHUMBATRON_KAFKA__SOCKET__KEEPALIVE__ENABLE=true`` arrives nested
+        (``{"socket": {"keepalive": {"enable": "true"}}}``): flattened back to librdkafka's
+        dotted name. A property a setting owns, or one the guarantees rest on, is refused; so is
+        one librdkafka does not know, or a value it refuses."""
+        if not isinstance(value, dict):
+            return value  # pydantic refuses it, saying what it expected
+        flat: dict[str, str] = {}
+        _flatten(value, "", flat)
+        for prop in flat:
+            if not _KAFKA_PROPERTY.match(prop):
+                raise ValueError(f"{prop!r} is not a librdkafka property name")
+            if prop in _OWNED_PROPERTIES:
+                owner = _OWNED_PROPERTIES[prop]
+                raise ValueError(f"{prop} is set by RHUMBATRON_{owner.upper()}; use that instead")
+            if prop in GUARANTEED:
+                raise ValueError(
+                    f"{prop} is fixed by Rhumbatron (its delivery guarantees rest on it) and "
+                    "cannot be passed through"
+                )
+        if flat:
+            _librdkafka_accepts(flat)
+        return flat
+
+    @field_validator(
+        "redis_ssl_ca_file",
+        "redis_ssl_cert_file",
+        "redis_ssl_key_file",
+        "kafka_ssl_ca_file",
+        "kafka_ssl_cert_file",
+        "kafka_ssl_key_file",
+    )
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
         if value is not None and not os.path.isfile(value):
@@ -563,6 +748,72 @@ class Settings(BaseSettings):
         if self.redis_ssl_key_file is not None and self.redis_ssl_cert_file is None:
             raise ValueError(
                 "RHUMBATRON_REDIS_SSL_KEY_FILE is set without RHUMBATRON_REDIS_SSL_CERT_FILE: "
+                "a key is only used with its certificate"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _kafka_security(self) -> Settings:
+        protocol = self.kafka_security_protocol
+        variable = f"RHUMBATRON_KAFKA_SECURITY_PROTOCOL={protocol}"
+
+        def given(*names: str) -> list[str]:
+            return [f"RHUMBATRON_{n.upper()}" for n in names if getattr(self, n) is not None]
+
+        sasl = given("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password")
+        oauth = given(
+            "kafka_oauth_token_url",
+            "kafka_oauth_client_id",
+            "kafka_oauth_client_secret",
+            "kafka_oauth_scope",
+        )
+        ssl = given(
+            "kafka_ssl_ca_file",
+            "kafka_ssl_cert_file",
+            "kafka_ssl_key_file",
+            "kafka_ssl_key_password",
+        )
+        if not protocol.startswith("SASL") and sasl + oauth:
+            raise ValueError(
+                f"{', '.join(sasl + oauth)} apply to SASL only, but {variable}; use SASL_SSL "
+                "(or SASL_PLAINTEXT), or unset them"
+            )
+        if not protocol.endswith("SSL") and ssl:
+            raise ValueError(
+                f"{', '.join(ssl)} apply to TLS only, but {variable}; use SSL or SASL_SSL, or "
+                "unset them"
+            )
+        mechanism = self.kafka_sasl_mechanism
+        if protocol.startswith("SASL") and mechanism is None:
+            raise ValueError(
+                f"{variable} needs RHUMBATRON_KAFKA_SASL_MECHANISM (PLAIN, SCRAM-SHA-256, "
+                "SCRAM-SHA-512 or OAUTHBEARER)"
+            )
+        if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            missing = [
+                f"RHUMBATRON_{n.upper()}"
+                for n in ("kafka_sasl_username", "kafka_sasl_password")
+                if getattr(self, n) is None
+            ]
+            if missing:
+                raise ValueError(f"SASL {mechanism} needs {' and '.join(missing)}")
+            if oauth:
+                raise ValueError(f"{', '.join(oauth)} apply to OAUTHBEARER only, not {mechanism}")
+        if mechanism == "OAUTHBEARER":
+            missing = [
+                f"RHUMBATRON_{n.upper()}"
+                for n in (
+                    "kafka_oauth_token_url",
+                    "kafka_oauth_client_id",
+                    "kafka_oauth_client_secret",
+                )
+                if getattr(self, n) is None
+            ]
+            if missing:
+                raise ValueError(f"SASL OAUTHBEARER (OIDC) needs {', '.join(missing)}")
+        if self.kafka_ssl_key_file is not None and self.kafka_ssl_cert_file is None:
+            raise ValueError(
+                "RHUMBATRON_KAFKA_SSL_KEY_FILE is set without RHUMBATRON_KAFKA_SSL_CERT_FILE: "
                 "a key is only used with its certificate"
             )
         return self
@@ -643,15 +894,27 @@ class Settings(BaseSettings):
             )
         return out
 
-    def kafka_config(self, **overrides: Any) -> dict[str, Any]:
-        """Base librdkafka settings every client shares; role-specific ones are added where the
-        client is built (streams.producer.producer_config, the consumer loop)."""
+    def kafka_config(self) -> dict[str, Any]:
+        """The base every Kafka client is built on (``streams.kafka_config.client_config`` adds
+        each role's part): how to reach and log in to the cluster, then the pass-through
+        properties. Secrets are in clear here: this dict goes to librdkafka and nowhere else."""
         config: dict[str, Any] = {
             "bootstrap.servers": self.kafka_bootstrap,
             "client.id": f"rhumbatron-{self.env}",
             "socket.connection.setup.timeout.ms": int(self.connect_timeout_s * 1000),
+            "security.protocol": self.kafka_security_protocol,
         }
-        config.update(overrides)
+        for name, prop in _KAFKA_PROPERTIES.items():
+            value = getattr(self, name)
+            if value is not None and prop:
+                config[prop] = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            config["ssl.endpoint.identification.algorithm"] = (
+                "https" if self.kafka_ssl_endpoint_identification else "none"
+            )
+        if self.kafka_sasl_mechanism == "OAUTHBEARER":
+            config["sasl.oauthbearer.method"] = "oidc"
+        config.update({name: value.get_secret_value() for name, value in self.kafka.items()})
         return config
 
     @cached_property
@@ -717,11 +980,17 @@ def _refusal(error: ErrorDetails) -> str:
     nested = sorted(name for name in os.environ if name.startswith(f"{top}__"))
     # A refusal of the whole field (an unknown queue) that the nested variables built: name the
     # ones whose key its message quotes.
-    named = [n for n in nested if f"'{n[len(top) + 2 :].split('__')[0].lower()}'" in message]
+    named = [n for n in nested if _quoted_in(n[len(top) + 2 :].lower(), message)]
     if named or nested:
         shown = ", ".join(f"{n}={_shown(field, os.environ[n])}" for n in named or nested)
         return f"{shown}: {message}"
     return f"{variable}={_shown(field, error.get('input'))}: {message}"
+
+
+def _quoted_in(path: str, message: str) -> bool:
+    """Whether ``message`` quotes the key a nested variable sets: a queue's name (its first
+    part) or a pass-through property (all of it, dotted)."""
+    return f"'{path.split('__')[0]}'" in message or f"'{path.replace('__', '.')}'" in message
 
 
 def _shown(field: FieldInfo | None, value: Any) -> str:
@@ -742,3 +1011,33 @@ def _variable(name: str, field: FieldInfo | None) -> str:
             if isinstance(alias, str) and alias.upper().startswith("RHUMBATRON_")
         ]
     return next((n for n in names if n in os.environ), names[0])
+
+
+def _flatten(value: dict[Any, Any], prefix: str, out: dict[str, str]) -> None:
+    for key, item in value.items():
+        name = f"{prefix}{str(key).lower()}"
+        if isinstance(item, dict):
+            _flatten(item, f"{name}.", out)
+        else:
+            raw = item.get_secret_value() if isinstance(item, SecretStr) else item
+            out[name] = str(raw).lower() if isinstance(raw, bool) else str(raw)
+
+
+def _librdkafka_accepts(properties: dict[str, str]) -> None:
+    """librdkafka checks names and values only when a client is made: make one (it connects to
+    nothing before it is used, and is gone at once) so a typo is refused now, by name."""
+    import confluent_kafka
+
+    def refusal(given: dict[str, str]) -> str | None:
+        try:
+            confluent_kafka.Producer({"bootstrap.servers": "127.0.0.1:1", **given})
+        except confluent_kafka.KafkaException as exc:
+            return str(exc.args[0].str())
+        return None
+
+    if (why := refusal(properties)) is None:
+        return
+    # Name the property: the first one librdkafka refuses on its own.
+    culprit = next((p for p in properties if refusal({p: properties[p]}) is not None), None)
+    hint = " (a dot in the name is __ in the variable)" if culprit and "_" in culprit else ""
+    raise ValueError(f"{culprit!r}: librdkafka refuses it: {why}{hint}" if culprit else why)

@@ -23,26 +23,14 @@ from confluent_kafka.admin import (
 )
 
 from streams.errors import TopologyError, Unreachable
+from streams.kafka_config import bootstrap_of, client_config
 from streams.topology import TopicSpec, Topology
 
 log = logging.getLogger("rhumbatron.kafka")
 
-# librdkafka logs every refused connection; route it through logging, not stderr.
-_LIBRDKAFKA_LOGGER = logging.getLogger("rhumbatron.librdkafka")
-
-
-def client_config(base: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
-    config = {"logger": _LIBRDKAFKA_LOGGER, **base}
-    config.update(overrides)
-    return config
-
 
 def admin_client(base: Mapping[str, Any]) -> AdminClient:
     return AdminClient(client_config(base))
-
-
-def bootstrap_of(base: Mapping[str, Any]) -> str:
-    return str(base.get("bootstrap.servers", "?"))
 
 
 def ensure_reachable(admin: AdminClient, base: Mapping[str, Any], timeout: float) -> Any:

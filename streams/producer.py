@@ -26,11 +26,11 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from opentelemetry import propagate
 
-from streams.admin import bootstrap_of, client_config
 from streams.envelopes import Command, Event, encode
 from streams.errors import DeliveryFailed, FailedRecord, TransactionFailed, Unreachable
 from streams.headers import COMMAND_ID, COMMAND_TYPE, EVENT_ID, EVENT_TYPE
 from streams.headers import CONTENT_TYPE as CONTENT_TYPE_HEADER
+from streams.kafka_config import bootstrap_of, client_config
 
 log = logging.getLogger("rhumbatron.producer")
 
@@ -129,35 +129,6 @@ def command_headers(command: Command) -> Headers:
     return headers
 
 
-def producer_config(
-    base: Mapping[str, Any],
-    *,
-    transactional_id: str | None = None,
-    gapless: bool = False,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The only place a producer's librdkafka config is built."""
-    config = client_config(
-        base,
-        acks="all",
-        **{
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "compression.type": "lz4",
-            "linger.ms": 5,
-        },
-    )
-    if gapless:
-        # A failed record fails every later in-flight record of its partition too, so a retry
-        # can never land behind its successor.
-        config["enable.gapless.guarantee"] = True
-    if transactional_id is not None:
-        config["transactional.id"] = transactional_id
-    if extra:
-        config.update(extra)
-    return config
-
-
 class Producer:
     def __init__(
         self,
@@ -167,8 +138,8 @@ class Producer:
         gapless: bool = False,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
-        self._config = producer_config(
-            base, transactional_id=transactional_id, gapless=gapless, extra=extra
+        self._config = client_config(
+            base, "producer", transactional_id=transactional_id, gapless=gapless, extra=extra
         )
         self._bootstrap = bootstrap_of(base)
         self.transactional_id = transactional_id

@@ -16,12 +16,11 @@ from typing import Any, cast
 import confluent_kafka
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers.kafka_consumer import consumer_config
 from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
-from streams.admin import bootstrap_of, client_config
 from streams.errors import CommittedUnknown, Unreachable
 from streams.headers import RECORD_ID
+from streams.kafka_config import bootstrap_of, client_config
 from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.transport")
@@ -63,8 +62,9 @@ class KafkaTransport:
             "enable.partition.eof": True,
         }
         self.consumer = confluent_kafka.Consumer(
-            consumer_config(
+            client_config(
                 base,
+                "consumer",
                 group_id=group_id,
                 protocol=protocol,
                 session_timeout_ms=session_timeout_ms,
@@ -289,14 +289,9 @@ def assign_only_consumer(
     return confluent_kafka.Consumer(
         client_config(
             base,
-            **{
-                "group.id": f"rhumbatron-{purpose}-{uuid.uuid4().hex[:12]}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                **config,
-            },
+            "reader",
+            group_id=f"rhumbatron-{purpose}-{uuid.uuid4().hex[:12]}",
+            extra=config,
         )
     )
 

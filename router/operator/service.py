@@ -49,7 +49,7 @@ from router.operator.models import (
     summary_of,
 )
 from router.settings import Settings
-from streams.admin import admin_client, bootstrap_of, ensure_reachable
+from streams.admin import admin_client, ensure_reachable
 from streams.clock import Clock, SystemClock
 from streams.envelopes import Name
 from streams.errors import (
@@ -63,6 +63,7 @@ from streams.errors import (
     Unreachable,
     ViewNotFound,
 )
+from streams.kafka_config import bootstrap_of
 from streams.outbox import ops
 from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_topic
 

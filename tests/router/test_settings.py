@@ -311,8 +311,19 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         "archive_s3_access_key",
         "archive_s3_secret_key",
     } <= set(names)
-    secrets = {name: f"s3cret-{name}-é-" + "0" * 32 for name in names}
-    parent = Settings(**secrets)  # type: ignore[arg-type]
+    maps = [n for n in names if typing.get_origin(Settings.model_fields[n].annotation) is dict]
+    secrets = {name: f"s3cret-{name}-é-" + "0" * 32 for name in names if name not in maps}
+    named = {name: {"alice": f"s3cret-{name}-" + "0" * 32} for name in maps if name != "kafka"}
+    parent = Settings(
+        **secrets,  # type: ignore[arg-type]
+        **named,  # type: ignore[arg-type]
+        # The Kafka secrets are only taken with the login that uses them.
+        kafka_security_protocol="SASL_SSL",
+        kafka_sasl_mechanism="OAUTHBEARER",
+        kafka_oauth_token_url="https://idp.example/token",
+        kafka_oauth_client_id="rhumbatron",
+        kafka={"client.rack": "s3cret-rack"},  # type: ignore[arg-type]
+    )
     environment = parent.as_environment()
     assert "**********" not in "".join(environment.values())
     _read_back(environment, monkeypatch)
@@ -320,6 +331,9 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
     for name, value in secrets.items():
         got = getattr(child, name)
         assert got is not None and got.get_secret_value() == value, name
+    assert child.kafka_config()["client.rack"] == "s3cret-rack"
+    for name, value in named.items():
+        assert {k: v.get_secret_value() for k, v in getattr(child, name).items()} == value
     assert child == parent
 
 
@@ -349,7 +363,15 @@ def test_a_secret_inside_a_nested_or_optional_setting_reaches_the_child_in_clear
 
 
 def test_an_unset_secret_stays_unset_in_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    scalars = [  # a map of secrets is empty when unset
+        n
+        for n in _secret_fields(Settings)
+        if typing.get_origin(Settings.model_fields[n].annotation) is not dict
+    ]
     environment = Settings().as_environment()
-    assert not {f"RHUMBATRON_{n.upper()}" for n in _secret_fields(Settings)} & set(environment)
+    assert not {f"RHUMBATRON_{n.upper()}" for n in scalars} & set(environment)
     _read_back(environment, monkeypatch)
-    assert all(getattr(Settings(), n) is None for n in _secret_fields(Settings))
+    assert all(getattr(Settings(), n) is None for n in scalars)
+    assert Settings().kafka == {} and all(
+        getattr(Settings(), n) == {} for n in _secret_fields(Settings) if n not in scalars
+    )

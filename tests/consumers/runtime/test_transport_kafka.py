@@ -22,7 +22,8 @@ from consumers.runtime.transport import (
     Transport,
 )
 from router.settings import Settings
-from streams.admin import admin_client, client_config, delete_topics
+from streams.admin import admin_client, delete_topics
+from streams.kafka_config import client_config
 from tests.contracts.transport import (
     SETTLE_S,
     TransportContract,
@@ -48,7 +49,7 @@ class KafkaBench:
             [NewTopic(self.topic, 2, 1), NewTopic(self.out_topic, 2, 1)]
         ).values():
             future.result()
-        self.producer = confluent_kafka.Producer(client_config(self.base))
+        self.producer = confluent_kafka.Producer(client_config(self.base, "producer"))
         # Closed at the end whatever the test did: a consumer left open keeps the process alive.
         self.closing: list[Transport | Output] = []
 
