@@ -7,6 +7,9 @@
 - One connection per thread; WAL lets the publisher and operators read while writers write.
 - One publisher per file: an ``fcntl.flock`` on ``<path>.publisher.lock``, which the kernel
   releases when the holder dies, however it dies.
+- A file created here is 0600 (streams/files.py): the database is created empty before SQLite
+  opens it, and SQLite gives its ``-wal`` and ``-shm`` files the database's mode. An existing
+  outbox keeps its owner's mode.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from opentelemetry import trace
 
 from streams.clock import Clock, SystemClock
 from streams.errors import OutboxError, PublisherLocked
+from streams.files import create_private, open_private
 from streams.outbox.sqlite_schema import (
     COLUMNS,
     IN_CHUNK,
@@ -78,6 +82,11 @@ class SqliteOutbox:
                 f"no outbox at {self.path}: check the path (writers create the outbox on first "
                 "use, e.g. rhumbatron produce --outbox PATH)"
             )
+        if create:
+            # A path SQLite cannot open (no such directory, a directory) is left to its open,
+            # which says so in the outbox's words.
+            with suppress(OSError):
+                create_private(self.path)
         self._init_schema()
 
     # -- connections -----------------------------------------------------------------------------
@@ -208,7 +217,8 @@ class SqliteOutbox:
     def publisher_lease(self) -> Iterator[None]:
         lock_path = f"{self.path}.publisher.lock"
         try:
-            handle = open(lock_path, "a+")  # noqa: SIM115 (held for the lease's lifetime)
+            # held for the lease's lifetime
+            handle = open(open_private(lock_path, os.O_RDWR), "r+")  # noqa: SIM115
         except OSError as exc:
             raise OutboxError(
                 f"outbox {self.path}: cannot open the publisher's lock file {lock_path}: "

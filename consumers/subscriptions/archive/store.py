@@ -2,7 +2,8 @@
 
 - :class:`LocalObjectStore` (the default): a directory; a ``put`` writes a temporary file in the
   target's directory, fsyncs it, renames it over the key and fsyncs the directory, so a key holds
-  either nothing or the whole object, across a crash or a power cut.
+  either nothing or the whole object, across a crash or a power cut. Parts are created 0600 and
+  the directories it makes 0700 (streams/files.py): an archive holds every event's payload.
 - :class:`S3ObjectStore`: any S3-compatible service (``pip install rhumbatron[s3]``); boto3 is
   imported only when this store is built, so the core does not need it. An S3 PUT is atomic.
 
@@ -12,7 +13,6 @@ absolute path, an empty segment) is refused before touching the store.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import re
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from streams.errors import ArchiveStoreError, ObjectMissing
+from streams.files import open_private, private_dir
 
 _KEY = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _TMP_MARK = ".tmp-"
@@ -75,8 +76,7 @@ class LocalObjectStore:
             missing.append(d)
             d = d.parent
         for d in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                d.mkdir()
+            private_dir(d, parents=False)
             _fsync_dir(d.parent)
 
     def put(self, key: str, data: bytes) -> None:
@@ -84,7 +84,7 @@ class LocalObjectStore:
         try:
             self._ensure_dir(path.parent)
             tmp = path.with_name(f".{path.name}{_TMP_MARK}{secrets.token_hex(6)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
             try:
                 view = memoryview(data)
                 while view:
