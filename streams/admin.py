@@ -1,12 +1,14 @@
 """Talking to the broker as an administrator: reachability, provisioning, describing topics.
 
 Every call is bounded by a timeout and every librdkafka failure becomes one of our errors naming
-the address tried, so a command never hangs on an unreachable broker.
+the address tried, so a command never hangs on an unreachable broker. A broker that answers but
+refuses the login (SASL) or the TLS handshake is told apart from one that does not answer.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,8 +24,8 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from streams.errors import TopologyError, Unreachable
-from streams.kafka_config import bootstrap_of, client_config
+from streams.errors import KafkaLoginRefused, TopologyError, Unreachable
+from streams.kafka_config import bootstrap_of, client_config, listener_of
 from streams.topology import TopicSpec, Topology
 
 log = logging.getLogger("rhumbatron.kafka")
@@ -34,13 +36,51 @@ def admin_client(base: Mapping[str, Any]) -> AdminClient:
 
 
 def ensure_reachable(admin: AdminClient, base: Mapping[str, Any], timeout: float) -> Any:
-    """Return cluster metadata, or raise Unreachable naming the address within ``timeout``."""
+    """Return cluster metadata, or raise Unreachable naming the address within ``timeout``; a
+    broker that refused the login or the TLS handshake raises KafkaLoginRefused instead, naming
+    the listener, the protocol, the mechanism and the user (never the password)."""
     try:
         return admin.list_topics(timeout=timeout)
     except KafkaException as exc:
+        refusal = _login_refusal(base, timeout)
+        if refusal is not None:
+            raise refusal from exc
         raise Unreachable(
             "Kafka", bootstrap_of(base), f"no metadata answer within {timeout:g}s ({exc.args[0]})"
         ) from exc
+
+
+# How long the diagnosis of a failed metadata request waits for librdkafka's reason: a refused
+# login or handshake is reported within a round trip or two of connecting.
+_LOGIN_PROBE_S = 3.0
+# librdkafka's reason starts with the broker's name and ends with its connection state.
+_BROKER_PREFIX = re.compile(r"^\S+://\S+?: ")
+_STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
+
+
+def _login_refusal(base: Mapping[str, Any], timeout: float) -> KafkaLoginRefused | None:
+    """Why a secured client got no metadata, if the broker refused its login or the handshake.
+    librdkafka tells only its error callback (a metadata request merely times out), so a probe
+    client with one asks again, briefly. None: no login was refused (or none is configured)."""
+    if str(base.get("security.protocol", "PLAINTEXT")).upper() == "PLAINTEXT":
+        return None
+    seen: list[KafkaError] = []
+    probe = AdminClient(client_config(base, extra={"error_cb": seen.append}))
+    deadline = time.monotonic() + min(timeout, _LOGIN_PROBE_S)
+    while time.monotonic() < deadline:
+        try:
+            probe.list_topics(timeout=0.3)
+            return None  # it answered this time
+        except KafkaException:
+            pass
+        probe.poll(0)  # serves the error callback
+        for error in seen:
+            if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+                reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str()))
+                return KafkaLoginRefused(
+                    listener_of(base), reason, tls=error.code() == KafkaError._SSL
+                )
+    return None
 
 
 @dataclass

@@ -14,6 +14,7 @@ swallows one.
     ├── ConfigurationError          (ValueError) a setting's bad value, or settings that clash
     ├── Unreachable                 (ConnectionError) Kafka, Redis or a file did not answer
     ├── ServerRefused               Kafka or Redis answered, but refused the request
+    ├── KafkaLoginRefused           Kafka refused the SASL login, or the TLS handshake failed
     ├── DeliveryFailed              Kafka refused or timed out records; one FailedRecord each
     ├── TransactionFailed           a Kafka transaction could not commit (aborted or fenced)
     ├── OutboxError                 the outbox refused an operation (names the row or project)
@@ -129,6 +130,19 @@ class ServerRefused(RhumbatronError):
         self.service = service
         self.address = address
         super().__init__(f"{service} at {address} refused the request: {detail}")
+
+
+class KafkaLoginRefused(RhumbatronError):
+    """Kafka answered, but the login failed: the broker refused the SASL credentials, or the TLS
+    handshake failed (a CA that did not sign the broker's certificate, a name it does not carry).
+    ``listener`` is the address with how the client logs in (protocol, mechanism, user), never
+    a secret; ``detail`` is librdkafka's reason."""
+
+    def __init__(self, listener: str, detail: str, *, tls: bool = False) -> None:
+        self.listener = listener
+        self.tls = tls
+        what = "failed the TLS handshake" if tls else "refused the login"
+        super().__init__(f"Kafka at {listener} {what}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
