@@ -2,6 +2,9 @@
 # machine: the virtual environment, the Kafka jars, redis-server, and the running services.
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
+# The demo's and the tests' files (archive, outboxes, rollup data, pid and token files) live in
+# the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
+export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
 .PHONY: demo test test-slow up down check bench venv unit browser
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -134,6 +135,12 @@ def _queue_policies() -> dict[str, QueuePolicy]:
     }
 
 
+def _default_state_dir() -> Path:
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "rhumbatron"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RHUMBATRON_", env_nested_delimiter="__", extra="ignore", frozen=True
@@ -141,6 +148,14 @@ class Settings(BaseSettings):
 
     # -- where things are --------------------------------------------------------------------
     env: str = "dev"
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="where this host keeps its files: the local archive, the router's outbox, the "
+        "rollup's data, pid and token files (a relative archive_dir, router_outbox_path or "
+        "analytics_rollup_dir is under it). Default: $XDG_STATE_HOME/rhumbatron, else "
+        "~/.local/state/rhumbatron — never the working directory; `make demo` and `make test` "
+        "use the checkout's .local",
+    )
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port ...]")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -376,7 +391,9 @@ class Settings(BaseSettings):
     )
     commands_per_change_per_day: int = Field(1000, ge=1)
     maintenance_at_utc: str = Field("04:17", description="HH:MM, 00:00 to 23:59, in UTC")
-    archive_dir: str = Field(".local/archive", min_length=1)
+    archive_dir: str = Field(
+        "archive", min_length=1, description="the local archive (relative: under state_dir)"
+    )
     archive_part_max_events: int = Field(5000, ge=1)
     archive_part_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
     archive_part_max_age_s: float = Field(60.0, gt=0)
@@ -420,10 +437,11 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="validity of a router command: deadline = created_at + this"
     )
     router_outbox_path: str = Field(
-        ".local/outbox-{env}.sqlite",
+        "outbox-{env}.sqlite",
         min_length=1,
         description="the outbox the router writes its decisions to (candidate.stale), published "
-        "by a thread of its consume process; {env} stands for the environment's name. Default: "
+        "by a thread of its consume process; {env} stands for the environment's name; relative: "
+        "under state_dir. Default: "
         "the environment's outbox, which the demo's writers use too, so each project's slots "
         "stay one dense sequence (slots are allocated per outbox)",
     )
@@ -474,7 +492,9 @@ class Settings(BaseSettings):
     )
     analytics_rollup_port: int = Field(6067, ge=1, le=65535, description="the rollup's web port")
     analytics_rollup_dir: str = Field(
-        ".local/analytics", description="the rollup worker's data directory (one per env)"
+        "analytics",
+        description="the rollup worker's data directory, one per env below it (relative: under "
+        "state_dir)",
     )
     analytics_query_timeout_s: float = Field(
         5.0, gt=0, description="bound on one request of `rhumbatron analytics` to the rollup"
@@ -650,6 +670,13 @@ class Settings(BaseSettings):
                 "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute_state_dir(cls, value: Path) -> Path:
+        # A relative state dir would depend on the working directory, which is what it is for
+        # avoiding: it is made absolute once, here, from where the settings were read.
+        return value.expanduser().absolute()
 
     @field_validator("maintenance_at_utc")
     @classmethod
@@ -873,6 +900,13 @@ class Settings(BaseSettings):
                 yield name, value
 
     # -- derived -----------------------------------------------------------------------------
+    def in_state_dir(self, path: str) -> Path:
+        """``path`` as given when absolute, else under ``state_dir``; ``{env}`` in it stands for
+        the environment's name. Every file a command keeps goes through here, so running it from
+        another folder never makes a second archive or outbox."""
+        given = Path(path.replace("{env}", self.env)).expanduser()
+        return given if given.is_absolute() else self.state_dir / given
+
     @property
     def claim_ttl_ms(self) -> int:
         """How long a claim is kept: while its event can still be read from the stream, plus
@@ -990,7 +1024,10 @@ def _refusal(error: ErrorDetails) -> str:
 def _quoted_in(path: str, message: str) -> bool:
     """Whether ``message`` quotes the key a nested variable sets: a queue's name (its first
     part) or a pass-through property (all of it, dotted)."""
-    return f"'{path.split('__')[0]}'" in message or f"'{path.replace('__', '.')}'" in message
+    return (
+        f"'{path.split('__', maxsplit=1)[0]}'" in message
+        or f"'{path.replace('__', '.')}'" in message
+    )
 
 
 def _shown(field: FieldInfo | None, value: Any) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -48,7 +47,7 @@ def rollup_config(settings: Settings) -> RollupConfig:
         guarantee=settings.analytics_rollup_guarantee,
         host=settings.analytics_rollup_host,
         port=settings.analytics_rollup_port,
-        datadir=str(Path(settings.analytics_rollup_dir) / settings.env),
+        datadir=str(settings.in_state_dir(settings.analytics_rollup_dir) / settings.env),
         session_timeout_s=settings.session_timeout_ms / 1000,
         security=rollup_security(settings.kafka_config()),
     )

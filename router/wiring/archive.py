@@ -8,7 +8,6 @@ in a bucket, so expiring one environment's parts can never touch another's.
 from __future__ import annotations
 
 from datetime import date
-from pathlib import Path
 
 import redis
 
@@ -28,7 +27,7 @@ SLUG = AuditArchiver.slug
 
 def object_store(settings: Settings) -> ObjectStore:
     if settings.archive_store == "local":
-        return LocalObjectStore(Path(settings.archive_dir) / settings.env)
+        return LocalObjectStore(settings.in_state_dir(settings.archive_dir) / settings.env)
     if settings.archive_store == "s3":
         if not settings.archive_s3_bucket:
             raise ConfigurationError(

@@ -6,7 +6,7 @@ threads besides the consume loop — the subscription's *companion*, started by 
 the processor is built and stopped when the loop ends:
 
 - the **publisher** of the router's outbox (``router_outbox_path``, by default the environment's
-  outbox ``.local/outbox-{env}.sqlite``): it sends the events the router
+  outbox ``<state_dir>/outbox-{env}.sqlite``): it sends the events the router
   decided (``candidate.stale``) to the streams. Router processes on one host share the file; the
   outbox's publisher lease lets one of them publish at a time (a kernel lock, freed however its
   holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
@@ -85,7 +85,7 @@ def router_outbox_path(settings: Settings) -> Path:
     environment's outbox the services write to as well: slots are allocated per outbox, and a
     project's log must be one dense sequence, so the router's events take their slots from the
     same counter as every other event of the project."""
-    return Path(settings.router_outbox_path.replace("{env}", settings.env))
+    return settings.in_state_dir(settings.router_outbox_path)
 
 
 def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:

@@ -278,7 +278,10 @@ def test_the_claim_ttl_is_the_stream_retention_plus_the_margin() -> None:
 
 
 def test_the_router_outbox_is_the_environments_unless_set() -> None:
-    assert router_outbox_path(Settings(env="blue")) == Path(".local/outbox-blue.sqlite")
+    state = Path("/srv/rh")
+    assert router_outbox_path(Settings(env="blue", state_dir=state)) == Path(
+        "/srv/rh/outbox-blue.sqlite"
+    )
     assert router_outbox_path(Settings(env="blue", router_outbox_path="/x/{env}/o.db")) == Path(
         "/x/blue/o.db"
     )
@@ -375,3 +378,32 @@ def test_an_unset_secret_stays_unset_in_the_child(monkeypatch: pytest.MonkeyPatc
     assert Settings().kafka == {} and all(
         getattr(Settings(), n) == {} for n in _secret_fields(Settings) if n not in scalars
     )
+
+
+def test_the_state_dir_does_not_depend_on_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("RHUMBATRON_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    here = load_settings()
+    monkeypatch.chdir(tmp_path)
+    there = load_settings()
+    assert here.state_dir == there.state_dir == tmp_path / "home/.local/state/rhumbatron"
+    for s in (here, there):
+        assert s.in_state_dir(s.archive_dir) == here.state_dir / "archive"
+        assert router_outbox_path(s) == here.state_dir / "outbox-dev.sqlite"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert load_settings().state_dir == tmp_path / "xdg/rhumbatron"
+
+
+def test_a_relative_state_dir_is_made_absolute_where_it_is_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RHUMBATRON_STATE_DIR", "state")
+    settings = load_settings()
+    assert settings.state_dir == tmp_path / "state"
+    # A child process started elsewhere reads the same, absolute, directory.
+    assert settings.as_environment()["RHUMBATRON_STATE_DIR"] == str(tmp_path / "state")
+    assert settings.in_state_dir("/abs/archive") == Path("/abs/archive")
