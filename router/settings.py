@@ -14,9 +14,12 @@ arguments, built here (``kafka_config``, ``topology``).
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import re
+import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +38,13 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, to_jsonable_python
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from streams.errors import ConfigurationError
 from streams.kafka_config import GUARANTEED
@@ -653,6 +662,21 @@ class Settings(BaseSettings):
             seen[secret] = name
         return self
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first: what the code passes, the environment, then the config file (if any).
+        path = config_file()
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, ConfigFile(settings_cls, path))
+
     # -- checks of a value's form, and across fields -------------------------------------------
     @field_validator("env")
     @classmethod
@@ -967,6 +991,76 @@ class Settings(BaseSettings):
         )
 
 
+# The variable naming the optional config file (``--config`` sets it for the command and its
+# children). The file is TOML, its keys the fields' names; the environment wins over it.
+CONFIG_VARIABLE = "RHUMBATRON_CONFIG"
+
+
+def config_file() -> Path | None:
+    given = os.environ.get(CONFIG_VARIABLE)
+    return Path(given).expanduser().absolute() if given else None
+
+
+class ConfigFile(TomlConfigSettingsSource):
+    """The config file, read strictly: a file that is missing or not TOML, or a key that is no
+    setting, is one :class:`ConfigurationError` naming the file (a misspelt key would otherwise
+    leave its setting at the default without a word)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        if not path.is_file():  # pydantic-settings would skip it without a word
+            raise ConfigurationError(
+                f"{CONFIG_VARIABLE}={path}: no such file; give the path of a TOML file"
+            )
+        super().__init__(settings_cls, toml_file=path)
+
+    def _read_file(self, file_path: Path) -> dict[str, Any]:
+        where = f"{CONFIG_VARIABLE}={file_path}"
+        try:
+            data = tomllib.loads(file_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigurationError(f"{where}: not a readable TOML file: {exc}") from None
+        fields = Settings.model_fields
+        unknown = sorted(key for key in data if key not in fields)
+        if unknown:
+            hints = [
+                f"{key!r} (did you mean {close[0]!r}?)"
+                if (close := difflib.get_close_matches(key, fields, n=1))
+                else repr(key)
+                for key in unknown
+            ]
+            raise ConfigurationError(
+                f"{where}: no such setting: {', '.join(hints)}; its keys are the settings' names "
+                "(rhumbatron config show lists them)"
+            )
+        return data
+
+
+def sources(settings: Settings) -> dict[str, str]:
+    """Where each setting's value came from: its variable, the config file, or the default."""
+    path = config_file()
+    in_file = ConfigFile(Settings, path).toml_data if path is not None else {}
+    out: dict[str, str] = {}
+    for name, field in Settings.model_fields.items():
+        variable = _variable(name, field)
+        nested = sorted(v for v in os.environ if v.startswith(f"RHUMBATRON_{name.upper()}__"))
+        if variable in os.environ or nested:
+            given = ", ".join([variable] if variable in os.environ else nested)
+            out[name] = f"{given} over {path}" if name in in_file else given
+        elif name in in_file:
+            out[name] = str(path)
+        else:
+            out[name] = "default"
+    return out
+
+
+def shown(settings: Settings) -> dict[str, Any]:
+    """The settings as they may be shown anywhere: every secret masked, URLs without passwords."""
+    out: dict[str, Any] = {}
+    for name, value in settings.model_dump(mode="json").items():
+        out[name] = masked(value) if name in _URL_FIELDS and isinstance(value, str) else value
+    return out
+
+
 def load_settings() -> Settings:
     """The settings the environment gives. A value pydantic refuses is a
     :class:`ConfigurationError` naming each variable, what it held and what is wrong with it, so a
@@ -983,7 +1077,7 @@ def load_settings() -> Settings:
 
 def _invalid(refusals: str) -> ConfigurationError:
     return ConfigurationError(
-        f"invalid setting: {refusals}; fix the variable, or unset it for its default"
+        f"invalid setting: {refusals}; fix the value, or unset it for its default"
     )
 
 
@@ -1018,6 +1112,9 @@ def _refusal(error: ErrorDetails) -> str:
     if named or nested:
         shown = ", ".join(f"{n}={_shown(field, os.environ[n])}" for n in named or nested)
         return f"{shown}: {message}"
+    path = config_file()
+    if path is not None and loc[0] in ConfigFile(Settings, path).toml_data:
+        return f"{path} (at {'.'.join(loc)})={_shown(field, error.get('input'))}: {message}"
     return f"{variable}={_shown(field, error.get('input'))}: {message}"
 
 
@@ -1060,6 +1157,11 @@ def _flatten(value: dict[Any, Any], prefix: str, out: dict[str, str]) -> None:
             out[name] = str(raw).lower() if isinstance(raw, bool) else str(raw)
 
 
+_QUIET = logging.getLogger("rhumbatron.settings.librdkafka")  # the check's client has no brokers
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
 def _librdkafka_accepts(properties: dict[str, str]) -> None:
     """librdkafka checks names and values only when a client is made: make one (it connects to
     nothing before it is used, and is gone at once) so a typo is refused now, by name."""
@@ -1067,7 +1169,7 @@ def _librdkafka_accepts(properties: dict[str, str]) -> None:
 
     def refusal(given: dict[str, str]) -> str | None:
         try:
-            confluent_kafka.Producer({"bootstrap.servers": "127.0.0.1:1", **given})
+            confluent_kafka.Producer({"logger": _QUIET, **given})  # no brokers: it connects nowhere
         except confluent_kafka.KafkaException as exc:
             return str(exc.args[0].str())
         return None

@@ -7,21 +7,25 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from router.cli import (
     analytics_commands,
     archive_commands,
+    config_commands,
     dead_letter_commands,
     outbox_commands,
+    project_commands,
     serve_commands,
     stream_commands,
     subscription_commands,
     view_commands,
     worker_commands,
 )
-from router.settings import Settings, load_settings
+from router.settings import CONFIG_VARIABLE, Settings, load_settings
 from streams.errors import RhumbatronError
 
 # The docstring above is for readers of the code; this is what `rhumbatron --help` says.
@@ -40,15 +44,23 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     dead_letter_commands.register,
     outbox_commands.register,
     view_commands.register,
+    project_commands.register,
     analytics_commands.register,
     serve_commands.register,
     worker_commands.register,
+    config_commands.register,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rhumbatron", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"a TOML file of settings (keys: the settings' names), below the environment; "
+        f"the same as {CONFIG_VARIABLE}=PATH",
+    )
     parser.add_argument(
         "--version",
         action="version",
@@ -71,15 +83,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         # librdkafka reports every refused connection; our own errors say it once, better.
         logging.getLogger("rhumbatron.librdkafka").setLevel(logging.CRITICAL)
+    if args.config is not None:
+        os.environ[CONFIG_VARIABLE] = args.config  # this command's children read it too
     try:
         settings = load_settings()
         handler: Handler = args.handler
-        return handler(settings, args)
+        code = handler(settings, args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handling below
+        return code
+    except BrokenPipeError:
+        return _reader_left()
     except RhumbatronError as exc:
         print(f"rhumbatron: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_left() -> int:
+    """Whoever read stdout closed it (``rhumbatron feed P | head -1``): stop quietly, as a shell
+    tool killed by SIGPIPE does, with its exit code (128 + 13)."""
+    # Python flushes stdout once more at exit; pointed at /dev/null, that flush cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
