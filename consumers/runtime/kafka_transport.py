@@ -74,6 +74,12 @@ class KafkaTransport:
         self._assigned: set[TP] = set()
         self._seeks: dict[TP, int] = {}
         self._at_end: set[TP] = set()  # partitions read to their end since their last record
+        # Per partition, the offset after what the polls handed over (``position``): a record's
+        # offset + 1, or the offset a partition EOF reports, which is past the transaction
+        # markers before it. Tracked here rather than asked of librdkafka, whose position also
+        # counts records fetched inside a poll that the caller has not been handed yet (the
+        # rebalance callbacks run in the middle of one).
+        self._position: dict[TP, int] = {}
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -97,6 +103,8 @@ class KafkaTransport:
             consumer.resume(out)
             self._assigned.update(tps)
             self._at_end.difference_update(tps)
+            for tp in tps:
+                self._position.pop(tp, None)
 
         def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
             tps = [TP(p.topic, p.partition) for p in partitions]
@@ -107,6 +115,7 @@ class KafkaTransport:
             self._at_end.difference_update(tps)
             for tp in tps:
                 self._seeks.pop(tp, None)
+                self._position.pop(tp, None)
 
         self.consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
@@ -124,15 +133,20 @@ class KafkaTransport:
                 if error.fatal():
                     raise KafkaException(error)
                 if error.code() == KafkaError._PARTITION_EOF:
-                    if tp not in self._seeks:
+                    if tp not in self._seeks and tp in self._assigned:
                         self._at_end.add(tp)
+                        end = message.offset()
+                        if end is not None and end >= 0:
+                            self._position[tp] = max(end, self._position.get(tp, end))
                 else:
                     log.warning("consumer error on %s: %s", message.topic(), error.str())
                 continue
             if tp in self._seeks:
                 continue  # fetched before a pending seek took effect; it will come again
             self._at_end.discard(tp)
-            out.append(_record(message))
+            record = _record(message)
+            self._position[tp] = record.offset + 1
+            out.append(record)
         return out
 
     def _apply_seeks(self) -> None:
@@ -161,6 +175,7 @@ class KafkaTransport:
     def seek(self, tp: TP, offset: int) -> None:
         if tp in self._assigned:
             self._at_end.discard(tp)
+            self._position.pop(tp, None)
             self._seeks[tp] = offset
             self._apply_seeks()
 
@@ -208,6 +223,9 @@ class KafkaTransport:
 
     def caught_up(self, tps: Iterable[TP]) -> bool:
         return all(tp in self._at_end for tp in tps)
+
+    def position(self, tp: TP) -> int | None:
+        return self._position.get(tp) if tp in self._assigned else None
 
     def log_start(self, tp: TP) -> int:
         try:

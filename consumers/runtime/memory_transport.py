@@ -6,7 +6,10 @@ What it copies from librdkafka (``tests/contracts/transport.py`` holds both to i
 without a start starts at the committed offset, else at the log start; ``caught_up`` and the
 cached high watermark are what the last poll saw; a revoked partition leaves its pause behind;
 offsets of a partition not owned are not committed; group metadata from before a member's
-rebalance is fenced by ``send_offsets``; ``close`` revokes everything first.
+rebalance is fenced by ``send_offsets``; ``close`` revokes everything first. And Kafka's
+transactions: a committed transaction ends with a commit marker on every partition it wrote to,
+an aborted one leaves its records and an abort marker; both take offsets, neither is ever read,
+and a member's ``position`` passes them once a poll reads on past them or to the end.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from streams.headers import RECORD_ID
 
 @dataclass
 class MemoryLog:
-    """Topics of partitions of records, plus committed group offsets."""
+    """Topics of partitions of records, plus committed group offsets. A partition is a list
+    indexed by offset; an offset that holds no readable record (a transaction marker, a record of
+    an aborted transaction) holds None."""
 
     partitions: dict[str, int] = field(default_factory=dict)
-    records: dict[TP, list[Record]] = field(default_factory=dict)
+    records: dict[TP, list[Record | None]] = field(default_factory=dict)
     offsets: dict[str, dict[TP, Committed]] = field(default_factory=dict)
     # Simulated retention: offsets below this are gone from the partition.
     start: dict[TP, int] = field(default_factory=dict)
@@ -54,9 +59,27 @@ class MemoryLog:
             log.append(Record(topic, partition, offset, key, value, headers, offset))
             return offset
 
-    def read(self, tp: TP, start: int, limit: int) -> list[Record]:
+    def unreadable(self, topic: str, partition: int, count: int = 1) -> int:
+        """Offsets no reader is handed: a transaction's marker, an aborted transaction's
+        records. Returns the first of them."""
         with self.lock:
-            return self.records.get(tp, [])[start : start + limit]
+            log = self.records[TP(topic, partition)]
+            first = len(log)
+            log.extend([None] * count)
+            return first
+
+    def read(self, tp: TP, start: int, limit: int) -> list[Record]:
+        """Up to ``limit`` readable records from offset ``start`` on."""
+        with self.lock:
+            log = self.records.get(tp, [])
+            out: list[Record] = []
+            offset = max(start, 0)
+            while offset < len(log) and len(out) < limit:
+                record = log[offset]
+                if record is not None:
+                    out.append(record)
+                offset += 1
+            return out
 
     def end(self, tp: TP) -> int:
         with self.lock:
@@ -65,7 +88,10 @@ class MemoryLog:
     def all(self, topic: str) -> list[Record]:
         with self.lock:
             return [
-                r for p in range(self.partitions.get(topic, 0)) for r in self.records[TP(topic, p)]
+                r
+                for p in range(self.partitions.get(topic, 0))
+                for r in self.records[TP(topic, p)]
+                if r is not None
             ]
 
 
@@ -103,6 +129,7 @@ class MemoryTransport:
         self._paused: set[TP] = set()
         self._at_end: set[TP] = set()  # read to the end as of the last poll that fetched it
         self._high: dict[TP, int] = {}  # the end as the last poll that fetched it saw it
+        self._handed: dict[TP, int] = {}  # ``position``: past what the polls handed over
         self.generation = 0  # bumped by every rebalance that changes this member's partitions
         self._on_assign: AssignCallback | None = None
         self._on_revoke: RevokeCallback | None = None
@@ -161,6 +188,7 @@ class MemoryTransport:
             self._paused.discard(tp)
             self._at_end.discard(tp)
             self._high.pop(tp, None)
+            self._handed.pop(tp, None)
         self.generation += 1
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
@@ -174,12 +202,22 @@ class MemoryTransport:
                 continue
             # Below the log start is out of range: auto.offset.reset=earliest.
             position = max(self._assigned[tp], self.log_start(tp))
-            got = self.log.read(tp, position, limit - len(out))
-            if got:
+            room = limit - len(out)
+            got = self.log.read(tp, position, room)
+            end = self.log.end(tp)
+            if len(got) < room:
+                # Read on to the end: past the markers after the last record, as librdkafka's
+                # fetch goes past them before it reports the end.
+                position = max(position, end)
+                self._handed[tp] = position
+            elif got:
+                # The batch is full: the position stops right after its last record, even if
+                # only markers follow (librdkafka has not read them yet).
                 position = got[-1].offset + 1
-                out.extend(got)
+                self._handed[tp] = position
+            out.extend(got)
             self._assigned[tp] = position
-            self._high[tp] = end = self.log.end(tp)
+            self._high[tp] = end
             if position >= end:
                 self._at_end.add(tp)
             else:
@@ -199,6 +237,7 @@ class MemoryTransport:
         if tp in self._assigned:
             self._assigned[tp] = offset
             self._at_end.discard(tp)
+            self._handed.pop(tp, None)
 
     def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
         with self.log.lock:
@@ -214,6 +253,9 @@ class MemoryTransport:
         if cached:
             return self._high.get(tp, -1)
         return self.log.end(tp)
+
+    def position(self, tp: TP) -> int | None:
+        return self._handed.get(tp) if tp in self._assigned else None
 
     def log_start(self, tp: TP) -> int:
         return self.retention_start.get(tp, 0)
@@ -291,18 +333,22 @@ class MemoryOutput:
             )
         self._open = False
         if self.fail_commit():
-            self._records, self._offsets = [], {}
+            self._abandon()
             raise TransactionFailed("memory", "injected commit failure", abortable=True)
         with self.log.lock:
+            written: set[TP] = set()
             for r in self._records:
-                n = self.log.partitions[r.topic]
+                partition = self.partitioner(r.key, self.log.partitions[r.topic])
                 self.log.append(
                     r.topic,
-                    self.partitioner(r.key, n),
+                    partition,
                     r.value,
                     r.key.encode(),
                     r.headers + ((RECORD_ID, r.record_id.encode()),),
                 )
+                written.add(TP(r.topic, partition))
+            for tp in sorted(written):  # the commit markers
+                self.log.unreadable(tp.topic, tp.partition)
             if self._offsets:
                 group = (
                     self._group.group
@@ -310,11 +356,24 @@ class MemoryOutput:
                     else str(self._group)
                 )
                 self.log.offsets.setdefault(group, {}).update(self._offsets)
+        self._records, self._offsets = [], {}
         self.commits += 1
+
+    def _abandon(self) -> None:
+        """The transaction aborts: its records were written already (Kafka writes them as they
+        are produced) and stay in the log, unreadable, followed by the abort markers."""
+        with self.log.lock:
+            counts: dict[TP, int] = {}
+            for r in self._records:
+                tp = TP(r.topic, self.partitioner(r.key, self.log.partitions[r.topic]))
+                counts[tp] = counts.get(tp, 0) + 1
+            for tp, count in sorted(counts.items()):
+                self.log.unreadable(tp.topic, tp.partition, count + 1)
+        self._records, self._offsets = [], {}
 
     def abort(self) -> None:
         self._open = False
-        self._records, self._offsets = [], {}
+        self._abandon()
         self._doomed = None
 
     def close(self) -> None:
@@ -384,4 +443,7 @@ class MemoryReader:
 
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
         first = max(start, self.log_start(tp))
-        yield from self.log.read(tp, first, max(end - first + 1, 0))
+        for record in self.log.read(tp, first, max(end - first + 1, 0)):
+            if record.offset > end:
+                return
+            yield record

@@ -176,6 +176,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self._refold()
         self._recover_pending()
         if not records:
+            self._commit_read_through()
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
@@ -205,6 +206,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 if outcome is not None:
                     outcomes.append(outcome)
             self._commit(outcomes)
+        self._commit_read_through()
         return len(records)
 
     def idle(self) -> bool:
@@ -434,7 +436,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             # Every batch commits its offsets in a transaction, with its records if it has any.
             self._publish(committed)
         self._commit_group_offsets(
-            [self.parts[o.commit.tp] for o in committed if o.commit.tp in self.parts]
+            [self.parts[o.commit.tp] for o in committed if o.commit.tp in self.parts],
+            clean={o.commit.tp for o in committed if not o.failed},
         )
         self.failpoint("runtime.after_offsets_commit")
         for outcome in committed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -86,6 +86,9 @@ class PartitionState:
     needs_first_fold: bool = False
     redelivery: int | None = None
     open_part: OpenPart | None = None  # files processors: the part being filled
+    # The offset this owner last committed to the group (-1: none yet); the cursor in the store
+    # is what resumes work, and the two differ by the transaction markers past the cursor.
+    group_offset: int = -1
 
 
 @dataclass
@@ -127,12 +130,64 @@ class RunnerBase:
         except Fenced:
             self._drop(part)
 
-    def _commit_group_offsets(self, parts: Iterable[PartitionState]) -> None:
-        offsets = {
-            p.tp: p.progress.acked_through + 1 for p in parts if p.progress.acked_through >= 0
-        }
-        if offsets and self.processor.effect_kind != EffectKind.KAFKA:
+    def _read_through(self, part: PartitionState, progress: Progress) -> int | None:
+        """The transport's position, when it is past the cursor and every record it handed over
+        of this partition is done (nothing held back, failed, waiting for a retry, deferred or
+        in an open part): the offsets between the cursor and it hold no record a reader is
+        handed (transaction markers, aborted records). None otherwise.
+
+        A group that commits it reads lag 0 once caught up, where ``acked_through + 1`` stays
+        one behind the log end for every marker at the end. The cursor stays where it is: the
+        next owner starts after it and reads nothing but the markers again."""
+        if (
+            progress.applied_beyond
+            or progress.dead
+            or part.retry_at is not None
+            or part.needs_recovery
+            or part.needs_refold
+            or part.needs_first_fold
+            or part.open_part is not None
+        ):
+            return None
+        position = self.transport.position(part.tp)
+        if position is None or position <= progress.acked_through + 1:
+            return None
+        return position
+
+    def _group_offset(self, part: PartitionState, progress: Progress) -> int:
+        """Where the group is told a partition stands: past the markers when it was read
+        through (``_read_through``), else the next offset after the cursor."""
+        through = self._read_through(part, progress)
+        return through if through is not None else progress.acked_through + 1
+
+    def _settled(self, part: PartitionState) -> bool:
+        """Between batches: no failure of this partition waits to be retried or passed, and no
+        effect is pending."""
+        return (
+            part.retry_at is None and part.retry_from is None and not part.progress.pending_effects
+        )
+
+    def _commit_group_offsets(
+        self, parts: Iterable[PartitionState], clean: Container[TP] | None = None
+    ) -> None:
+        """Record the partitions' progress in the group, for lag tooling (Kafka effects commit
+        theirs in their transactions). ``clean``: the partitions whose batch just committed
+        with nothing failed, when called for a batch (before its failures are handled); else
+        each partition's own state says whether it is settled."""
+        if self.processor.effect_kind == EffectKind.KAFKA:
+            return
+        offsets: dict[TP, int] = {}
+        chosen = list(parts)
+        for p in chosen:
+            settled = p.tp in clean if clean is not None else self._settled(p)
+            offset = self._group_offset(p, p.progress) if settled else p.progress.acked_through + 1
+            if offset > 0:
+                offsets[p.tp] = offset
+        if offsets:
             self.transport.commit_offsets(offsets)
+            for p in chosen:
+                if p.tp in offsets:
+                    p.group_offset = offsets[p.tp]
 
     def _rewind_redelivery(self, part: PartitionState) -> None:
         if part.redelivery is not None and self.redelivery is not None:

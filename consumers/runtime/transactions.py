@@ -23,7 +23,16 @@ class TransactionMixin(RunnerBase):
     def _publish(self, outcomes: list[Outcome]) -> None:
         """Kafka effects of committed partitions, in one transaction with their offsets."""
         assert self.output is not None
-        offsets = {o.commit.tp: o.commit.progress.acked_through + 1 for o in outcomes}
+        # A partition whose batch took everything it was handed commits past the markers it
+        # read through; one with a failure in its batch, the next offset after its cursor.
+        offsets = {
+            o.commit.tp: (
+                self._group_offset(self.parts[o.commit.tp], o.commit.progress)
+                if not o.failed and o.commit.tp in self.parts
+                else o.commit.progress.acked_through + 1
+            )
+            for o in outcomes
+        }
         marks = {o.commit.tp: o.commit.progress.txn_marker() for o in outcomes}
         records = [r for o in outcomes for r in (o.commit.pending or [])]
         try:
@@ -39,7 +48,36 @@ class TransactionMixin(RunnerBase):
         for o in outcomes:
             part = self.parts.get(o.commit.tp)
             if part is not None:
+                part.group_offset = offsets[o.commit.tp]
                 self._clear_pending(part)
+
+    def _commit_read_through(self) -> None:
+        """Between batches: tell the group about partitions read on past the markers behind
+        their cursor (a batch that filled up stops before the marker after its last record;
+        the next poll reads it and finds the end). Kafka effects' offsets go in a transaction
+        of their own, with the marker of the partition's latest transaction (none is pending:
+        it names one that landed)."""
+        ends: dict[TP, int] = {}
+        for part in self.parts.values():
+            if not self._settled(part):
+                continue
+            through = self._read_through(part, part.progress)
+            if through is not None and through != part.group_offset:
+                ends[part.tp] = through
+        if not ends:
+            return
+        if self.processor.effect_kind != EffectKind.KAFKA:
+            self.transport.commit_offsets(ends)
+        elif self.output is not None:
+            marks = {tp: self.parts[tp].progress.txn_marker() for tp in ends}
+            try:
+                self._transact([], ends, marks)
+            except TransactionFailed as exc:
+                # Only lag figures wait for it: the next loop tries again.
+                log.info("%s: offsets past the markers not committed: %s", self.processor.slug, exc)
+                return
+        for tp, offset in ends.items():
+            self.parts[tp].group_offset = offset
 
     def _transact(
         self, records: list[OutRecord], offsets: Mapping[TP, int], marks: Mapping[TP, str]
@@ -152,6 +190,7 @@ class TransactionMixin(RunnerBase):
                             {part.tp: part.progress.acked_through + 1},
                             {part.tp: part.progress.txn_marker()},
                         )
+                        part.group_offset = part.progress.acked_through + 1
                 except (TransactionFailed, Unreachable) as exc:
                     log.warning(
                         "%s: recovery of %s failed, will retry: %s",

@@ -63,6 +63,14 @@ class Transport(Protocol):
         """These partitions have been read up to their end (as far as this reader may read: for
         read_committed, up to the last stable offset)."""
 
+    def position(self, tp: TP) -> int | None:
+        """The offset after everything this member's polls have handed over from the partition:
+        past the last record delivered and, once a poll found the partition read to its end,
+        that end as this reader sees it — past transaction markers (and aborted records), which
+        take offsets but are never delivered. None until a poll handed something over since the
+        partition was assigned or last sought. Records the caller was handed are never behind
+        it; records it was not handed are never before it."""
+
     def log_start(self, tp: TP) -> int:
         """The partition's first retained offset (0 until retention deleted something)."""
 

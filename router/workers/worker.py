@@ -27,6 +27,13 @@ handler's own side effects are at least once: a completed command id is recorded
 the transaction, so a redelivered batch skips what completed; a crash between the handler and
 that record re-runs the handler at the same attempt number.
 
+**Lag.** The offsets committed are past everything a partition was read through: when every
+record the consumer was handed of it is settled and nothing of it waits in a buffer, the
+consumer's position, which is past the transaction markers that end the producers'
+transactions (they take offsets but are never delivered); otherwise the next offset after the
+last record settled. A partition read on to its end after its last commit (the markers behind
+a batch that filled up) gets an offsets-only transaction, so a caught-up group reads lag 0.
+
 **Rebalances.** A revoked partition's buffer is dropped (its records come again, from the
 committed offset, to the next owner, which pauses on its own), and every newly assigned partition
 is resumed explicitly, so nothing is left paused by an earlier owner.
@@ -111,6 +118,7 @@ class Worker:
         self._waiting: dict[TP, deque[Record]] = {}
         self._paused: set[TP] = set()
         self._fresh: set[TP] = set()
+        self._committed: dict[TP, int] = {}  # the offset this member last committed, per partition
         self._ever_assigned = False
         self._pool = (
             ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
@@ -126,6 +134,8 @@ class Worker:
 
     def _on_assign(self, tps: list[TP]) -> dict[TP, int | None]:
         self._fresh.update(tps)
+        for tp in tps:
+            self._committed.pop(tp, None)
         self._ever_assigned = True
         return {}  # resume from the group's committed offsets
 
@@ -134,6 +144,7 @@ class Worker:
             self._waiting.pop(tp, None)
             self._paused.discard(tp)
             self._fresh.discard(tp)
+            self._committed.pop(tp, None)
 
     def waiting(self) -> int:
         """Retry records fetched and held until their due time."""
@@ -181,17 +192,24 @@ class Worker:
             else:
                 ready.append(record)
         ready.extend(self._due())
+        # Where each partition's last record of this step is: the chunk holding it settles
+        # everything the consumer was handed of that partition.
+        last = {r.tp: i for i, r in enumerate(ready)}
         settled = 0
         for start in range(0, len(ready), self.policy.batch):
             chunk = ready[start : start + self.policy.batch]
-            if not self._settle(chunk):
+            ends = self._read_through(
+                tp for tp, i in last.items() if start <= i < start + len(chunk)
+            )
+            if not self._settle(chunk, ends):
                 # Nothing after an aborted transaction may commit in this step: a later chunk's
                 # offsets would pass the rewound records of a partition it shares with this one
                 # (read again, they would start a second retry chain), and the due retries it
                 # holds were already taken from their buffer. All of the rest is read again.
                 self._rewind(ready[start:])
-                break
+                return settled
             settled += len(chunk)
+        self._commit_read_through()
         return settled
 
     def close(self) -> None:
@@ -224,6 +242,44 @@ class Worker:
                     self._paused.discard(tp)
         return out
 
+    # -- offsets past the markers --------------------------------------------------------------
+    def _read_through(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """The consumer's position of each of these partitions none of whose records waits in a
+        buffer: every record handed over of it is then in this step's chunks, and the offsets
+        between the last of them and the position hold only what no reader is handed
+        (transaction markers, aborted records)."""
+        out: dict[TP, int] = {}
+        for tp in tps:
+            if tp in self._waiting or tp in self._paused:
+                continue
+            position = self.transport.position(tp)
+            if position is not None:
+                out[tp] = position
+        return out
+
+    def _commit_read_through(self) -> None:
+        """After a step that settled everything it took: partitions read on since their last
+        commit (to the markers behind it, or to the end) commit their position, in a
+        transaction of offsets only (the offsets of this group are only ever committed in
+        transactions, so they cannot overtake one another)."""
+        ends = {
+            tp: offset
+            for tp, offset in self._read_through(sorted(self.transport.assignment())).items()
+            if offset != self._committed.get(tp)
+        }
+        if not ends:
+            return
+        try:
+            self.output.begin()
+            self.output.send_offsets(ends, self.transport.group_metadata())
+            self.output.commit()
+        except Exception as exc:
+            self.output.abort()
+            # Only lag figures wait for it: the next step tries again.
+            log.info("%s: offsets past the markers not committed: %s", self.policy.purpose, exc)
+            return
+        self._committed.update(ends)
+
     def _poll_timeout(self) -> float:
         interval = self.policy.poll_interval_s
         heads = [header_int(q[0].headers, DUE_MS, 0) for q in self._waiting.values() if q]
@@ -232,9 +288,10 @@ class Worker:
         return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
 
     # -- one batch -------------------------------------------------------------------------------
-    def _settle(self, chunk: list[Record]) -> bool:
+    def _settle(self, chunk: list[Record], ends: dict[TP, int]) -> bool:
         """Runs the chunk and commits it in one transaction; False when the transaction
-        failed (nothing of it is committed)."""
+        failed (nothing of it is committed). ``ends``: the positions of the partitions the
+        chunk settles everything of (``_read_through``)."""
         decoded: list[Command | EnvelopeError] = []
         for record in chunk:
             try:
@@ -280,12 +337,15 @@ class Worker:
             # What completed is recorded even if a later record's hook raised: its redelivery
             # must find it done.
             self.ledger.mark_done(s.done for s in settled if s.done)
-        return self._commit(chunk, settled)
+        return self._commit(chunk, settled, ends)
 
-    def _commit(self, chunk: list[Record], settled: list[_Settled]) -> bool:
+    def _commit(self, chunk: list[Record], settled: list[_Settled], ends: dict[TP, int]) -> bool:
         offsets: dict[TP, int] = {}
         for record in chunk:
             offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
+        for tp, end in ends.items():
+            if tp in offsets:
+                offsets[tp] = max(offsets[tp], end)
         try:
             self.output.begin()
             for s in settled:
@@ -305,6 +365,7 @@ class Worker:
             )
             return False
         self.failpoint("worker.after_transaction_commit")
+        self._committed.update(offsets)
         self.stats.transactions += 1
         self.stats.records += len(chunk)
         counts: Counter[str] = Counter(s.outcome for s in settled)

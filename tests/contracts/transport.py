@@ -400,3 +400,69 @@ class TransportContract:
         output.close()
         second.close()
         member.close()
+
+    def _write_transactions(self, bench: Bench) -> None:
+        """Two committed transactions on one key's partition, an aborted one between them:
+        ``a``, ``b`` | marker | (``gone`` and its abort marker, if it was sent) | ``c`` |
+        marker."""
+        output = bench.output()
+        for values, commit in (((b"a", b"b"), True), ((b"gone",), False), ((b"c",), True)):
+            output.begin()
+            for value in values:
+                output.produce(OutRecord(bench.topic, "k", value, f"rid-{value.decode()}"))
+            if commit:
+                output.commit()
+            else:
+                output.abort()
+        output.close()
+
+    def test_position_passes_transaction_markers_once_a_partition_is_read_to_its_end(
+        self, bench: Bench
+    ) -> None:
+        member = bench.member()
+        tps = [TP(bench.topic, 0), TP(bench.topic, 1)]
+        assert [member.position(tp) for tp in tps] == [None, None], "nothing handed over yet"
+        self._write_transactions(bench)
+        got = drain(member, want=2)
+        (tp,) = {r.tp for r in got}
+        (other,) = set(tps) - {tp}
+
+        def read_on() -> bool:
+            got.extend(member.poll(100, 0.1))
+            return member.caught_up(tps)
+
+        eventually(read_on, bool, "read to the end")
+        assert [r.value for r in got] == [b"a", b"b", b"c"]
+        offsets = [r.offset for r in got]
+        end = member.high_watermark(tp, cached=False)
+        # The markers take offsets no reader is handed (and so does the aborted record, when
+        # the producer had sent it before the abort: Kafka writes records as they go out).
+        assert offsets[1] == offsets[0] + 1 and offsets[2] >= offsets[1] + 2, offsets
+        assert end == offsets[2] + 2, (offsets, end)
+        assert member.position(tp) == end
+        assert member.position(other) == 0
+        member.close()
+
+    def test_position_stops_after_the_last_record_handed_over_and_a_seek_forgets_it(
+        self, bench: Bench
+    ) -> None:
+        self._write_transactions(bench)
+        member = bench.member()
+        got = drain(member, want=3)
+        (tp,) = {r.tp for r in got}
+        a, b, c = (r.offset for r in got)
+        member.seek(tp, a)
+        assert member.position(tp) is None
+        one = eventually(lambda: member.poll(1, 0.2), bool, "the first record again")
+        assert [r.offset for r in one] == [a] and member.position(tp) == a + 1
+        one = eventually(lambda: member.poll(1, 0.2), bool, "the second record")
+        # A full batch stops right after its last record: the marker behind it is not read yet.
+        assert [r.offset for r in one] == [b] and member.position(tp) == b + 1
+        one = eventually(lambda: member.poll(1, 0.2), bool, "the third record")
+        # The marker and the aborted transaction before it are passed on the way.
+        assert [r.offset for r in one] == [c] and member.position(tp) == c + 1
+        eventually(
+            lambda: (member.poll(100, 0.1), member.caught_up([tp]))[1], bool, "read to the end"
+        )
+        assert member.position(tp) == member.high_watermark(tp, cached=False) == c + 2
+        member.close()
