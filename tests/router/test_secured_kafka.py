@@ -213,16 +213,21 @@ def test_a_wrong_password_fails_in_one_line_naming_the_listener_never_the_passwo
         RHUMBATRON_KAFKA_SASL_PASSWORD=wrong,
         RHUMBATRON_CONNECT_TIMEOUT_S="3",
     )
-    refused = run_cli(s, "provision", env=env)
-    assert refused.returncode == 2, refused.stderr
-    [line] = refused.stderr.strip().splitlines()
-    assert line.startswith(
-        f"rhumbatron: Kafka at {s.kafka_bootstrap} (SASL_SSL, SCRAM-SHA-512, user {APP}) "
-        "refused the login: "
-    ), line
-    assert "Authentication failed" in line
-    assert wrong not in refused.stdout + refused.stderr
-    assert secured_listener().password(APP) not in refused.stdout + refused.stderr
+    # provision, and a runtime command (which checks its topics first).
+    for args in (
+        ["provision"],
+        ["consume", "--subscription", "audit-archiver", "--until-idle", "1"],
+    ):
+        refused = run_cli(s, *args, env=env)
+        assert refused.returncode == 2, refused.stderr
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith(
+            f"rhumbatron: Kafka at {s.kafka_bootstrap} (SASL_SSL, SCRAM-SHA-512, user {APP}) "
+            "refused the login: "
+        ), (args, line)
+        assert "Authentication failed" in line
+        assert wrong not in refused.stdout + refused.stderr
+        assert secured_listener().password(APP) not in refused.stdout + refused.stderr
 
 
 def test_a_ca_that_did_not_sign_the_broker_fails_in_one_line(
