@@ -33,13 +33,15 @@ from confluent_kafka import Message
 
 from consumers.kafka_consumer import drain
 from consumers.subscriptions.projector.view import count_views
+from router.operator.pid_file import recorded_pid, running_server
 from router.settings import QueuePolicy, Settings
 from router.wiring.causal import router_outbox_path
 from router.wiring.outbox import build_publisher, open_outbox
 from router.wiring.subscription import redis_client
 from streams.admin import admin_client, provision
 from streams.envelopes import Command, Draft, Event, build, encode
-from streams.errors import EnvelopeError
+from streams.errors import ConfigurationError, EnvelopeError
+from streams.files import open_private, private_dir, write_private
 from streams.outbox.store import RowState
 from streams.producer import Producer
 from streams.topology import group_id, queue_name
@@ -57,6 +59,10 @@ WORKERS = {"integration": "drill", "indexing": "ok", "agent-wakeups": "flaky"}
 DRILL_EVENTS = 3
 IDLE_S = "5"
 RETRY_DELAY_S = 1.0
+# Bounds on the operator server starting, or an earlier one stopping (uvicorn's graceful stop
+# takes well under a second); how often the demo looks meanwhile.
+OPERATOR_WAIT_S = 30.0
+OPERATOR_POLL_S = 0.1
 
 
 def demo_settings(settings: Settings) -> Settings:
@@ -309,32 +315,70 @@ def print_figures(settings: Settings) -> None:
 
 
 def serve_operator_page(settings: Settings) -> None:
-    """Leave the operator page running in the background (it outlives this command)."""
-    state = Path(".local")
-    state.mkdir(exist_ok=True)
-    pid_file = state / "operator.pid"
-    token_file = state / "operator-token"
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    """Leave the operator page running in the background (it outlives this command). Its files
+    are in the state directory, readable by this user only (0600): the pid file the server holds
+    while it runs, the operator token, the log. The token is never printed: it is in its file."""
+    state = private_dir(settings.state_dir)
+    pid_file, token_file, log_path = (
+        state / "operator.pid",
+        state / "operator-token",
+        state / "operator.log",
+    )
+    stop_earlier_operator_server(pid_file)
     token = (
         settings.operator_token.get_secret_value()
         if settings.operator_token
         else secrets.token_urlsafe(32)
     )
-    token_file.write_text(token + "\n")
+    write_private(token_file, token + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
     env.update(settings.as_environment())
     env["RHUMBATRON_OPERATOR_TOKEN"] = token
-    log = open(state / "operator.log", "w")  # noqa: SIM115 - the server keeps it open after we exit
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    pid_file.write_text(str(proc.pid))
-    address = f"http://{settings.operator_host}:{settings.operator_port}/"
-    print(f"operator page: {address}  (token: {token}, also in {token_file})")
-    print(f"  stop it with: kill $(cat {pid_file})   log: {state / 'operator.log'}")
+    with open(open_private(log_path, os.O_WRONLY | os.O_TRUNC, tighten=True), "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "router.cli", "serve", "--pid-file", str(pid_file)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    address = _operator_address(settings, proc, log_path)
+    print(f"operator page: {address}  (the operator token is in {token_file}, mode 0600)")
+    print(f"  stop it with: kill $(cat {pid_file})   log: {log_path}")
+
+
+def stop_earlier_operator_server(pid_file: Path) -> None:
+    """Stop the operator server an earlier run left, if it still runs: the one holding
+    ``pid_file`` (router/operator/pid_file.py). A pid in a file no server holds is stale, maybe
+    another process's by now: it is left alone."""
+    pid = running_server(pid_file)
+    if pid is None:
+        stale = recorded_pid(pid_file)
+        if stale is not None:
+            print(
+                f"note: {pid_file} names pid {stale}, which is no operator server of this state "
+                "directory (none holds the file): left alone"
+            )
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + OPERATOR_WAIT_S
+    while running_server(pid_file) is not None and time.monotonic() < deadline:
+        time.sleep(OPERATOR_POLL_S)
+    print(f"stopped the operator server of an earlier run (pid {pid})")
+
+
+def _operator_address(settings: Settings, proc: subprocess.Popen[bytes], log_path: Path) -> str:
+    """The address the server prints once it listens (the port may be a free one it chose);
+    one clear error with the log's last line if it exits instead."""
+    deadline = time.monotonic() + OPERATOR_WAIT_S
+    while time.monotonic() < deadline:
+        lines = log_path.read_text(errors="replace").splitlines()
+        started = [ln for ln in lines if ln.startswith("operator page at ")]
+        if started:
+            return started[0].split()[3]
+        if proc.poll() is not None:
+            last = lines[-1] if lines else f"exit {proc.returncode}"
+            raise ConfigurationError(f"the operator server did not start: {last} (log: {log_path})")
+        time.sleep(OPERATOR_POLL_S)
+    return f"http://{settings.operator_host}:{settings.operator_port}/ (still starting)"

@@ -1,13 +1,31 @@
-"""``rhumbatron serve [--port N]``: the operator HTTP API and web page in one process, bound to
-``operator_host`` (127.0.0.1 by default) and ``operator_port`` (or ``--port``)."""
+"""``rhumbatron serve [--port N] [--allow-remote] [--tls-cert PEM --tls-key PEM] [--pid-file
+PATH]``: the operator HTTP API and web page in one process, bound to ``operator_host``
+(127.0.0.1 by default) and ``operator_port`` (or ``--port``).
+
+An ``operator_host`` other machines can reach is refused unless ``--allow-remote``; allowed
+without ``--tls-cert/--tls-key``, a warning says to put TLS in front. The server code is in
+router/operator/server.py, the pid file in router/operator/pid_file.py."""
 
 from __future__ import annotations
 
 import argparse
 import signal
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
 
 from router.cli.common import non_negative_int
-from router.operator.server import address_of, bind, server
+from router.operator.pid_file import PidFile
+from router.operator.server import (
+    Tls,
+    address_of,
+    bind,
+    listens_remotely,
+    server,
+    tls_files,
+)
 from router.operator.service import OperatorService
 from router.settings import Settings
 from streams.errors import ConfigurationError
@@ -17,22 +35,61 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     port = settings.operator_port if args.port is None else args.port
     if not 0 <= port <= 65535:
         raise ConfigurationError(f"port {port} is out of range 0..65535 (0: any free port)")
-    sock = bind(settings.operator_host, port)
-    service = OperatorService(settings)
-    print(
-        f"operator page at {address_of(sock)} (API under /api, OpenAPI at /openapi.json); "
-        f"environment {settings.env!r}" + _access_note(settings),
-        flush=True,
-    )
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
-    # found: ours makes that a clean exit (0), as `consume` does.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    tls = tls_files(args.tls_cert, args.tls_key)
+    stop = _Stop()
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        server(service).run(sockets=[sock])
+        pid_file = None if args.pid_file is None else PidFile.acquire(args.pid_file)
+        try:
+            sock = bind(settings.operator_host, port, allow_remote=args.allow_remote)
+            try:
+                return _serve_on(settings, sock, tls, stop)
+            finally:
+                sock.close()
+        finally:
+            if pid_file is not None:
+                pid_file.release()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _Stop:
+    """The SIGTERM handler until uvicorn takes the signal over, and again once it hands it back
+    (it shuts down gracefully, then raises the signal again for the handler it found): a stop
+    asked for before the server runs stops it as soon as it starts (a clean exit, 0, as
+    `consume` does), instead of being lost."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def _serve_on(settings: Settings, sock: socket.socket, tls: Tls | None, stop: _Stop) -> int:
+    service = OperatorService(settings)
+    try:
+        print(
+            f"operator page at {address_of(sock, tls)} (API under /api, OpenAPI at "
+            f"/openapi.json); environment {settings.env!r}" + _access_note(settings),
+            flush=True,
+        )
+        if tls is None and listens_remotely(sock):
+            print(
+                f"rhumbatron: warning: the operator API listens on {settings.operator_host} "
+                "without TLS, so its tokens and dead letters cross the network in clear: put a "
+                "TLS-terminating proxy in front, or pass --tls-cert and --tls-key",
+                file=sys.stderr,
+                flush=True,
+            )
+        stop.server = server(service, tls)
+        stop.server.should_exit = stop.requested
+        stop.server.run(sockets=[sock])
+    finally:
         service.close()
-        sock.close()
     return 0
 
 
@@ -57,5 +114,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=non_negative_int,
         metavar="N",
         help="listen on this port (default: operator_port; 0 picks a free one)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow an operator_host other machines can reach (not 127.0.0.0/8 or ::1); put "
+        "TLS in front of it, or give --tls-cert/--tls-key",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain) file; needs --tls-key",
+    )
+    p.add_argument(
+        "--tls-key",
+        metavar="PEM",
+        help="the private key (unencrypted PEM) of --tls-cert",
+    )
+    p.add_argument(
+        "--pid-file",
+        metavar="PATH",
+        help="write this server's pid there (0600) while it runs, removed at a clean exit; "
+        "refused while a running server holds the file, a stale one is replaced",
     )
     p.set_defaults(handler=serve)

@@ -4,17 +4,25 @@ run's dead-letter path wrote (task.blocked / task.failed through the router's ou
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
+from router.demo import serve_operator_page
+from router.operator.pid_file import running_server
 from router.settings import Settings
-from tests.support.environment import subprocess_env
+from tests.support.environment import ROOT, make_settings, subprocess_env
+from tests.support.files import mode_of, umask
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +98,74 @@ def test_the_demo_runs_every_part_and_a_second_run_is_as_clean_as_the_first(
         views = line_of(out, "project views built")
         assert int(views.split()[-1]) == run * (PROJECTS + 1), out  # + the drill project
         assert "operator page" not in out
+
+
+# -- the operator page it leaves running ---------------------------------------------------------
+def _alive(pid: int) -> bool:
+    """Running, not merely an exited child nobody has reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def page_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """Settings whose state directory is the test's own (not made yet), on a free port; the
+    servers the demo leaves running are stopped afterwards."""
+    monkeypatch.chdir(ROOT)  # the server runs `python -m router.cli` from the working directory
+    s = make_settings(state_dir=tmp_path / "state", operator_port=0)
+    yield s
+    pid = running_server(s.state_dir / "operator.pid")
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not _alive(pid), 60, f"the operator server {pid} stopped")
+
+
+def test_the_page_is_served_and_its_token_is_in_a_0600_file_never_printed(
+    page_settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = page_settings.state_dir
+    state.parent.chmod(0o755)
+    with umask(0o022):
+        serve_operator_page(page_settings)
+    out = capsys.readouterr().out
+    token = (state / "operator-token").read_text().strip()
+    assert len(token) >= 32 and token not in out
+    assert f"the operator token is in {state / 'operator-token'}, mode 0600" in out
+    address = re.search(r"operator page: (http://127\.0\.0\.1:\d+/) ", out)
+    assert address, out
+    session = httpx.get(
+        address.group(1) + "api/session", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    assert session.status_code == 200, session.text
+    assert mode_of(state) == 0o700 and mode_of(state.parent) == 0o755  # only what it made
+    for name in ("operator-token", "operator.pid", "operator.log"):
+        assert mode_of(state / name) == 0o600, name
+
+
+def test_an_earlier_server_is_stopped_and_a_foreign_pid_left_alone(
+    page_settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pid_file = page_settings.state_dir / "operator.pid"
+    unrelated = subprocess.Popen(["sleep", "60"])
+    try:
+        pid_file.parent.mkdir(parents=True)
+        pid_file.write_text(f"{unrelated.pid}\n")
+        serve_operator_page(page_settings)
+        out = capsys.readouterr().out
+        assert f"note: {pid_file} names pid {unrelated.pid}, which is no operator server" in out
+        assert unrelated.poll() is None  # not signalled
+        first = running_server(pid_file)
+        assert first is not None and first != unrelated.pid
+        serve_operator_page(page_settings)
+        out = capsys.readouterr().out
+        assert f"stopped the operator server of an earlier run (pid {first})" in out
+        assert not _alive(first)
+        second = running_server(pid_file)
+        assert second is not None and second != first and _alive(second)
+        assert unrelated.poll() is None
+    finally:
+        unrelated.kill()
+        unrelated.wait(timeout=30)
