@@ -6,13 +6,14 @@
 #   infra/local.sh up | down | status
 #   infra/local.sh kafka-start [ID] | kafka-stop [ID] | kafka-kill [ID]   (no ID: the single broker)
 #   infra/local.sh redis-start | redis-stop | redis-kill
+#   infra/local.sh postgres-start | postgres-stop | postgres-kill   (Debian's PostgreSQL, 127.0.0.1:5432)
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
-# RHUMBATRON_REDIS_PORT=6479 infra/local.sh up. The jars are shared.
+# RHUMBATRON_REDIS_PORT=6479 RHUMBATRON_POSTGRES_PORT=5532 infra/local.sh up. The jars are shared.
 #
 # The single broker also has a secured listener, SASL_SSL on KAFKA_PORT+1000 (10092 by default),
 # for testing Rhumbatron against a Kafka that wants TLS and a login (docs/kafka-security.md):
@@ -443,6 +444,164 @@ redis_signal() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# PostgreSQL (Debian's packages) for the PostgreSQL outbox and its tests (docs/outbox.md). initdb
+# and postgres refuse to run as root, so as root they run as the `postgres` user, with a data
+# directory that user owns outside the checkout (.local may be a 0700 tree it cannot enter);
+# otherwise as the calling user, under $STATE/postgres. It listens on 127.0.0.1 only (and a
+# socket in its own directory), with password logins (SCRAM) over TCP. A role and database named
+# rhumbatron are made at first start; the role's password is generated once and kept 0600 in
+# $STATE/postgres/password. `status` prints the URL with the password masked.
+PG_PORT="${RHUMBATRON_POSTGRES_PORT:-5432}"
+PG_ROLE=rhumbatron
+PG_DB=rhumbatron
+PG_STATE="$STATE/postgres"
+PG_PASSWORD_FILE="$PG_STATE/password"
+PG_START_TIMEOUT="${RHUMBATRON_POSTGRES_START_TIMEOUT:-60}"
+
+pg_bin() {
+  local dir
+  dir="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  if [ -n "$dir" ] && [ -x "$dir/postgres" ]; then echo "$dir"; fi
+}
+
+# Where the cluster lives: one per checkout state folder and port, so a private instance
+# (RHUMBATRON_LOCAL_DIR, RHUMBATRON_POSTGRES_PORT) never shares files with the shared one.
+pg_home() {
+  if [ "$(id -u)" = 0 ]; then
+    echo "/var/lib/rhumbatron-postgres/$(printf '%s' "$STATE" | sha256sum | cut -c1-12)-$PG_PORT"
+  else
+    echo "$PG_STATE/cluster-$PG_PORT"
+  fi
+}
+
+# Runs a PostgreSQL program as the cluster's owner.
+pg_as_owner() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_install() {
+  if [ -n "$(pg_bin)" ]; then return; fi
+  command -v apt-get >/dev/null || fail "PostgreSQL is not installed and there is no apt-get: install Debian's postgresql"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  mkdir -p "$STATE/logs"
+  say "installing Debian's postgresql (apt-get; log in $STATE/logs/apt-postgresql.log)"
+  # Debian's package would make and start a cluster of its own on 5432: ask it not to.
+  $sudo mkdir -p /etc/postgresql-common
+  if [ ! -f /etc/postgresql-common/createcluster.conf ]; then
+    echo "create_main_cluster = false" | $sudo tee /etc/postgresql-common/createcluster.conf >/dev/null
+  fi
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confold postgresql)
+  if ! { $sudo "${apt[@]}" || { $sudo apt-get update -q && $sudo "${apt[@]}"; }; } \
+      >"$STATE/logs/apt-postgresql.log" 2>&1; then
+    fail "apt-get could not install postgresql; see $STATE/logs/apt-postgresql.log"
+  fi
+  [ -n "$(pg_bin)" ] || fail "postgresql installed but no server binary in /usr/lib/postgresql/*/bin"
+}
+
+pg_password() {
+  if [ ! -s "$PG_PASSWORD_FILE" ]; then
+    (umask 077 && mkdir -p "$PG_STATE" && openssl rand -hex 24 >"$PG_PASSWORD_FILE") \
+      || fail "openssl could not generate the PostgreSQL password in $PG_STATE"
+  fi
+  chmod 600 "$PG_PASSWORD_FILE"
+  cat "$PG_PASSWORD_FILE"
+}
+
+pg_url() {
+  local password="$1"
+  echo "postgresql://$PG_ROLE:$password@127.0.0.1:$PG_PORT/$PG_DB"
+}
+
+pg_pid() { head -1 "$(pg_home)/data/postmaster.pid" 2>/dev/null || true; }
+
+pg_alive() {
+  local pid
+  pid="$(pg_pid)"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+pg_start() {
+  local home data bin password started
+  home="$(pg_home)"; data="$home/data"
+  if pg_alive; then
+    say "postgres already running (pid $(pg_pid), 127.0.0.1:$PG_PORT, $(pg_url '***'))"
+    return
+  fi
+  pg_install
+  bin="$(pg_bin)"
+  started=$(date +%s%3N)
+  password="$(pg_password)"
+  mkdir -p "$home" "$STATE/logs"
+  if [ "$(id -u)" = 0 ]; then
+    mkdir -p /var/lib/rhumbatron-postgres
+    chmod 755 /var/lib/rhumbatron-postgres
+    chown postgres:postgres "$home"
+  fi
+  chmod 700 "$home"
+  if [ ! -f "$data/PG_VERSION" ]; then
+    say "initialising a PostgreSQL cluster in $data ($("$bin/postgres" --version))"
+    if ! pg_as_owner "$bin/initdb" -D "$data" -U postgres -E UTF8 --no-locale \
+        --auth-local=peer --auth-host=scram-sha-256 >"$home/initdb.log" 2>&1; then
+      fail "initdb failed; see $home/initdb.log"
+    fi
+    pg_as_owner sh -c "cat >>'$data/postgresql.conf'" <<EOC
+# infra/local.sh
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$home'
+max_connections = 200
+shared_buffers = 128MB
+password_encryption = 'scram-sha-256'
+logging_collector = off
+EOC
+  fi
+  # A crashed server leaves a stale pid file; postgres itself refuses one that is still alive.
+  if ! pg_as_owner "$bin/pg_ctl" -D "$data" -l "$home/server.log" -w -t "$PG_START_TIMEOUT" \
+      -o "-p $PG_PORT -k $home" start >"$home/pg_ctl.log" 2>&1; then
+    tail -n 20 "$home/server.log" 2>/dev/null | sed 's/^/    /' >&2 || true
+    fail "postgres did not start on 127.0.0.1:$PG_PORT; see $home/server.log"
+  fi
+  # The role (its password kept in step with the file) and its database, idempotently.
+  if ! pg_as_owner "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h "$home" -p "$PG_PORT" -U postgres \
+      -d postgres -v role="$PG_ROLE" -v db="$PG_DB" -v password="$password" \
+      >"$home/setup.log" 2>&1 <<'EOS'
+SELECT format('CREATE ROLE %I LOGIN CREATEDB', :'role')
+  WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') \gexec
+ALTER ROLE :"role" WITH LOGIN CREATEDB PASSWORD :'password';
+SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role')
+  WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = :'db') \gexec
+EOS
+  then
+    fail "could not create the $PG_ROLE role and database; see $home/setup.log"
+  fi
+  local ms=$(($(date +%s%3N) - started))
+  say "postgres ready in $((ms / 1000)).$(((ms % 1000) / 100))s (pid $(pg_pid), $(pg_url '***'); password in $PG_PASSWORD_FILE)"
+}
+
+pg_signal() {
+  local signal="$1" home pid bin
+  home="$(pg_home)"
+  if ! pg_alive; then say "postgres not running"; return; fi
+  pid="$(pg_pid)"
+  if [ "$signal" = KILL ]; then
+    kill -KILL "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    say "postgres killed (pid $pid)"
+    return
+  fi
+  bin="$(pg_bin)"
+  pg_as_owner "$bin/pg_ctl" -D "$home/data" -m fast -w -t 60 stop >"$home/pg_ctl.log" 2>&1 \
+    || fail "postgres did not stop; see $home/pg_ctl.log"
+  say "postgres stopped (pid $pid)"
+}
+
+pg_status() {
+  if pg_alive; then say "postgres: running (pid $(pg_pid), $(pg_url '***'); password in $PG_PASSWORD_FILE)"
+  else say "postgres: stopped"; fi
+}
+
+# ---------------------------------------------------------------------------------------------
 # The operator page's tests drive Debian's chromium through Playwright's executable_path; the
 # browser builds Playwright would download are never used.
 browser() {
@@ -472,6 +631,7 @@ status() {
   done
   if alive "$STATE/redis/redis.pid"; then say "redis: running (pid $(cat "$STATE/redis/redis.pid"), 127.0.0.1:$REDIS_PORT)"
   else say "redis: stopped"; fi
+  pg_status
 }
 
 # The cluster is PLAINTEXT only (no secured listener, no authorizer): it is for replication and
@@ -499,8 +659,8 @@ node="${1:-single}"
 case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac
 mkdir -p "$STATE/kafka"
 case "$cmd" in
-  up) kafka_start single; redis_start ;;
-  down) cluster_down; kafka_signal TERM single; redis_signal TERM ;;
+  up) kafka_start single; redis_start; pg_start ;;
+  down) cluster_down; kafka_signal TERM single; redis_signal TERM; pg_signal TERM ;;
   status) status ;;
   jars) jars ;;
   browser) browser ;;
@@ -510,7 +670,10 @@ case "$cmd" in
   redis-start) redis_start ;;
   redis-stop) redis_signal TERM ;;
   redis-kill) redis_signal KILL ;;
+  postgres-start) pg_start ;;
+  postgres-stop) pg_signal TERM ;;
+  postgres-kill) pg_signal KILL ;;
   cluster-up) cluster_up ;;
   cluster-down) cluster_down ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, cluster-up, cluster-down" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, cluster-up, cluster-down" ;;
 esac
