@@ -3,10 +3,14 @@
 - First the ``Host`` header: a name not in ``operator_allowed_hosts`` (default: operator_host,
   localhost, 127.0.0.1, [::1]; any port) is refused with 421, against DNS rebinding.
 - Then the token, before anything of the request is parsed: every read under ``/api`` but
-  ``/api/info`` and ``/api/health`` needs ``Authorization: Bearer <operator_read_token>`` or the
-  operator token; every change (retry, dismiss) needs ``Authorization: Bearer <operator_token>``
-  (``RHUMBATRON_OPERATOR_TOKEN``). 401 without a token or with another one; 403 with the read
-  token on a change, or when no token that could allow the call is configured.
+  ``/api/info`` and ``/api/health`` needs ``Authorization: Bearer <operator_read_token>`` or an
+  operator's token; every change (retry, dismiss, one letter or in bulk, dry runs too) needs an
+  operator's token: ``operator_token`` (``RHUMBATRON_OPERATOR_TOKEN``, its operator named by
+  ``operator_token_name``) or one of ``operator_tokens`` (name → token). 401 without a token or
+  with another one; 403 with the read token on a change, or when no token that could allow the
+  call is configured.
+- The audit record of a change names the operator whose token made it; a body names no one
+  (a ``who`` in it is refused with 422). ``/api/session`` says who a token is.
 - ``/``, ``/openapi.json``, ``/api/info``, ``/api/health`` and ``/metrics`` carry no payload and
   no secret, and stay open.
 - Every error is JSON ``{"reason": …, "field": …}``: 404 names the unknown id, 409 says why a
@@ -18,7 +22,6 @@
 # No ``from __future__ import annotations`` here: FastAPI reads the route signatures at run
 # time, and some name limits taken from settings inside create_app.
 import hmac
-import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any
@@ -34,8 +37,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from consumers.redis_conn import address_of
 from router.operator.models import (
     NAME_PATTERN,
+    QUEUE_PATTERN,
     SLUG_PATTERN,
     ActionResult,
+    BulkResult,
     DeadLetterDetail,
     DeadLetterList,
     ErrorBody,
@@ -47,9 +52,10 @@ from router.operator.models import (
     LetterStatusParam,
     OutboxReport,
     RecentFailures,
-    action_requests,
+    Requests,
+    Session,
 )
-from router.operator.service import OperatorService
+from router.operator.service import OperatorService, write_tokens
 from router.settings import Settings
 from streams.errors import (
     BadInput,
@@ -59,7 +65,6 @@ from streams.errors import (
     ServerRefused,
     Unreachable,
 )
-from streams.topology import QUEUE_PURPOSES
 
 PAGE = "static/operator.html"
 # The page is one file with its script and style inline; it loads nothing from elsewhere.
@@ -92,12 +97,12 @@ _CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "the read token, or no operator token configured"},
     409: {"model": ErrorBody, "description": "the dead letter is not open, or cannot be retried"},
 }
+_BULK_ERRORS = {code: answer for code, answer in _CHANGE_ERRORS.items() if code not in (404, 409)}
 
 LetterId = Annotated[str, Path(description="the dead letter's id (dl_…)", max_length=200)]
 ProjectId = Annotated[
     str, Path(description="the project's id", max_length=200, pattern=NAME_PATTERN)
 ]
-QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
 
 
 _bearer = HTTPBearer(auto_error=False, description="the read token, or the operator token")
@@ -127,65 +132,90 @@ def _host_name(host: str) -> str:
         return ""
 
 
-def _secret(token: Any) -> str:
-    return str(token.get_secret_value()) if token is not None else ""
-
-
 def _same(sent: str, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(sent.encode(), expected.encode())
 
 
-def _refusal(request: Request, settings: Settings, hosts: frozenset[str]) -> JSONResponse | None:
+class Access:
+    """The tokens this server knows, read once from settings: each operator's write token by
+    name, and the read token."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.writers = write_tokens(settings)
+        token = settings.operator_read_token
+        self.read = token.get_secret_value() if token is not None else ""
+
+    def operator_of(self, sent: str) -> str | None:
+        # Every token is compared, so the time taken does not tell which one came close.
+        found = [name for name, token in self.writers.items() if _same(sent, token)]
+        return found[0] if found else None
+
+
+def _refusal(
+    request: Request, access: Access, hosts: frozenset[str]
+) -> tuple[JSONResponse | None, str | None]:
     """Why the request is refused before it reaches its route (nothing of it parsed yet), or
-    None. A route's own dependencies run after FastAPI has read the body: too late for this."""
+    None; and the operator its token names (None: the read token, or no token on an open path).
+    A route's own dependencies run after FastAPI has read the body: too late for this."""
     host = request.headers.get("host", "")
     if _host_name(host) not in hosts:
         return _error(
             421,
             f"this server does not answer for Host {host[:200]!r} (allowed: "
             f"{', '.join(sorted(hosts))}); add the name to RHUMBATRON_OPERATOR_ALLOWED_HOSTS",
-        )
+        ), None
     path = request.url.path
     if path in OPEN_PATHS or not path.startswith("/api/"):
-        return None
+        return None, None
     scheme, _, sent = request.headers.get("authorization", "").partition(" ")
     sent = sent.strip() if scheme.lower() == "bearer" else ""
-    write, read = _secret(settings.operator_token), _secret(settings.operator_read_token)
+    operator = access.operator_of(sent) if sent else None
     if request.method in READS:
-        if not write and not read:
+        if not access.writers and not access.read:
             return _error(
                 403,
                 "no read token is configured on this server, so every read of dead letters, "
                 "failures, outboxes, lag and views is refused: set "
                 "RHUMBATRON_OPERATOR_READ_TOKEN (or RHUMBATRON_OPERATOR_TOKEN) and restart",
-            )
+            ), None
         if not sent:
             return _error(
                 401, "this call reads payloads: send 'Authorization: Bearer <read token>'"
-            )
-        if not (_same(sent, read) or _same(sent, write)):
-            return _error(401, "the bearer token is not this server's read or operator token")
-        return None
-    if not write:
+            ), None
+        if operator is None and not _same(sent, access.read):
+            return _error(
+                401,
+                "the bearer token is not this server's read token or one of its operator tokens",
+            ), None
+        return None, operator
+    if not access.writers:
         return _error(
             403,
             "no operator token is configured on this server, so every retry and dismiss is "
-            "refused: set RHUMBATRON_OPERATOR_TOKEN and restart rhumbatron serve",
-        )
+            "refused: set RHUMBATRON_OPERATOR_TOKEN (or RHUMBATRON_OPERATOR_TOKENS) and restart "
+            "rhumbatron serve",
+        ), None
     if not sent:
         return _error(
             401, "this call changes state: send the header 'Authorization: Bearer <operator token>'"
-        )
-    if _same(sent, write):
-        return None
-    if _same(sent, read):
-        return _error(403, "the read token only reads: a retry or dismiss needs the operator token")
-    return _error(401, "the bearer token is not this server's operator token")
+        ), None
+    if operator is not None:
+        return None, operator
+    if _same(sent, access.read):
+        return _error(
+            403, "the read token only reads: a retry or dismiss needs an operator's token"
+        ), None
+    return _error(401, "the bearer token is not one of this server's operator tokens"), None
 
 
-def _who_and_reason(body: Any) -> tuple[str, str | None]:
+def _operator(request: Request) -> str:
+    # Set by the access check, which lets no change through without an operator's token.
+    return str(request.state.operator)
+
+
+def _reason(body: Any) -> str | None:
     # The body models are built per app (their caps come from settings), so typed as Any here.
-    return str(body.who), None if body.reason is None else str(body.reason)
+    return None if body.reason is None else str(body.reason)
 
 
 def page_html() -> str:
@@ -204,7 +234,10 @@ def create_app(service: OperatorService) -> FastAPI:
     )
     app.state.service = service
     html = page_html()
-    RetryBody, DismissBody = action_requests(settings.operator_text_max_chars)
+    bodies = Requests(settings.operator_text_max_chars)
+    RetryBody, DismissBody = bodies.retry, bodies.dismiss
+    BulkRetryBody, BulkDismissBody = bodies.bulk_retry, bodies.bulk_dismiss
+    access = Access(settings)
 
     # The check is the middleware; the dependency marks the routes secured in the document.
     Authorized = Depends(_bearer)
@@ -214,8 +247,11 @@ def create_app(service: OperatorService) -> FastAPI:
     async def _access(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        refused = _refusal(request, settings, hosts)
-        return refused if refused is not None else await call_next(request)
+        refused, operator = _refusal(request, access, hosts)
+        if refused is not None:
+            return refused
+        request.state.operator = operator
+        return await call_next(request)
 
     # -- errors: always JSON with a reason ------------------------------------------------------
     @app.exception_handler(OperatorError)
@@ -250,6 +286,13 @@ def create_app(service: OperatorService) -> FastAPI:
         where = loc[0] if loc else "request"
         named = [part for part in loc[1:] if not part.isdigit()]
         message = first.get("msg", "invalid")
+        if named == ["who"] and first.get("type") == "extra_forbidden":
+            return _error(
+                422,
+                "body field 'who' is not accepted: the audit log names the operator whose token "
+                "made the call (operator_token_name, operator_tokens); drop the field",
+                "who",
+            )
         if not named:  # the whole body: not JSON, or not an object
             return _error(422, f"the request {where} was refused: {message}", where)
         shown = first.get("input")
@@ -281,6 +324,12 @@ def create_app(service: OperatorService) -> FastAPI:
         )
 
     # -- reads -----------------------------------------------------------------------------------
+    @app.get("/api/session", tags=["service"], responses=_ERRORS, dependencies=[Authorized])
+    def session(request: Request) -> Session:
+        """Who the bearer token is: an operator (by name) who may retry and dismiss, or the read
+        token; and whether the server is read-only (no operator token configured)."""
+        return service.session(request.state.operator)
+
     @app.get("/api/info", tags=["service"])
     def info() -> Info:
         """The environment, the page's refresh interval, whether changes are possible."""
@@ -309,6 +358,14 @@ def create_app(service: OperatorService) -> FastAPI:
         queue: Annotated[
             str | None, Query(pattern=QUEUE_PATTERN, description="origin queue purpose")
         ] = None,
+        since: Annotated[
+            str | None,
+            Query(
+                max_length=64,
+                description="created at or after: a duration back from now (90s, 30m, 2h, 7d) "
+                "or an ISO 8601 time",
+            ),
+        ] = None,
         limit: Annotated[
             int | None,
             Query(ge=1, le=settings.operator_page_size, description="operator_page_size at most"),
@@ -316,7 +373,12 @@ def create_app(service: OperatorService) -> FastAPI:
     ) -> DeadLetterList:
         """Dead letters of every kind (event batches, poison records, commands), newest first."""
         return service.list_dead_letters(
-            status=status, kind=kind, subscription=subscription, queue=queue, limit=limit
+            status=status,
+            kind=kind,
+            subscription=subscription,
+            queue=queue,
+            since=since,
+            limit=limit,
         )
 
     @app.get(
@@ -378,7 +440,42 @@ def create_app(service: OperatorService) -> FastAPI:
         """The project's recent events, newest applied first."""
         return service.project_feed(project_id)
 
-    # -- changes (bearer token) ------------------------------------------------------------------
+    # -- changes (an operator's token) -----------------------------------------------------------
+    @app.post(
+        "/api/dead-letters/retry",
+        tags=["dead letters"],
+        responses=_BULK_ERRORS,
+        dependencies=[Authorized],
+    )
+    def bulk_retry(
+        request: Request,
+        body: BulkRetryBody,  # type: ignore[valid-type]
+    ) -> BulkResult:
+        """Retry every dead letter the filter matches (default: the open ones), at most
+        operator_bulk_limit per call, oldest first, each through the single retry (each audited
+        on its own; one handled by someone else meanwhile is skipped). A dry run lists what it
+        would retry and touches nothing; it needs an operator's token too."""
+        asked: Any = body
+        return service.bulk_retry(
+            asked.filter, dry_run=asked.dry_run, operator=_operator(request), reason=_reason(asked)
+        )
+
+    @app.post(
+        "/api/dead-letters/dismiss",
+        tags=["dead letters"],
+        responses=_BULK_ERRORS,
+        dependencies=[Authorized],
+    )
+    def bulk_dismiss(
+        request: Request,
+        body: BulkDismissBody,  # type: ignore[valid-type]
+    ) -> BulkResult:
+        """Dismiss every open dead letter the filter matches, as the bulk retry does."""
+        asked: Any = body
+        return service.bulk_dismiss(
+            asked.filter, dry_run=asked.dry_run, operator=_operator(request), reason=asked.reason
+        )
+
     @app.post(
         "/api/dead-letters/{letter_id}/retry",
         tags=["dead letters"],
@@ -386,13 +483,13 @@ def create_app(service: OperatorService) -> FastAPI:
         dependencies=[Authorized],
     )
     def retry_dead_letter(
+        request: Request,
         letter_id: LetterId,
         body: RetryBody,  # type: ignore[valid-type]
     ) -> ActionResult:
         """Events go back to their subscription alone; a command goes back to its origin queue,
-        once (a second retry is refused with 409). Audited."""
-        who, reason = _who_and_reason(body)
-        return service.retry(letter_id, who=who, reason=reason)
+        once (a second retry is refused with 409). Audited, naming the token's operator."""
+        return service.retry(letter_id, who=_operator(request), reason=_reason(body))
 
     @app.post(
         "/api/dead-letters/{letter_id}/dismiss",
@@ -401,11 +498,12 @@ def create_app(service: OperatorService) -> FastAPI:
         dependencies=[Authorized],
     )
     def dismiss_dead_letter(
+        request: Request,
         letter_id: LetterId,
         body: DismissBody,  # type: ignore[valid-type]
     ) -> ActionResult:
-        """Close the letter without a retry; the reason goes to its audit trail."""
-        who, reason = _who_and_reason(body)
-        return service.dismiss(letter_id, who=who, reason=reason or "")
+        """Close the letter without a retry; the reason goes to its audit trail, with the
+        token's operator."""
+        return service.dismiss(letter_id, who=_operator(request), reason=_reason(body) or "")
 
     return app

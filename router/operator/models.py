@@ -5,6 +5,7 @@ into them (its bytes decoded where they are JSON or text)."""
 from __future__ import annotations
 
 import base64
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, LetterStatus
+from streams.topology import QUEUE_PURPOSES
 
 
 def _one_of(values: type[StrEnum]) -> GetPydanticSchema:
@@ -39,6 +41,7 @@ LetterKindParam = Annotated[str, _one_of(LetterKind)]
 SLUG_PATTERN = r"^[a-z][a-z0-9-]{0,60}$"
 # streams.envelopes' rule for names such as a project id.
 NAME_PATTERN = r"^[^\x00-\x1f]+$"
+QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
 
 
 class _Shape(BaseModel):
@@ -111,32 +114,101 @@ class DeadLetterList(_Shape):
     )
 
 
-def action_requests(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
-    """The bodies of retry and dismiss, their text capped at ``max_chars``
-    (operator_text_max_chars). A name and a reason must hold more than blanks: they go to the
-    audit log."""
-    text = Annotated[
-        str,
-        StringConstraints(strip_whitespace=True, min_length=1, max_length=max_chars, pattern=r"\S"),
-    ]
-    retry = create_model(
-        "RetryRequest",
-        __base__=_Shape,
-        who=(text, Field(description="who retries (goes to the audit log)")),
-        reason=(text | None, Field(None, description="why (goes to the audit log)")),
+class DeadLetterFilter(_Shape):
+    """Which dead letters a bulk retry or dismiss acts on (every condition given must hold)."""
+
+    subscription: str | None = Field(None, pattern=SLUG_PATTERN)
+    kind: LetterKindParam | None = None
+    queue: str | None = Field(None, pattern=QUEUE_PATTERN, description="origin queue purpose")
+    status: LetterStatusParam | None = Field(
+        None,
+        description="default: the letters the action can take: open ones (and, for a retry, "
+        "retrying ones, taken over once their sender is stale)",
     )
-    dismiss = create_model(
-        "DismissRequest",
-        __base__=_Shape,
-        who=(text, Field(description="who dismisses (goes to the audit log)")),
-        reason=(text, Field(description="why the letter is closed without a retry")),
+    since: str | None = Field(
+        None,
+        max_length=64,
+        description="created at or after: a duration back from now (90s, 30m, 2h, 7d) or an "
+        "ISO 8601 time (UTC when it names no offset)",
     )
-    return retry, dismiss
+
+
+FILTER_KEYS = tuple(DeadLetterFilter.model_fields)
+
+
+class Requests:
+    """The bodies of the changes, their text capped at ``max_chars`` (operator_text_max_chars). A
+    reason must hold more than blanks: it goes to the audit log. None names who acts: the audit
+    names the operator whose token made the call (operator_token_name, operator_tokens)."""
+
+    def __init__(self, max_chars: int) -> None:
+        text = Annotated[
+            str,
+            StringConstraints(
+                strip_whitespace=True, min_length=1, max_length=max_chars, pattern=r"\S"
+            ),
+        ]
+        optional_reason: Any = (text | None, Field(None, description="why (for the audit log)"))
+        reason: Any = (text, Field(description="why the letters are closed without a retry"))
+        self.retry: type[BaseModel] = create_model(
+            "RetryRequest", __base__=_Shape, reason=optional_reason
+        )
+        self.dismiss: type[BaseModel] = create_model(
+            "DismissRequest",
+            __base__=_Shape,
+            reason=(text, Field(description="why the letter is closed without a retry")),
+        )
+        # A dry run takes the same body as the real run: flip dry_run, nothing else.
+        chosen = (DeadLetterFilter, Field(default_factory=DeadLetterFilter))
+        dry_run = (bool, Field(False, description="list what the call would touch; touch nothing"))
+        self.bulk_retry: type[BaseModel] = create_model(
+            "BulkRetryRequest",
+            __base__=_Shape,
+            filter=chosen,
+            dry_run=dry_run,
+            reason=optional_reason,
+        )
+        self.bulk_dismiss: type[BaseModel] = create_model(
+            "BulkDismissRequest", __base__=_Shape, filter=chosen, dry_run=dry_run, reason=reason
+        )
 
 
 class ActionResult(_Shape):
     dead_letter: DeadLetterDetail
     outcome: str = Field(description="what was done, in one line")
+
+
+class BulkLetter(_Shape):
+    id: str
+    kind: str
+    status: str = Field(description="the letter's status when it was matched")
+    origin: str | None = Field(description="its subscription, or a command's origin queue")
+    error: str
+    outcome: str = Field(
+        description="retried, dismissed, would retry, would dismiss (a dry run), skipped or failed"
+    )
+    detail: str = Field(description="what was done, or why not")
+
+
+class BulkResult(_Shape):
+    action: str = Field(description="retry or dismiss")
+    dry_run: bool
+    operator: str = Field(description="who the audit records name")
+    matched: int = Field(description="letters the filter matched")
+    acted: int = Field(description="letters acted on (a dry run: that it would act on)")
+    skipped: int = Field(description="matched letters the action cannot take (see their detail)")
+    failed: int = Field(description="letters whose action failed (open again; the run stopped)")
+    untouched: int = Field(description="matched letters not attempted (see untouched_reason)")
+    untouched_reason: str | None = None
+    limit: int = Field(description="most letters one call acts on (operator_bulk_limit)")
+    truncated: bool = Field(
+        description="true when the store held more letters than one call reads "
+        "(operator_dead_letter_scan_limit): narrow the filter"
+    )
+    letters: list[BulkLetter] = Field(
+        description="the letters acted on (or that a dry run would act on), skipped or failed, "
+        "oldest first"
+    )
 
 
 class FailedRow(_Shape):
@@ -209,6 +281,17 @@ class Health(_Shape):
     kafka: Probe
     redis: Probe
     reason: str | None = Field(None, description="what is unreachable, when not ok")
+
+
+class Session(_Shape):
+    env: str
+    operator: str | None = Field(
+        description="the operator the bearer token belongs to (null: the read token)"
+    )
+    can_act: bool = Field(description="whether this token may retry and dismiss")
+    read_only: bool = Field(
+        description="true: no operator token is configured, every retry and dismiss is refused"
+    )
 
 
 class Info(_Shape):

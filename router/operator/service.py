@@ -14,9 +14,11 @@ Kafka or Redis being down surfaces as ``streams.errors.Unreachable`` (503 over H
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +35,10 @@ from consumers.runtime.types import TP
 from consumers.subscriptions.projector.view import read_feed, read_view
 from router.operator.models import (
     ActionResult,
+    BulkLetter,
+    BulkResult,
     DeadLetterDetail,
+    DeadLetterFilter,
     DeadLetterList,
     FailedRow,
     Health,
@@ -44,6 +49,7 @@ from router.operator.models import (
     PartitionLagBody,
     Probe,
     RecentFailures,
+    Session,
     SubscriptionLag,
     detail_of,
     summary_of,
@@ -69,6 +75,25 @@ from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
 T = TypeVar("T")
+# A ``since`` given as a duration back from now: the command line's form (90s, 30m, 2h, 7d).
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+# What each bulk action takes by default: the statuses it can act on.
+_ACTIONABLE = {
+    "retry": (LetterStatus.OPEN, LetterStatus.RETRYING),
+    "dismiss": (LetterStatus.OPEN,),
+}
+
+
+def write_tokens(settings: Settings) -> dict[str, str]:
+    """Each operator's name and write token, for those configured (operator_token under
+    operator_token_name, and operator_tokens)."""
+    named = {settings.operator_token_name: settings.operator_token, **settings.operator_tokens}
+    return {
+        name: token.get_secret_value()
+        for name, token in named.items()
+        if token is not None and token.get_secret_value()
+    }
 
 
 class OperatorService:
@@ -132,35 +157,41 @@ class OperatorService:
         kind: str | None = None,
         subscription: str | None = None,
         queue: str | None = None,
+        since: str | None = None,
         limit: int | None = None,
     ) -> DeadLetterList:
         """Newest first, filtered; at most ``limit`` (default and ceiling: operator_page_size)."""
         page = self._limit(limit)
-        _choice("status", status, tuple(LetterStatus))
-        _choice("kind", kind, tuple(LetterKind))
-        _choice("queue", queue, QUEUE_PURPOSES)
-        if subscription is not None:
-            try:
-                check_slug(subscription)
-            except TopologyError as exc:
-                raise BadInput("subscription", str(exc)) from exc
-        scan = self.settings.operator_dead_letter_scan_limit
-        fetched = self.letters().list(
-            status=None if status is None else LetterStatus(status), limit=scan, newest_first=True
+        chosen = _Selection.of(
+            self.clock,
+            status=status,
+            kind=kind,
+            subscription=subscription,
+            queue=queue,
+            since=since,
         )
-        matched = [
-            d
-            for d in fetched
-            if (kind is None or d.kind == kind)
-            and (subscription is None or d.subscription == subscription)
-            and (queue is None or d.origin_queue == queue)
-        ]
+        statuses = None if chosen.status is None else (chosen.status,)
+        fetched, truncated = self._scan(statuses)
+        matched = [d for d in fetched if chosen.holds(d)]
         matched.sort(key=lambda d: (d.created_at, d.id), reverse=True)
         return DeadLetterList(
             items=[summary_of(d) for d in matched[:page]],
             matched=len(matched),
-            truncated=len(fetched) >= scan,
+            truncated=truncated,
         )
+
+    def _scan(self, statuses: Iterable[LetterStatus] | None) -> tuple[list[DeadLetter], bool]:
+        """The store's letters of those statuses (None: all), at most
+        operator_dead_letter_scan_limit of each, and whether that bound was reached."""
+        scan = self.settings.operator_dead_letter_scan_limit
+        store = self.letters()
+        found: list[DeadLetter] = []
+        truncated = False
+        for status in statuses if statuses is not None else (None,):
+            part = store.list(status=status, limit=scan, newest_first=True)
+            truncated = truncated or len(part) >= scan
+            found += part
+        return found, truncated
 
     def dead_letter(self, letter_id: str) -> DeadLetterDetail:
         return detail_of(self._letter(letter_id))
@@ -172,13 +203,9 @@ class OperatorService:
         why = self._text("reason", reason, required=False) or "operator retry"
         with self._acting:
             letter = self._letter(letter_id)
-            if not self.actions().is_stale_retry(letter):
-                _must_be_open(letter, "retried")
-            if letter.kind == LetterKind.POISON:
-                raise Conflict(
-                    f"dead letter {letter_id} holds bytes that are not a valid event; it can only "
-                    "be dismissed (fix the producer, then dismiss it with a reason)"
-                )
+            refusal = self._why_not(letter, "retry")
+            if refusal is not None:
+                raise Conflict(refusal)
             try:
                 done = self.actions().retry(letter_id, who=operator, why=why)
             except DeadLetterActionRefused as exc:
@@ -192,12 +219,142 @@ class OperatorService:
         why = self._text("reason", reason)
         with self._acting:
             letter = self._letter(letter_id)
-            _must_be_open(letter, "dismissed")
+            refusal = self._why_not(letter, "dismiss")
+            if refusal is not None:
+                raise Conflict(refusal)
             try:
                 done = self.actions().dismiss(letter_id, who=operator, why=why)
             except DeadLetterActionRefused as exc:
                 raise Conflict(str(exc)) from exc
         return ActionResult(dead_letter=detail_of(done), outcome=f"dismissed by {operator}: {why}")
+
+    def _why_not(self, letter: DeadLetter, action: str) -> str | None:
+        """Why ``letter`` cannot take ``action`` (retry, dismiss) now, or None: the one rule of
+        the single and the bulk actions."""
+        if action == "retry" and self.actions().is_stale_retry(letter):
+            pass  # its sender died mid-send: the retry may be taken over
+        elif letter.status != LetterStatus.OPEN:
+            last = letter.audit[-1] if letter.audit else None
+            by = (
+                f" ({last['action']} by {last['who']} at {last['at']}: {last['why']})"
+                if last
+                else ""
+            )
+            done = "retried" if action == "retry" else "dismissed"
+            return (
+                f"dead letter {letter.id} is {letter.status}, not open: it was already handled"
+                f"{by}; only an open letter can be {done}"
+            )
+        if action == "retry" and letter.kind == LetterKind.POISON:
+            return (
+                f"dead letter {letter.id} holds bytes that are not a valid event; it can only be "
+                "dismissed (fix the producer, then dismiss it with a reason)"
+            )
+        return None
+
+    # -- bulk actions --------------------------------------------------------------------------
+    def bulk_retry(
+        self,
+        chosen: DeadLetterFilter,
+        *,
+        dry_run: bool,
+        operator: str,
+        reason: str | None = None,
+    ) -> BulkResult:
+        """Retry every letter ``chosen`` matches, each through :meth:`retry` (so each is audited
+        on its own, and one handled by someone else meanwhile is skipped, not retried twice)."""
+        why = self._text("reason", reason, required=False) or None
+        return self._bulk(
+            "retry",
+            chosen,
+            dry_run,
+            self._text("who", operator),
+            lambda letter_id, who: self.retry(letter_id, who=who, reason=why),
+        )
+
+    def bulk_dismiss(
+        self, chosen: DeadLetterFilter, *, dry_run: bool, operator: str, reason: str
+    ) -> BulkResult:
+        """Dismiss every letter ``chosen`` matches, each through :meth:`dismiss`."""
+        why = self._text("reason", reason)
+        return self._bulk(
+            "dismiss",
+            chosen,
+            dry_run,
+            self._text("who", operator),
+            lambda letter_id, who: self.dismiss(letter_id, who=who, reason=why),
+        )
+
+    def _bulk(
+        self,
+        action: str,
+        chosen: DeadLetterFilter,
+        dry_run: bool,
+        operator: str,
+        act: Callable[[str, str], ActionResult],
+    ) -> BulkResult:
+        selection = _Selection.of(self.clock, **chosen.model_dump())
+        allowed = _ACTIONABLE[action]
+        if selection.status is not None and selection.status not in allowed:
+            raise BadInput(
+                "status",
+                f"status {selection.status.value!r}: a bulk {action} acts on "
+                f"{' or '.join(s.value for s in allowed)} letters only",
+            )
+        fetched, truncated = self._scan((selection.status,) if selection.status else allowed)
+        matched = sorted(
+            (d for d in fetched if selection.holds(d)), key=lambda d: (d.created_at, d.id)
+        )
+        limit = self.settings.operator_bulk_limit
+        done = "retried" if action == "retry" else "dismissed"
+        rows: list[BulkLetter] = []
+        acted = skipped = failed = untouched = 0
+        untouched_reason: str | None = None
+        for letter in matched:
+            refusal = self._why_not(letter, action)
+            if refusal is not None:
+                skipped += 1
+                rows.append(_bulk_row(letter, "skipped", refusal))
+                continue
+            if failed or acted >= limit:
+                untouched += 1
+                continue
+            if dry_run:
+                acted += 1
+                rows.append(_bulk_row(letter, f"would {action}", f"would be {done} by {operator}"))
+                continue
+            try:
+                result = act(letter.id, operator)
+            except (Conflict, NotFound) as exc:  # handled (or gone) since it was matched
+                skipped += 1
+                rows.append(_bulk_row(letter, "skipped", str(exc)))
+            except (ActionFailed, Unreachable) as exc:
+                failed += 1
+                rows.append(_bulk_row(letter, "failed", str(exc)))
+            else:
+                acted += 1
+                rows.append(_bulk_row(letter, result.dead_letter.status, result.outcome))
+        if untouched:
+            untouched_reason = (
+                "the run stopped at the failed letter: fix the cause, then run it again"
+                if failed
+                else f"over operator_bulk_limit ({limit}) letters per call: run it again for the "
+                "next ones"
+            )
+        return BulkResult(
+            action=action,
+            dry_run=dry_run,
+            operator=operator,
+            matched=len(matched),
+            acted=acted,
+            skipped=skipped,
+            failed=failed,
+            untouched=untouched,
+            untouched_reason=untouched_reason,
+            limit=limit,
+            truncated=truncated,
+            letters=rows,
+        )
 
     def _letter(self, letter_id: str) -> DeadLetter:
         letter = self.letters().get(letter_id)
@@ -386,12 +543,21 @@ class OperatorService:
         )
 
     def info(self) -> Info:
-        token = self.settings.operator_token
         return Info(
             env=self.settings.env,
             refresh_s=self.settings.operator_refresh_s,
-            mutations_enabled=token is not None and bool(token.get_secret_value()),
+            mutations_enabled=bool(write_tokens(self.settings)),
             page_size=self.settings.operator_page_size,
+        )
+
+    def session(self, operator: str | None) -> Session:
+        """Who a caller is, as its token says: an operator by name, or the read token."""
+        read_only = not write_tokens(self.settings)
+        return Session(
+            env=self.settings.env,
+            operator=operator,
+            can_act=operator is not None and not read_only,
+            read_only=read_only,
         )
 
 
@@ -408,12 +574,89 @@ def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:
         raise BadInput(field, f"{field} {value!r} is not one of {', '.join(allowed)}")
 
 
-def _must_be_open(letter: DeadLetter, action: str) -> None:
-    if letter.status == LetterStatus.OPEN:
-        return
-    last = letter.audit[-1] if letter.audit else None
-    by = f" ({last['action']} by {last['who']} at {last['at']}: {last['why']})" if last else ""
-    raise Conflict(
-        f"dead letter {letter.id} is {letter.status}, not open: it was already handled{by}; "
-        f"only an open letter can be {action}"
+class _Selection:
+    """Conditions on a dead letter, checked once (BadInput names the refused one)."""
+
+    def __init__(
+        self,
+        *,
+        status: LetterStatus | None,
+        kind: str | None,
+        subscription: str | None,
+        queue: str | None,
+        since: datetime | None,
+    ) -> None:
+        self.status = status
+        self.kind = kind
+        self.subscription = subscription
+        self.queue = queue
+        self.since = since
+
+    @classmethod
+    def of(
+        cls,
+        clock: Clock,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        subscription: str | None = None,
+        queue: str | None = None,
+        since: str | None = None,
+    ) -> _Selection:
+        _choice("status", status, tuple(LetterStatus))
+        _choice("kind", kind, tuple(LetterKind))
+        _choice("queue", queue, QUEUE_PURPOSES)
+        if subscription is not None:
+            try:
+                check_slug(subscription)
+            except TopologyError as exc:
+                raise BadInput("subscription", str(exc)) from exc
+        return cls(
+            status=None if status is None else LetterStatus(status),
+            kind=kind,
+            subscription=subscription,
+            queue=queue,
+            since=None if since is None else since_time(since, clock.now()),
+        )
+
+    def holds(self, letter: DeadLetter) -> bool:
+        return (
+            (self.status is None or letter.status == self.status)
+            and (self.kind is None or letter.kind == self.kind)
+            and (self.subscription is None or letter.subscription == self.subscription)
+            and (self.queue is None or letter.origin_queue == self.queue)
+            and (self.since is None or _created(letter) >= self.since)
+        )
+
+
+def since_time(text: str, now: datetime) -> datetime:
+    """``2h`` (back from ``now``: s, m, h or d) or an ISO 8601 time (UTC when it names no
+    offset) → the aware time it means."""
+    duration = _DURATION.match(text)
+    if duration is not None and int(duration.group(1)) > 0:
+        return now - timedelta(seconds=int(duration.group(1)) * _UNIT_S[duration.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BadInput(
+            "since",
+            f"since {text[:80]!r} is neither a duration (a positive whole number and one unit, "
+            "s, m, h or d: 90s, 30m, 2h, 7d) nor an ISO 8601 time (2026-01-31T09:00:00Z)",
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _created(letter: DeadLetter) -> datetime:
+    return datetime.strptime(letter.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _bulk_row(letter: DeadLetter, outcome: str, detail: str) -> BulkLetter:
+    return BulkLetter(
+        id=letter.id,
+        kind=letter.kind,
+        status=letter.status,
+        origin=letter.subscription or letter.origin_queue,
+        error=letter.error,
+        outcome=outcome,
+        detail=detail,
     )

@@ -52,6 +52,9 @@ TOKEN = "op-" + secrets.token_hex(16)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 READ_TOKEN = "read-" + secrets.token_hex(16)
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}
+# Two more operators, each with a token of their own: the audit names whoever's token acted.
+ANN = {"Authorization": "Bearer ann-" + secrets.token_hex(16)}
+BOB = {"Authorization": "Bearer bob-" + secrets.token_hex(16)}
 
 
 @dataclass
@@ -108,6 +111,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     operator = s.model_copy(
         update={
             "operator_token": SecretStr(TOKEN),
+            "operator_token_name": "oncall",
+            "operator_tokens": {
+                "ann": SecretStr(ANN["Authorization"].removeprefix("Bearer ")),
+                "bob": SecretStr(BOB["Authorization"].removeprefix("Bearer ")),
+            },
             "operator_read_token": SecretStr(READ_TOKEN),
             "operator_outboxes": [str(outbox), str(folder / "not-yet.sqlite")],
         }
@@ -242,16 +250,23 @@ def test_lag_per_subscription_and_partition(world: World) -> None:
 def test_changes_are_refused_without_the_token_or_with_a_wrong_one(world: World) -> None:
     letter = world.letters[world.bad[2].event_id]
     for headers in ({}, {"Authorization": "Bearer not-the-token"}):
-        for action, body in (("retry", {"who": "eve"}), ("dismiss", {"who": "eve", "reason": "x"})):
-            refused = world.post(f"/api/dead-letters/{letter}/{action}", body, headers)
+        for action, body in (
+            ("retry", {}),
+            ("dismiss", {"reason": "x"}),
+            ("retry", {"filter": {}}),
+        ):
+            path = (
+                "/api/dead-letters/retry"
+                if "filter" in body
+                else f"/api/dead-letters/{letter}/{action}"
+            )
+            refused = world.post(path, body, headers)
             assert refused.status_code == 401 and refused.json()["reason"]
     assert world.get(f"/api/dead-letters/{letter}").json()["status"] == "open"
     # A server with no token configured refuses every change, whatever is sent.
     bare = OperatorService(world.s.model_copy(update={"operator_token": None}))
     with running_server(bare) as url:
-        refused = httpx.post(
-            f"{url}api/dead-letters/{letter}/retry", json={"who": "eve"}, headers=AUTH
-        )
+        refused = httpx.post(f"{url}api/dead-letters/{letter}/retry", json={}, headers=AUTH)
         assert refused.status_code == 403
         assert "RHUMBATRON_OPERATOR_TOKEN" in refused.json()["reason"]
     assert world.get(f"/api/dead-letters/{letter}").json()["status"] == "open"
@@ -262,9 +277,10 @@ def test_bad_input_is_refused_with_a_reason(world: World) -> None:
     cases = [
         (world.get("/api/dead-letters", status="gone"), 422, "status"),
         (world.get("/api/dead-letters", limit=10_000), 422, "limit"),
-        (world.post(f"/api/dead-letters/{letter}/dismiss", {"who": "eve"}), 422, "reason"),
-        (world.post(f"/api/dead-letters/{letter}/retry", {"reason": "x"}), 422, "who"),
-        (world.post("/api/dead-letters/dl_000/retry", {"who": "eve"}), 404, None),
+        (world.post(f"/api/dead-letters/{letter}/dismiss", {}), 422, "reason"),
+        (world.post(f"/api/dead-letters/{letter}/retry", {"who": "eve"}), 422, "who"),
+        (world.post("/api/dead-letters/retry", {"filter": {"since": "soon"}}), 422, "since"),
+        (world.post("/api/dead-letters/dl_000/retry", {}), 404, None),
         (world.get("/api/dead-letters/dl_000"), 404, None),
     ]
     for response, status, name in cases:
@@ -296,10 +312,10 @@ def test_command_retry_lands_on_its_origin_queue_once(world: World) -> None:
     queue = queue_name("integration", world.s.env)
     assert _queue_records(world.s, queue) == 0
     url = f"/api/dead-letters/{world.command.id}/retry"
-    done = world.post(url, {"who": "oncall", "reason": "agent host back"})
+    done = world.post(url, {"reason": "agent host back"})
     assert done.status_code == 200, done.text
     assert queue in done.json()["outcome"]
-    again = world.post(url, {"who": "oncall"})  # the double click
+    again = world.post(url, {}, BOB)  # the double click, by someone else
     assert again.status_code == 409 and "already handled" in again.json()["reason"]
     assert _queue_records(world.s, queue) == 1
     (record,) = read_all(world.s.kafka_bootstrap, [queue], expect=1, timeout=30)
@@ -325,12 +341,10 @@ def test_command_retry_lands_on_its_origin_queue_once(world: World) -> None:
 
 def test_dismiss_is_recorded_and_visible_afterwards(world: World) -> None:
     letter = world.letters[world.bad[1].event_id]
-    done = world.post(
-        f"/api/dead-letters/{letter}/dismiss", {"who": "ann", "reason": "test data, not real"}
-    )
+    done = world.post(f"/api/dead-letters/{letter}/dismiss", {"reason": "test data, not real"}, ANN)
     assert done.status_code == 200, done.text
     assert done.json()["dead_letter"]["status"] == "dismissed"
-    again = world.post(f"/api/dead-letters/{letter}/dismiss", {"who": "bob", "reason": "twice"})
+    again = world.post(f"/api/dead-letters/{letter}/dismiss", {"reason": "twice"}, BOB)
     assert again.status_code == 409 and "dismissed by ann" in again.json()["reason"]
     shown = world.get(f"/api/dead-letters/{letter}").json()
     assert [(a["action"], a["who"], a["why"]) for a in shown["audit"]] == [
@@ -352,10 +366,11 @@ def test_dismiss_is_recorded_and_visible_afterwards(world: World) -> None:
 def test_event_retry_redelivers_and_the_ledger_applies_it_once(world: World) -> None:
     bad = world.bad[0]
     letter = world.letters[bad.event_id]
-    done = world.post(f"/api/dead-letters/{letter}/retry", {"who": "oncall"})
+    done = world.post(f"/api/dead-letters/{letter}/retry", {}, ANN)
     assert done.status_code == 200, done.text
     assert "redelivered to subscription flaky-ledger" in done.json()["outcome"]
-    assert world.post(f"/api/dead-letters/{letter}/retry", {"who": "x"}).status_code == 409
+    assert world.post(f"/api/dead-letters/{letter}/retry", {}).status_code == 409
+    assert world.get(f"/api/dead-letters/{letter}").json()["last_action"]["who"] == "ann"
     stats = run(world.s, "flaky-ledger")  # the cause is gone: drill events apply now
     assert stats["redelivered"] == 1
     counts = _ledger_counts(world.s, "flaky-ledger")
@@ -388,7 +403,7 @@ def test_every_endpoint_answers_as_its_openapi_document_says(world: World) -> No
     schema = schemathesis.openapi.from_url(world.url + "openapi.json")
     base = world.url.rstrip("/")
     operations = [r.ok() for r in schema.get_all_operations() if isinstance(r, Ok)]
-    assert len(operations) == 12
+    assert len(operations) == 15
     for operation in operations:
 
         @FUZZ

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import (
@@ -25,6 +26,7 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.types import TP
 from router.operator.api import PAGE_POLICY
+from router.operator.models import DeadLetterFilter
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.subscription import policy
@@ -368,7 +370,7 @@ def http(parts: Parts) -> Iterator[httpx.Client]:
 def test_changes_need_the_operator_token(parts: Parts, http: httpx.Client) -> None:
     letter = parts.service.list_dead_letters(kind="command").items[0].id
     url = f"/api/dead-letters/{letter}/retry"
-    body = {"who": "ann"}
+    body: dict[str, str] = {}
     for headers in (
         {},
         {"Authorization": "Bearer wrong"},
@@ -380,13 +382,15 @@ def test_changes_need_the_operator_token(parts: Parts, http: httpx.Client) -> No
         assert refused.headers["www-authenticate"] == "Bearer"
         assert (
             "Authorization: Bearer" in refused.json()["reason"]
-            or "not this server's" in (refused.json()["reason"])
+            or "not one of this server's operator tokens" in (refused.json()["reason"])
         )
     # Refused before the body is even read: a bad body without a token is still a 401.
     assert http.post(url, content=b"{nonsense").status_code == 401
     assert parts.service.dead_letter(letter).status == "open" and not parts.sent
     done = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert done.status_code == 200 and done.json()["dead_letter"]["status"] == "retried"
+    # The audit names the token's operator (operator_token_name, "operator" by default).
+    assert done.json()["dead_letter"]["last_action"]["who"] == "operator"
     again = http.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert again.status_code == 409 and "already handled" in again.json()["reason"]
     assert len(parts.sent) == 1
@@ -397,7 +401,7 @@ def test_with_no_token_configured_every_change_is_refused() -> None:
     p.store.write([command_letter(p, 1, minutes=1)[0]])
     letter = p.service.list_dead_letters().items[0].id
     with _client(p) as client:
-        for action, body in (("retry", {"who": "a"}), ("dismiss", {"who": "a", "reason": "r"})):
+        for action, body in (("retry", {}), ("dismiss", {"reason": "r"})):
             refused = client.post(
                 f"/api/dead-letters/{letter}/{action}",
                 json=body,
@@ -417,12 +421,20 @@ def test_with_no_token_configured_every_change_is_refused() -> None:
         ("get", "/api/dead-letters?limit=51", None, 422, "limit"),
         ("get", "/api/dead-letters?subscription=Bad%20Slug", None, 422, "subscription"),
         ("get", "/api/projects/bad%01id/view", None, 422, "project_id"),
-        ("post", "/api/dead-letters/{id}/dismiss", {"who": "ann"}, 422, "reason"),
-        ("post", "/api/dead-letters/{id}/dismiss", {"who": " ", "reason": "r"}, 422, "who"),
-        ("post", "/api/dead-letters/{id}/retry", {}, 422, "who"),
-        ("post", "/api/dead-letters/{id}/retry", {"who": "a", "extra": 1}, 422, "extra"),
+        ("post", "/api/dead-letters/{id}/dismiss", {}, 422, "reason"),
+        ("post", "/api/dead-letters/{id}/dismiss", {"reason": " "}, 422, "reason"),
+        # The audit names the token's operator: a body naming someone is refused.
+        ("post", "/api/dead-letters/{id}/retry", {"who": "ann"}, 422, "who"),
+        ("post", "/api/dead-letters/{id}/dismiss", {"who": "ann", "reason": "r"}, 422, "who"),
+        ("post", "/api/dead-letters/{id}/retry", {"extra": 1}, 422, "extra"),
         ("post", "/api/dead-letters/{id}/retry", "not an object", 422, "body"),
-        ("post", "/api/dead-letters/dl_nope/retry", {"who": "a"}, 404, None),
+        ("post", "/api/dead-letters/retry", {"filter": {"kind": "batch"}}, 422, "kind"),
+        ("post", "/api/dead-letters/retry", {"filter": {"since": "yesterday"}}, 422, "since"),
+        ("post", "/api/dead-letters/retry", {"filter": {"status": "retried"}}, 422, "status"),
+        ("post", "/api/dead-letters/retry", {"filter": {"colour": "red"}}, 422, "colour"),
+        ("post", "/api/dead-letters/dismiss", {"filter": {}}, 422, "reason"),
+        ("post", "/api/dead-letters/dismiss", {"reason": "r", "who": "ann"}, 422, "who"),
+        ("post", "/api/dead-letters/dl_nope/retry", {}, 404, None),
         ("get", "/api/dead-letters/dl_nope", None, 404, None),
         ("get", "/api/nowhere", None, 404, None),
         ("delete", "/api/dead-letters/{id}", None, 405, None),
@@ -450,6 +462,8 @@ def test_errors_are_json_with_a_reason(
     assert error["field"] == field
     if "dl_nope" in url:
         assert "dl_nope" in error["reason"]
+    if field == "who":
+        assert "token" in error["reason"]
     assert parts.service.dead_letter(letter).status == "open"
 
 
@@ -459,7 +473,10 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
     assert set(paths) == {
         "/api/info",
         "/api/health",
+        "/api/session",
         "/api/dead-letters",
+        "/api/dead-letters/retry",
+        "/api/dead-letters/dismiss",
         "/api/dead-letters/{letter_id}",
         "/api/dead-letters/{letter_id}/retry",
         "/api/dead-letters/{letter_id}/dismiss",
@@ -524,9 +541,16 @@ def test_a_payload_read_needs_the_read_or_the_write_token(
 
 def test_a_change_with_the_read_token_is_forbidden(parts: Parts, http: httpx.Client) -> None:
     letter = parts.service.list_dead_letters(kind="command").items[0].id
-    refused = http.post(f"/api/dead-letters/{letter}/retry", json={"who": "ann"}, headers=READ)
-    assert refused.status_code == 403
-    assert "read token" in refused.json()["reason"] and refused.json()["field"] is None
+    for url, body in (
+        (f"/api/dead-letters/{letter}/retry", {}),
+        (f"/api/dead-letters/{letter}/dismiss", {"reason": "r"}),
+        ("/api/dead-letters/retry", {"filter": {}}),
+        ("/api/dead-letters/retry", {"filter": {}, "dry_run": True}),
+        ("/api/dead-letters/dismiss", {"filter": {}, "reason": "r"}),
+    ):
+        refused = http.post(url, json=body, headers=READ)
+        assert refused.status_code == 403, url
+        assert "read token" in refused.json()["reason"] and refused.json()["field"] is None
     assert parts.service.dead_letter(letter).status == "open" and not parts.sent
 
 
@@ -628,3 +652,285 @@ def test_out_of_reach_kafka_and_redis_are_named_not_hidden() -> None:
         service.list_dead_letters()
     with pytest.raises(Unreachable, match="Redis at 127.0.0.1:1"):
         service.project_view("proj-1")
+
+
+# -- named operators -------------------------------------------------------------------------------
+ALICE = "alice-token-0123456789abcdef0123456789"
+BOB = "bob-token-0123456789abcdef0123456789abc"
+
+
+def _named(**overrides: Any) -> Parts:
+    p = Parts(
+        make_settings(
+            operator_token=TOKEN,
+            operator_token_name="oncall",
+            operator_tokens={"alice": ALICE, "bob": BOB},
+            operator_read_token=READ_TOKEN,
+            **overrides,
+        )
+    )
+    p.store.write([event_letter(p, n, minutes=n) for n in (1, 2, 3)])
+    return p
+
+
+def test_each_operator_is_named_in_the_audit_by_their_own_token() -> None:
+    p = _named()
+    first, second, third = (d.id for d in p.service.list_dead_letters().items[::-1])
+    with _client(p) as client:
+        as_alice = {"Authorization": f"Bearer {ALICE}"}
+        as_bob = {"Authorization": f"Bearer {BOB}"}
+        assert client.post(f"/api/dead-letters/{first}/retry", json={}, headers=as_alice).is_success
+        dismissed = client.post(
+            f"/api/dead-letters/{second}/dismiss", json={"reason": "test data"}, headers=as_bob
+        )
+        assert dismissed.is_success
+        assert client.post(f"/api/dead-letters/{third}/retry", json={}, headers=WRITE).is_success
+        # The read token reads, and cannot act.
+        refused = client.post(
+            f"/api/dead-letters/{third}/dismiss", json={"reason": "r"}, headers=READ
+        )
+        assert refused.status_code == 403
+        sessions = {
+            name: client.get("/api/session", headers=headers).json()
+            for name, headers in (("alice", as_alice), ("oncall", WRITE), ("read", READ))
+        }
+    assert [(a.action, a.who) for a in p.service.dead_letter(first).audit] == [
+        ("retrying", "alice"),
+        ("retried", "alice"),
+    ]
+    assert [(a.action, a.who, a.why) for a in p.service.dead_letter(second).audit] == [
+        ("dismissed", "bob", "test data")
+    ]
+    assert {a.who for a in p.service.dead_letter(third).audit} == {"oncall"}
+    assert sessions["alice"] == {
+        "env": p.settings.env,
+        "operator": "alice",
+        "can_act": True,
+        "read_only": False,
+    }
+    assert sessions["oncall"]["operator"] == "oncall" and sessions["oncall"]["can_act"]
+    assert sessions["read"]["operator"] is None and not sessions["read"]["can_act"]
+    assert not sessions["read"]["read_only"]
+
+
+def test_operator_tokens_alone_make_the_server_writable_and_the_read_token_only_reads() -> None:
+    p = Parts(make_settings(operator_tokens={"alice": ALICE}, operator_read_token=READ_TOKEN))
+    p.store.write([event_letter(p, 1, minutes=1)])
+    letter = p.service.list_dead_letters().items[0].id
+    with _client(p) as client:
+        assert client.get("/api/info").json()["mutations_enabled"] is True
+        assert client.get("/api/session", headers=READ).json()["read_only"] is False
+        done = client.post(
+            f"/api/dead-letters/{letter}/retry",
+            json={},
+            headers={"Authorization": f"Bearer {ALICE}"},
+        )
+        assert done.json()["dead_letter"]["last_action"]["who"] == "alice"
+    read_only = Parts(make_settings(operator_read_token=READ_TOKEN))
+    with _client(read_only) as client:
+        session = client.get("/api/session", headers=READ).json()
+        assert session == {
+            "env": read_only.settings.env,
+            "operator": None,
+            "can_act": False,
+            "read_only": True,
+        }
+        assert client.get("/api/session").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"operator_tokens": {"alice": "too-short"}}, "alice"),
+        ({"operator_tokens": {"alice": ""}}, "alice"),
+        ({"operator_tokens": {"al ice": ALICE}}, "al ice"),
+        ({"operator_token_name": ""}, "operator name"),
+        ({"operator_token": ALICE, "operator_tokens": {"alice": ALICE}}, "same token"),
+        ({"operator_read_token": BOB, "operator_tokens": {"bob": BOB}}, "read token"),
+        ({"operator_token": TOKEN, "operator_tokens": {"operator": BOB}}, "named twice"),
+    ],
+)
+def test_operator_names_and_tokens_are_checked_when_the_settings_load(
+    overrides: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        make_settings(**overrides)
+
+
+# -- bulk actions ----------------------------------------------------------------------------------
+def _mixed(**overrides: Any) -> Parts:
+    """Letters of two subscriptions, a poison record and two commands, a minute apart."""
+    p = Parts(make_settings(operator_token=TOKEN, operator_read_token=READ_TOKEN, **overrides))
+    p.store.write(
+        [
+            event_letter(p, 1, minutes=1),
+            event_letter(p, 2, minutes=2, sub="project-view-projector"),
+            event_letter(p, 3, minutes=3),
+            poison_letter(p, minutes=4),
+            command_letter(p, 5, minutes=5)[0],
+            command_letter(p, 6, minutes=6)[0],
+        ]
+    )
+    return p
+
+
+def _statuses(p: Parts) -> dict[str, str]:
+    return {d.id: d.status for d in p.service.list_dead_letters().items}
+
+
+def test_a_dry_run_lists_exactly_what_it_would_touch_and_touches_nothing() -> None:
+    p = _mixed()
+    before = _statuses(p)
+    chosen = DeadLetterFilter(subscription="ledger")
+    found = p.service.bulk_retry(chosen, dry_run=True, operator="ann")
+    ledger = sorted(
+        (d for d in p.service.list_dead_letters(subscription="ledger").items),
+        key=lambda d: d.created_at,
+    )
+    events = [d.id for d in ledger if d.kind == "event-batch"]
+    assert [(d.id, d.outcome) for d in found.letters if d.outcome != "skipped"] == [
+        (i, "would retry") for i in events
+    ]
+    (poison,) = [d for d in found.letters if d.outcome == "skipped"]
+    assert poison.kind == "poison" and "only be dismissed" in poison.detail
+    assert (found.matched, found.acted, found.skipped, found.failed) == (3, 2, 1, 0)
+    first = found.letters[0]
+    assert (first.origin, first.error) == ("ledger", "drill: event is marked to fail")
+    assert _statuses(p) == before and not p.sent
+    assert all(not p.service.dead_letter(i).audit for i in before)
+
+
+def test_a_bulk_retry_touches_exactly_the_filtered_letters_each_audited() -> None:
+    p = _mixed()
+    before = _statuses(p)
+    found = p.service.bulk_retry(
+        DeadLetterFilter(kind="command", queue="integration"),
+        dry_run=False,
+        operator="ann",
+        reason="agent host back",
+    )
+    commands = [d.id for d in found.letters]
+    assert len(commands) == 2 and (found.acted, found.skipped) == (2, 0)
+    assert [d.outcome for d in found.letters] == ["retried", "retried"]
+    assert len(p.sent) == 2
+    after = _statuses(p)
+    assert {i for i in after if after[i] != before[i]} == set(commands)
+    for letter_id in commands:
+        assert [(a.action, a.who, a.why) for a in p.service.dead_letter(letter_id).audit] == [
+            ("retrying", "ann", "agent host back"),
+            ("retried", "ann", "agent host back"),
+        ]
+    # Run again: nothing open matches any more.
+    again = p.service.bulk_retry(DeadLetterFilter(kind="command"), dry_run=False, operator="ann")
+    assert (again.matched, again.acted) == (0, 0) and len(p.sent) == 2
+
+
+def test_a_bulk_dismiss_by_subscription_and_since() -> None:
+    p = _mixed()
+    found = p.service.bulk_dismiss(
+        DeadLetterFilter(subscription="ledger", since=p.at(2)),
+        dry_run=False,
+        operator="ann",
+        reason="test data",
+    )
+    # Since minute 2: the ledger's event at minute 3 and its poison record at minute 4.
+    assert [d.kind for d in found.letters] == ["event-batch", "poison"]
+    assert found.acted == 2 and all(d.outcome == "dismissed" for d in found.letters)
+    p.clock.advance(600)
+    recent = p.service.bulk_retry(DeadLetterFilter(since="6m"), dry_run=True, operator="ann")
+    assert [d.kind for d in recent.letters] == ["command", "command"]  # minutes 5 and 6
+
+
+class _Meanwhile(MemoryDeadLetters):
+    """A store where another operator handles one letter right after a listing has read it."""
+
+    def __init__(self, parts: Parts, letter_id: str) -> None:
+        super().__init__()
+        self.parts, self.letter_id = parts, letter_id
+
+    def list(self, **kwargs: Any) -> list[DeadLetter]:
+        found = super().list(**kwargs)
+        if self.letter_id:
+            self.parts.actions.dismiss(self.letter_id, who="bob", why="handled by hand")
+            self.letter_id = ""
+        return found
+
+
+def test_a_letter_handled_by_someone_else_meanwhile_is_skipped_not_acted_twice() -> None:
+    p = _mixed()
+    target = event_letter(p, 3, minutes=3).id
+    meanwhile = _Meanwhile(p, target)
+    meanwhile.letters = p.store.letters
+    p.actions.store = meanwhile
+    found = p.service.bulk_retry(
+        DeadLetterFilter(kind="event-batch"), dry_run=False, operator="ann"
+    )
+    skipped = {d.id: d.detail for d in found.letters if d.outcome == "skipped"}
+    assert list(skipped) == [target] and "dismissed by bob" in skipped[target]
+    assert (found.acted, found.skipped) == (2, 1)
+    assert [a.who for a in p.service.dead_letter(target).audit] == ["bob"]
+    assert len(p.sent) == 2
+
+
+def test_a_bulk_call_acts_on_at_most_the_limit_and_stops_at_a_failed_send() -> None:
+    p = _mixed(operator_bulk_limit=2)
+    found = p.service.bulk_dismiss(
+        DeadLetterFilter(), dry_run=False, operator="ann", reason="clean-up"
+    )
+    assert (found.matched, found.acted, found.untouched, found.limit) == (6, 2, 4, 2)
+    assert found.untouched_reason is not None and "operator_bulk_limit" in found.untouched_reason
+    assert [d.outcome for d in found.letters] == ["dismissed", "dismissed"]
+    p.fail_sends = 1
+    retried = p.service.bulk_retry(DeadLetterFilter(), dry_run=False, operator="ann")
+    assert [d.outcome for d in retried.letters][:2] == ["failed", "skipped"]  # the poison record
+    # The two commands are left: a send that failed would most likely fail for them too.
+    assert (retried.failed, retried.acted, retried.untouched) == (1, 0, 2)
+    assert retried.untouched_reason is not None and "stopped" in retried.untouched_reason
+    assert not p.sent
+    assert p.service.dead_letter(retried.letters[0].id).status == "open"
+
+
+@pytest.mark.parametrize(
+    ("chosen", "field"),
+    [
+        ({"status": "retried"}, "status"),
+        ({"status": "dismissed"}, "status"),
+        ({"since": "two hours"}, "since"),
+        ({"since": "0h"}, "since"),
+        ({"subscription": "Not A Slug"}, "subscription"),
+    ],
+)
+def test_a_bad_bulk_filter_is_refused_naming_the_field(chosen: dict[str, str], field: str) -> None:
+    p = _mixed()
+    with pytest.raises((BadInput, ValidationError)) as refused:
+        p.service.bulk_retry(DeadLetterFilter(**chosen), dry_run=True, operator="ann")
+    error = refused.value
+    if isinstance(error, BadInput):
+        assert error.field == field
+    else:
+        assert isinstance(error, ValidationError) and error.errors()[0]["loc"][0] == field
+    assert not p.sent
+
+
+def test_the_bulk_api_names_the_tokens_operator_and_dry_runs_need_an_operator() -> None:
+    p = _mixed()
+    with _client(p) as client:
+        dry = client.post(
+            "/api/dead-letters/dismiss",
+            json={"filter": {"kind": "command"}, "dry_run": True, "reason": "gone"},
+            headers=WRITE,
+        )
+        assert dry.status_code == 200, dry.text
+        assert dry.json()["operator"] == "operator" and dry.json()["acted"] == 2
+        assert all(d["outcome"] == "would dismiss" for d in dry.json()["letters"])
+        assert not any(p.service.dead_letter(d["id"]).audit for d in dry.json()["letters"])
+        done = client.post(
+            "/api/dead-letters/dismiss",
+            json={"filter": {"kind": "command"}, "reason": "gone"},
+            headers=WRITE,
+        )
+        assert [d["outcome"] for d in done.json()["letters"]] == ["dismissed", "dismissed"]
+    for d in done.json()["letters"]:
+        assert [(a.who, a.why) for a in p.service.dead_letter(d["id"]).audit] == [
+            ("operator", "gone")
+        ]
