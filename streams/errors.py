@@ -19,7 +19,9 @@ swallows one.
     ├── TransactionFailed           a Kafka transaction could not commit (aborted or fenced)
     ├── OutboxError                 the outbox refused an operation (names the row or project)
     │   ├── SlotConflict            a strict append was refused: the project moved past the slot
-    │   └── PublisherLocked         another publisher holds the outbox (names its pid)
+    │   ├── PublisherLocked         another publisher holds the outbox (names its pid)
+    │   │   └── PublisherLeaseHeld  another publisher holds a PostgreSQL outbox's advisory lock
+    │   └── OutboxSchemaError       a PostgreSQL database without the outbox schema, or another version
     ├── Fenced                      a progress write by a stale owner: the partition moved on
     ├── CursorMoved                 a compare-and-set found the cursor moved since it was read
     ├── PendingEffects              new Kafka effects refused while earlier ones are unpublished
@@ -222,6 +224,26 @@ class PublisherLocked(OutboxError):
             f"outbox {outbox} already has a publisher ({holder} holds {lock_path}); only one "
             "publisher may run per outbox: stop that one first, or publish a different outbox"
         )
+
+
+class PublisherLeaseHeld(PublisherLocked):
+    """A second publisher on a PostgreSQL outbox: the advisory lock is held by ``holder`` (its
+    application name, backend pid and client address, as the server shows them)."""
+
+    def __init__(self, outbox: str, holder: str, lock: str) -> None:
+        self.outbox = outbox
+        self.holder_pid = None
+        self.holder = holder
+        OutboxError.__init__(
+            self,
+            f"outbox {outbox} already has a publisher ({holder} holds {lock}); only one "
+            "publisher may run per outbox: stop that one first, or publish a different outbox",
+        )
+
+
+class OutboxSchemaError(OutboxError):
+    """A PostgreSQL outbox address whose database lacks the outbox schema, or holds another
+    version of it than this release uses."""
 
 
 # -- the subscription runtime ----------------------------------------------------------------------

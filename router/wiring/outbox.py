@@ -1,12 +1,14 @@
-"""The outbox from settings: the one place settings become the SQLite outbox's options, the
-publisher's policy and its Kafka senders."""
+"""The outbox from settings: the one place settings become an outbox store (SQLite for a path,
+PostgreSQL for a ``postgresql://`` URL), the publisher's policy and its Kafka senders."""
 
 from __future__ import annotations
 
 import os
+from typing import overload
 
 from router.settings import Settings
 from streams.clock import Clock
+from streams.outbox.postgres import PostgresOptions, PostgresOutbox, init_outbox, is_postgres_url
 from streams.outbox.publisher import Publisher
 from streams.outbox.sender import KafkaSender, SenderFactory
 from streams.outbox.sqlite import SqliteOutbox
@@ -15,11 +17,28 @@ from streams.outbox.states import Ordering, PublisherPolicy
 from streams.outbox.store import OutboxStore
 
 
+@overload
 def open_outbox(
-    settings: Settings, path: str | os.PathLike[str], *, create: bool, clock: Clock | None = None
-) -> SqliteOutbox:
+    settings: Settings, address: os.PathLike[str], *, create: bool, clock: Clock | None = None
+) -> SqliteOutbox: ...
+
+
+@overload
+def open_outbox(
+    settings: Settings, address: str, *, create: bool, clock: Clock | None = None
+) -> SqliteOutbox | PostgresOutbox: ...
+
+
+def open_outbox(
+    settings: Settings, address: str | os.PathLike[str], *, create: bool, clock: Clock | None = None
+) -> SqliteOutbox | PostgresOutbox:
+    """The outbox at ``address``: a ``postgresql://`` URL is a PostgreSQL outbox (its schema made
+    beforehand by ``rhumbatron outbox init``; ``create`` does not apply), anything else a SQLite
+    file (``create``: made on first use)."""
+    if is_postgres_url(address):
+        return PostgresOutbox(os.fspath(address), options=postgres_options(settings), clock=clock)
     return SqliteOutbox(
-        path,
+        address,
         options=SqliteOptions(
             max_envelope_bytes=settings.max_envelope_bytes,
             missed_report_limit=settings.outbox_missed_report_limit,
@@ -29,6 +48,19 @@ def open_outbox(
         clock=clock,
         create=create,
     )
+
+
+def postgres_options(settings: Settings) -> PostgresOptions:
+    return PostgresOptions(
+        max_envelope_bytes=settings.max_envelope_bytes,
+        missed_report_limit=settings.outbox_missed_report_limit,
+        connect_timeout_s=settings.connect_timeout_s,
+    )
+
+
+def init_postgres_outbox(settings: Settings, url: str) -> str:
+    """``rhumbatron outbox init --outbox URL``: apply the shipped schema; the line to print."""
+    return init_outbox(url, connect_timeout_s=settings.connect_timeout_s)
 
 
 def publisher_policy(settings: Settings) -> PublisherPolicy:

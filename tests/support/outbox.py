@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import random
 import secrets
+import sqlite3
 import tempfile
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError
 
@@ -30,8 +32,12 @@ from streams.outbox.sender import EventSender
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
 from streams.outbox.states import Ordering, PublisherPolicy
+from streams.outbox.store import OutboxStore
 from streams.producer import DeliveryCallback, DeliveryReport, Headers
 from tests.support.kafka import murmur2_partition
+
+if TYPE_CHECKING:
+    from tests.support.postgres import FreshSchema
 
 ROW_ERROR = KafkaError.MSG_SIZE_TOO_LARGE
 OUTAGE_ERROR = KafkaError._MSG_TIMED_OUT
@@ -92,7 +98,7 @@ def drafts(project_id: str, count: int, *, tag: str = "") -> list[Draft]:
     ]
 
 
-def append_all(store: SqliteOutbox, items: Iterable[Draft], tenant_id: str = "tenant-t") -> None:
+def append_all(store: OutboxStore, items: Iterable[Draft], tenant_id: str = "tenant-t") -> None:
     by_project: dict[str, list[Draft]] = defaultdict(list)
     for draft in items:
         by_project[draft.project_id].append(draft)
@@ -375,3 +381,96 @@ def records_in(bootstrap: str, topics: Iterable[str]) -> int:
         return int(total)
     finally:
         consumer.close()
+
+
+# -- one contract over both backends ----------------------------------------------------------------
+class OutboxBackend:
+    """One outbox of a backend under test (a fresh SQLite file or a fresh PostgreSQL schema):
+    stores over it, and reads of what it holds that do not go through the store."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name = name
+        self._stores: list[OutboxStore] = []
+        self.path = folder / "outbox.db"
+        self.schema: FreshSchema | None = None
+        if name == "postgres":
+            from tests.support.postgres import FreshSchema
+
+            self.schema = FreshSchema()
+
+    @property
+    def address(self) -> str:
+        return self.schema.url if self.schema is not None else str(self.path)
+
+    def store(self, *, clock: ManualClock | None = None, missed_limit: int = 1000) -> Any:
+        """A new store over this outbox (SqliteOutbox or PostgresOutbox), closed at the end."""
+        made: Any
+        if self.schema is None:
+            made = sqlite_outbox(self.path, clock=clock, missed_limit=missed_limit)
+        else:
+            from streams.outbox.postgres import PostgresOptions, PostgresOutbox
+
+            made = PostgresOutbox(
+                self.schema.url,
+                options=PostgresOptions(
+                    max_envelope_bytes=256 * 1024, missed_report_limit=missed_limit
+                ),
+                clock=clock,
+            )
+        self._stores.append(made)
+        return made
+
+    def sql(self, text: str) -> str:
+        """The writer's own SQL with this backend's placeholders (written with ``?``)."""
+        return text.replace("?", "%s") if self.schema is not None else text
+
+    def query(self, text: str) -> list[tuple[Any, ...]]:
+        """Read the outbox's database directly (``?`` placeholders, no parameters)."""
+        if self.schema is None:
+            conn = sqlite3.connect(self.path)
+            try:
+                return conn.execute(text).fetchall()
+            finally:
+                conn.close()
+        with self.schema.connect() as pg:
+            return list(pg.execute(text.encode()).fetchall())
+
+    def slots(self) -> dict[str, list[int]]:
+        """Every project's stored slots in order; asserts event ids are unique."""
+        out: dict[str, list[int]] = {}
+        for project, slot in self.query(
+            "SELECT project_id, slot FROM outbox ORDER BY project_id, slot"
+        ):
+            out.setdefault(project, []).append(int(slot))
+        (total, distinct), *_ = self.query("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM outbox")
+        assert total == distinct
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return {p: int(n) for p, n in self.query("SELECT project_id, last_slot FROM outbox_slots")}
+
+    def close(self) -> None:
+        for store in self._stores:
+            store.close()
+        if self.schema is not None:
+            self.schema.drop()
+
+
+def open_test_store(address: str, *, missed_limit: int = 1000) -> Any:
+    """A store over an outbox named by its address (a SQLite path or a PostgreSQL URL), as a
+    writer in another process opens it."""
+    if address.startswith("postgresql://"):
+        from streams.outbox.postgres import PostgresOptions, PostgresOutbox
+
+        return PostgresOutbox(
+            address,
+            options=PostgresOptions(
+                max_envelope_bytes=256 * 1024, missed_report_limit=missed_limit
+            ),
+        )
+    return sqlite_outbox(Path(address), missed_limit=missed_limit)
+
+
+def placeholders(address: str, text: str) -> str:
+    """SQL written with ``?`` placeholders, for the backend at ``address``."""
+    return text.replace("?", "%s") if address.startswith("postgresql://") else text

@@ -1,16 +1,16 @@
-"""Dense per-project slots on the SQLite outbox: random interleavings of writers with stale views
-(hypothesis), real threads, real processes; bump-and-report returns exactly the missed events;
-strict mode refuses exactly when the project moved, and then writes nothing at all."""
+"""Dense per-project slots, one contract over both backends (SQLite and PostgreSQL): random
+interleavings of writers with stale views (hypothesis), real threads, real processes;
+bump-and-report returns exactly the missed events; strict mode refuses exactly when the project
+moved, and then writes nothing at all."""
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
 import random
-import sqlite3
+import secrets
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,25 +18,10 @@ from hypothesis import strategies as st
 
 from streams.errors import OutboxError, SlotConflict
 from streams.outbox.slots import plan_append
-from streams.outbox.sqlite import SqliteOutbox
-from tests.support.outbox import drafts, sqlite_outbox
+from tests.support.outbox import OutboxBackend, drafts, open_test_store, placeholders
 
 WRITER_TABLE = "CREATE TABLE IF NOT EXISTS decisions (writer INTEGER, project_id TEXT, n INTEGER)"
-
-
-def _slots(path: Path) -> dict[str, list[int]]:
-    conn = sqlite3.connect(path)
-    try:
-        out: dict[str, list[int]] = {}
-        for project, slot in conn.execute(
-            "SELECT project_id, slot FROM outbox ORDER BY project_id, slot"
-        ):
-            out.setdefault(project, []).append(slot)
-        ids = conn.execute("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM outbox").fetchone()
-        assert ids[0] == ids[1]
-        return out
-    finally:
-        conn.close()
+DECIDE = "INSERT INTO decisions VALUES (?, ?, ?)"
 
 
 def test_plan_refuses_bad_input() -> None:
@@ -72,17 +57,27 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(ops=OPS)
-def test_interleaved_writers_get_dense_slots_and_exact_reports(ops) -> None:
-    store = sqlite_outbox()
+def test_interleaved_writers_get_dense_slots_and_exact_reports(
+    outbox_backend: OutboxBackend, ops
+) -> None:
+    # One outbox for every example; each example has projects of its own.
+    tag = secrets.token_hex(4)
+    store = outbox_backend.store()
     model = Model()
     views: dict[tuple[int, str], int] = {}  # the highest slot each writer has seen
     decisions = 0
+    decide = outbox_backend.sql(DECIDE)
     with store.transaction() as unit:
         unit.execute(WRITER_TABLE)
     try:
-        for writer, project, count, strict, reload, repeat in ops:
+        for writer, name, count, strict, reload, repeat in ops:
+            project = f"{tag}-{name}"
             log = model.log.setdefault(project, [])
             if reload:
                 views[(writer, project)] = len(log)
@@ -94,14 +89,14 @@ def test_interleaved_writers_get_dense_slots_and_exact_reports(ops) -> None:
             moved = len(log) > seen
             if strict and moved:
                 with pytest.raises(SlotConflict) as refused, store.transaction() as unit:
-                    unit.execute("INSERT INTO decisions VALUES (?, ?, ?)", (writer, project, count))
+                    unit.execute(decide, (writer, project, count))
                     unit.append(project, batch, tenant_id="t", seen_slot=seen, strict=True)
                 assert (refused.value.seen_slot, refused.value.head) == (seen, len(log))
                 assert [e.event_id for e in refused.value.missed] == log[seen:]
                 assert store.last_slot(project) == len(log)  # nothing written
                 continue
             with store.transaction() as unit:
-                unit.execute("INSERT INTO decisions VALUES (?, ?, ?)", (writer, project, count))
+                unit.execute(decide, (writer, project, count))
                 result = unit.append(project, batch, tenant_id="t", seen_slot=seen, strict=strict)
             decisions += 1
             assert result.slots == list(range(len(log) + 1, len(log) + 1 + count))
@@ -112,18 +107,17 @@ def test_interleaved_writers_get_dense_slots_and_exact_reports(ops) -> None:
             log.extend(d.event_id for d in new)
             views[(writer, project)] = result.head
             assert result.head == len(log)
-        assert _slots(store.path) == {
-            p: list(range(1, len(ids) + 1)) for p, ids in model.log.items() if ids
-        }
-        stored = sqlite3.connect(store.path)
-        assert stored.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] == decisions
-        stored.close()
+        mine = {p: s for p, s in outbox_backend.slots().items() if p.startswith(tag)}
+        assert mine == {p: list(range(1, len(ids) + 1)) for p, ids in model.log.items() if ids}
+        assert outbox_backend.query(
+            f"SELECT COUNT(*) FROM decisions WHERE project_id LIKE '{tag}-%'"
+        ) == [(decisions,)]
     finally:
         store.close()
 
 
-def test_the_missed_report_is_capped_and_says_so(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db", missed_limit=3)
+def test_the_missed_report_is_capped_and_says_so(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store(missed_limit=3)
     with store.transaction() as unit:
         unit.append("proj-a", drafts("proj-a", 10), tenant_id="t")
     with store.transaction() as unit:
@@ -131,11 +125,10 @@ def test_the_missed_report_is_capped_and_says_so(tmp_path: Path) -> None:
     assert [e.slot for e in result.missed] == [3, 4, 5]
     assert not result.missed_complete and result.bumped
     assert result.slots == [11]
-    store.close()
 
 
-def test_a_duplicate_event_uses_no_slot(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_a_duplicate_event_uses_no_slot(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     first = drafts("proj-a", 2)
     with store.transaction() as unit:
         unit.append("proj-a", first, tenant_id="t")
@@ -144,12 +137,14 @@ def test_a_duplicate_event_uses_no_slot(tmp_path: Path) -> None:
         result = unit.append("proj-a", again, tenant_id="t")
     assert result.duplicates == (first[1].event_id, first[1].event_id)
     assert result.slots == [3]
-    assert _slots(store.path) == {"proj-a": [1, 2, 3]}
-    store.close()
+    assert outbox_backend.slots() == {"proj-a": [1, 2, 3]}
+    assert outbox_backend.counters() == {"proj-a": 3}
 
 
-def test_threads_appending_to_shared_projects_leave_no_gap_or_duplicate(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_threads_appending_to_shared_projects_leave_no_gap_or_duplicate(
+    outbox_backend: OutboxBackend,
+) -> None:
+    store = outbox_backend.store()
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
@@ -170,16 +165,16 @@ def test_threads_appending_to_shared_projects_leave_no_gap_or_duplicate(tmp_path
     for t in threads:
         t.join()
     assert errors == []
-    slots = _slots(store.path)
+    slots = outbox_backend.slots()
     assert sum(len(s) for s in slots.values()) > 8 * 60
     for project, found in slots.items():
         assert found == list(range(1, len(found) + 1)), project
         assert store.last_slot(project) == len(found)
-    store.close()
 
 
-def _process_writer(path: str, seed: int, appends: int, start_at: float) -> int:
-    store = sqlite_outbox(Path(path))
+def _process_writer(address: str, seed: int, appends: int, start_at: float) -> int:
+    store = open_test_store(address)
+    decide = placeholders(address, DECIDE)
     time.sleep(max(start_at - time.time(), 0))  # all processes start appending together
     rng = random.Random(seed)
     written = 0
@@ -193,16 +188,17 @@ def _process_writer(path: str, seed: int, appends: int, start_at: float) -> int:
                 tenant_id="t",
                 seen_slot=seen.get(project, 0),
             )
-            unit.execute("INSERT INTO decisions VALUES (?, ?, ?)", (seed, project, 1))
+            unit.execute(decide, (seed, project, 1))
         seen[project] = result.head
         written += len(result.events)
     store.close()
     return written
 
 
-def test_processes_appending_to_one_file_leave_no_gap_or_duplicate(tmp_path: Path) -> None:
-    path = tmp_path / "o.db"
-    store = sqlite_outbox(path)
+def test_processes_appending_to_one_outbox_leave_no_gap_or_duplicate(
+    outbox_backend: OutboxBackend,
+) -> None:
+    store = outbox_backend.store()
     with store.transaction() as unit:
         unit.execute(WRITER_TABLE)
     store.close()
@@ -210,19 +206,18 @@ def test_processes_appending_to_one_file_leave_no_gap_or_duplicate(tmp_path: Pat
     with context.Pool(4) as pool:
         start_at = time.time() + 3  # spawned interpreters take a moment to start
         written = pool.starmap(
-            _process_writer, [(str(path), seed, 300, start_at) for seed in range(4)]
+            _process_writer,
+            [(outbox_backend.address, seed, 300, start_at) for seed in range(4)],
         )
-    slots = _slots(path)
+    slots = outbox_backend.slots()
     assert sum(len(s) for s in slots.values()) == sum(written)
     for project, found in slots.items():
         assert found == list(range(1, len(found) + 1)), project
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] == 4 * 300
-    conn.close()
+    assert outbox_backend.query("SELECT COUNT(*) FROM decisions") == [(4 * 300,)]
 
 
-def test_strict_refusal_rolls_back_the_writers_own_change(tmp_path: Path) -> None:
-    store: SqliteOutbox = sqlite_outbox(tmp_path / "o.db")
+def test_strict_refusal_rolls_back_the_writers_own_change(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     with store.transaction() as unit:
         unit.execute(WRITER_TABLE)
         unit.append("proj-a", drafts("proj-a", 2), tenant_id="t")
@@ -238,4 +233,3 @@ def test_strict_refusal_rolls_back_the_writers_own_change(tmp_path: Path) -> Non
         assert unit.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] == 0
         ok = unit.append("proj-a", drafts("proj-a", 1), tenant_id="t", seen_slot=2, strict=True)
     assert ok.slots == [3] and not ok.bumped
-    store.close()

@@ -1,6 +1,8 @@
-"""The SQLite outbox as a store: one transaction for the writer's change and its events, bad input
-refused (never dropped), the single-publisher lease, purge leaving the counters alone, the
-stats shape, and the in-process wake-up."""
+"""The outbox as a store, one contract over both backends (SQLite and PostgreSQL): one
+transaction for the writer's change and its events, bad input refused (never dropped), the
+single-publisher lease, purge leaving the counters alone, the stats shape, the in-process
+wake-up and the capped pass. The SQLite file's own refusals and its lock file are tested here
+too; PostgreSQL's own (its URL, schema, advisory lock, LISTEN/NOTIFY) in test_postgres.py."""
 
 from __future__ import annotations
 
@@ -21,11 +23,11 @@ from streams.errors import EnvelopeError, EnvelopeTooLarge, OutboxError, Publish
 from streams.outbox import ops
 from streams.outbox.store import RowState, RowUpdate
 from tests.support.environment import ROOT
-from tests.support.outbox import drafts, sqlite_outbox
+from tests.support.outbox import OutboxBackend, drafts, sqlite_outbox
 
 
-def test_the_writers_change_and_its_events_commit_together(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_the_writers_change_and_its_events_commit_together(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     with store.transaction() as unit:
         unit.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, state TEXT)")
         unit.execute("INSERT INTO tasks VALUES ('t1', 'ready')")
@@ -42,18 +44,15 @@ def test_the_writers_change_and_its_events_commit_together(tmp_path: Path) -> No
         unit.execute("UPDATE tasks SET state = 'failed' WHERE id = 't1'")
         unit.append("proj-a", drafts("proj-a", 3), tenant_id="tenant-a")
         raise Crash
-    conn = sqlite3.connect(tmp_path / "o.db")
-    assert conn.execute("SELECT state FROM tasks").fetchone()[0] == "done"
-    assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 2
-    conn.close()
+    assert outbox_backend.query("SELECT state FROM tasks") == [("done",)]
+    assert outbox_backend.query("SELECT COUNT(*) FROM outbox") == [(2,)]
     assert store.last_slot("proj-a") == 2
     with store.transaction() as unit:
         assert unit.append("proj-a", drafts("proj-a", 1), tenant_id="t").slots == [3]
-    store.close()
 
 
-def test_invalid_events_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_invalid_events_are_refused_and_nothing_is_written(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     bad_type = dataclasses.replace(drafts("proj-a", 1)[0], event_type="Not A Type")
     with pytest.raises(EnvelopeError, match="eventType"), store.transaction() as unit:
         unit.append("proj-a", [*drafts("proj-a", 1), bad_type], tenant_id="t")
@@ -64,18 +63,16 @@ def test_invalid_events_are_refused_and_nothing_is_written(tmp_path: Path) -> No
     ):
         unit.append("proj-a", [huge], tenant_id="t")
     assert store.counts()[RowState.PENDING] == 0 and store.last_slot("proj-a") == 0
-    store.close()
 
 
-def test_an_outbox_transaction_cannot_nest(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_an_outbox_transaction_cannot_nest(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     with (
         pytest.raises(OutboxError, match="inside an open outbox transaction"),
         store.transaction(),
         store.transaction(),
     ):
         pass
-    store.close()
 
 
 def test_missing_and_foreign_files_are_refused(tmp_path: Path) -> None:
@@ -99,7 +96,22 @@ def test_missing_and_foreign_files_are_refused(tmp_path: Path) -> None:
         SqliteOutbox(tmp_path / "x.db", options=options, create=False)
 
 
-def test_a_second_publisher_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+def test_a_second_publisher_is_refused_with_the_holder_named(
+    outbox_backend: OutboxBackend,
+) -> None:
+    store = outbox_backend.store()
+    other = outbox_backend.store()
+    with store.publisher_lease():
+        with pytest.raises(PublisherLocked) as refused, other.publisher_lease():
+            pass
+        message = str(refused.value)
+        assert f"pid {os.getpid()}" in message or f"process {os.getpid()}" in message
+        assert store.location in message and "only one publisher may run per outbox" in message
+    with other.publisher_lease():  # released: the next one may start
+        pass
+
+
+def test_a_second_sqlite_publisher_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
     store = sqlite_outbox(tmp_path / "o.db")
     other = sqlite_outbox(tmp_path / "o.db")
     with store.publisher_lease():
@@ -148,9 +160,11 @@ def test_the_lease_dies_with_its_holder(tmp_path: Path) -> None:
         holder.wait(30)
 
 
-def test_purge_removes_old_published_rows_and_never_resets_counters(tmp_path: Path) -> None:
+def test_purge_removes_old_published_rows_and_never_resets_counters(
+    outbox_backend: OutboxBackend,
+) -> None:
     clock = ManualClock()
-    store = sqlite_outbox(tmp_path / "o.db", clock=clock)
+    store = outbox_backend.store(clock=clock)
     with store.transaction() as unit:
         old = unit.append("proj-a", drafts("proj-a", 3), tenant_id="t")
     now = clock.now().timestamp()
@@ -182,12 +196,12 @@ def test_purge_removes_old_published_rows_and_never_resets_counters(tmp_path: Pa
         assert unit.append("proj-a", drafts("proj-a", 1), tenant_id="t").slots == [5]
     with pytest.raises(OutboxError, match="needs a positive age"):
         ops.purge(store, older_than_s=0, now=0)
-    store.close()
+    assert outbox_backend.counters() == {"proj-a": 5}
 
 
-def test_stats_shape(tmp_path: Path) -> None:
+def test_stats_shape(outbox_backend: OutboxBackend) -> None:
     clock = ManualClock()
-    store = sqlite_outbox(tmp_path / "o.db", clock=clock)
+    store = outbox_backend.store(clock=clock)
     with store.transaction() as unit:
         a = unit.append("proj-a", drafts("proj-a", 3), tenant_id="t")
         b = unit.append("proj-b", drafts("proj-b", 1), tenant_id="t")
@@ -229,11 +243,11 @@ def test_stats_shape(tmp_path: Path) -> None:
             "rows_waiting": 2,
         }
     ]
-    store.close()
+    assert shown["outbox"] == store.location
 
 
-def test_a_commit_wakes_a_waiting_publisher(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_a_commit_wakes_a_waiting_publisher(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     generation = store.commits.generation
     woke: list[bool] = []
     waiter = threading.Thread(target=lambda: woke.append(store.commits.wait(generation, 60)))
@@ -249,11 +263,10 @@ def test_a_commit_wakes_a_waiting_publisher(tmp_path: Path) -> None:
         unit.execute("SELECT 1")
     assert store.commits.generation == generation
     assert store.commits.wait(generation, 0.01) is False
-    store.close()
 
 
-def test_a_capped_pass_shares_rows_evenly_and_rotates(tmp_path: Path) -> None:
-    store = sqlite_outbox(tmp_path / "o.db")
+def test_a_capped_pass_shares_rows_evenly_and_rotates(outbox_backend: OutboxBackend) -> None:
+    store = outbox_backend.store()
     for n in range(5):
         with store.transaction() as unit:
             unit.append(f"proj-{n:02d}", drafts(f"proj-{n:02d}", 10), tenant_id="t")
@@ -272,4 +285,3 @@ def test_a_capped_pass_shares_rows_evenly_and_rotates(tmp_path: Path) -> None:
     after = store.sendable(10, 20, "proj-19")
     expected = [f"proj-{n:02d}" for n in [*range(20, 30), *range(10)]]
     assert [r.project_id for r in after] == expected
-    store.close()

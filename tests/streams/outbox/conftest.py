@@ -1,0 +1,23 @@
+"""The outbox's behaviour tests run as one contract over both backends: ``outbox_backend`` is a
+fresh SQLite file or a fresh PostgreSQL schema (on the server infra/local.sh runs), per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.outbox import OutboxBackend
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.integration),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def outbox_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OutboxBackend]:
+    backend = OutboxBackend(request.param, tmp_path)
+    yield backend
+    backend.close()

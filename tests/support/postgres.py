@@ -1,0 +1,61 @@
+"""The local PostgreSQL server (infra/local.sh) for tests: its URL, and a fresh outbox per test in
+a schema of its own (the URL's search_path names it), dropped afterwards.
+
+The server is the one ``make up`` starts on 127.0.0.1:5432 with the ``rhumbatron`` role, whose
+password infra/local.sh keeps in ``.local/postgres/password``. ``RHUMBATRON_TEST_POSTGRES_URL``
+points the tests at another server (a role that may create schemas in its database).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+
+from streams.outbox.postgres import init_outbox
+from tests.support.environment import ROOT
+
+PASSWORD_FILE = Path(ROOT) / ".local" / "postgres" / "password"
+
+
+def server_url() -> str:
+    url = os.environ.get("RHUMBATRON_TEST_POSTGRES_URL")
+    if url:
+        return url
+    if not PASSWORD_FILE.exists():
+        raise RuntimeError(
+            f"no PostgreSQL for the tests: {PASSWORD_FILE} is missing; run `make up` (or "
+            "infra/local.sh postgres-start)"
+        )
+    password = PASSWORD_FILE.read_text().strip()
+    return f"postgresql://rhumbatron:{quote(password)}@127.0.0.1:5432/rhumbatron"
+
+
+def with_schema(url: str, schema: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}options={quote(f'-csearch_path={schema}')}"
+
+
+class FreshSchema:
+    """A schema of its own on the test server; ``url`` reaches it (search_path), ``drop`` ends
+    it (terminating whatever sessions a test left behind)."""
+
+    def __init__(self, *, init: bool = True) -> None:
+        self.base = server_url()
+        self.name = f"t_{secrets.token_hex(6)}"
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.name)))
+        self.url = with_schema(self.base, self.name)
+        if init:
+            init_outbox(self.url)
+
+    def connect(self, *, autocommit: bool = False) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.url, autocommit=autocommit)
+
+    def drop(self) -> None:
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.name)))
