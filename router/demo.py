@@ -1,6 +1,6 @@
 """The main job, end to end on the real broker and Redis.
 
-1. provision the environment's streams, queues and internal topics;
+1. provision the environment's topics (the runtime commands it starts create none);
 2. write a workload over many projects through the outbox with concurrent writers (plus a few
    drill events), and publish it;
 3. run the subscriptions — project-view-projector, causal-router, audit-archiver,
@@ -37,8 +37,8 @@ from router.operator.pid_file import recorded_pid, running_server
 from router.settings import QueuePolicy, Settings
 from router.wiring.causal import router_outbox_path
 from router.wiring.outbox import build_publisher, open_outbox
+from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import redis_client
-from streams.admin import admin_client, provision
 from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import ConfigurationError, EnvelopeError
 from streams.files import open_private, private_dir, write_private
@@ -83,16 +83,8 @@ def demo_settings(settings: Settings) -> Settings:
 
 def run_demo(settings: Settings, *, projects: int, events: int, serve: bool = True) -> int:
     settings = demo_settings(settings)
-    base = settings.kafka_config()
-    topology = settings.topology
     redis_client(settings).close()
-    report = provision(
-        admin_client(base),
-        base,
-        topology.all_specs(),
-        topology=topology,
-        timeout=settings.connect_timeout_s,
-    )
+    report = provision_environment(settings)
     print(f"provision: {report.summary()} in environment '{settings.env}'")
 
     run = secrets.token_hex(4)

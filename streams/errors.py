@@ -11,6 +11,7 @@ swallows one.
     ├── EnvelopeError               (ValueError) an Event or Command failed validation
     │   └── EnvelopeTooLarge        the encoded envelope exceeds the size limit
     ├── TopologyError               (ValueError) a bad stream/queue name or a plan the rules refuse
+    │   └── NotProvisioned          topics a command needs do not exist: run `rhumbatron provision`
     ├── ConfigurationError          (ValueError) a setting's bad value, or settings that clash
     ├── Unreachable                 (ConnectionError) Kafka, Redis or a file did not answer
     ├── ServerRefused               Kafka or Redis answered, but refused the request
@@ -109,6 +110,22 @@ class EnvelopeTooLarge(EnvelopeError):
 
 class TopologyError(RhumbatronError, ValueError):
     pass
+
+
+class NotProvisioned(TopologyError):
+    """Topics a runtime command needs do not exist. Runtime commands never create topics (that
+    needs rights a consumer should not hold): ``rhumbatron provision`` does. ``missing`` are the
+    names; ``listed`` is how the message shows them (compacted: ``…_00-07_dev``)."""
+
+    def __init__(self, env: str, missing: Sequence[str], listed: str) -> None:
+        self.env = env
+        self.missing = list(missing)
+        n = len(self.missing)
+        super().__init__(
+            f"environment '{env}' is not provisioned: missing {listed} ({n} topic"
+            f"{'' if n == 1 else 's'}); run `rhumbatron provision` with an identity that may "
+            "create topics"
+        )
 
 
 class ConfigurationError(RhumbatronError, ValueError):

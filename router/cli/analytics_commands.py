@@ -18,13 +18,14 @@ from router.cli.common import parse_duration, print_json
 from router.settings import Settings
 from router.wiring.analytics import (
     point_counts,
-    provision_points_topic,
     read_metric,
     read_project,
     rollup_address,
     rollup_config,
 )
+from router.wiring.provisioning import require_topics
 from streams.errors import ConfigurationError
+from streams.topology import metrics_topic
 
 if TYPE_CHECKING:
     pass
@@ -39,7 +40,7 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
             f"the rollup needs faust-streaming ({exc.name} is not installed); install the "
             "'analytics' extra: pip install -e '.[analytics]'"
         ) from exc
-    provision_points_topic(settings)
+    require_topics(settings, [metrics_topic(settings.env)])
     config = rollup_config(settings)
     Path(config.datadir).mkdir(parents=True, exist_ok=True)
     print(

@@ -4,27 +4,51 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from consumers.subscriptions.archive.format import parse_day
-from consumers.subscriptions.archive.ops import Progress, expire, verify_day
+from consumers.subscriptions.archive.ops import Progress, day_prefix, expire, verify_day
+from consumers.subscriptions.archive.store import LocalObjectStore, ObjectStore
 from router.cli.common import print_json
+from router.cli.progress import start_line
 from router.settings import Settings
 from router.wiring.archive import count_parts, object_store, retention_days, stream_indexes
 from streams.clock import SystemClock
 
 
-def progress_printer(label: str, step_pct: int) -> Progress:
+def progress_printer(
+    label: str, step_pct: int, *, first: Callable[[], object] = lambda: None
+) -> Progress:
     """Print ``label: done/total parts (pct%)`` on stderr each time another ``step_pct`` percent
-    is done, and at the end."""
+    is done, and at the end; ``first()`` runs before the first line (the sweep's start line,
+    said once the store has answered, so a store that fails says only its error)."""
     shown = {"pct": -1}
 
     def show(done: int, total: int) -> None:
+        if shown["pct"] < 0:
+            first()
         pct = 100 if total == 0 else done * 100 // total
         if done == total or pct >= shown["pct"] + step_pct:
             shown["pct"] = pct
             print(f"{label}: {done}/{total} parts ({pct}%)", file=sys.stderr, flush=True)
 
     return show
+
+
+def _where(objects: ObjectStore) -> str:
+    """The store for messages; a local one as an absolute path, since a relative archive_dir
+    depends on the folder the command runs from."""
+    if isinstance(objects, LocalObjectStore):
+        return f"directory {objects.root.resolve()}"
+    return objects.describe()
+
+
+def _setting_of(settings: Settings) -> str:
+    if settings.archive_store == "local":
+        return (
+            "archive_dir (RHUMBATRON_ARCHIVE_DIR; a relative one is read from the current folder)"
+        )
+    return "archive_s3_bucket and archive_s3_prefix (RHUMBATRON_ARCHIVE_S3_BUCKET, _PREFIX)"
 
 
 def archive_expire(settings: Settings, args: argparse.Namespace) -> int:
@@ -36,7 +60,9 @@ def archive_expire(settings: Settings, args: argparse.Namespace) -> int:
         retention_days=days,
         dry_run=args.dry_run,
         progress=progress_printer(
-            "expire (dry run)" if args.dry_run else "expire", settings.archive_progress_step_pct
+            "expire (dry run)" if args.dry_run else "expire",
+            settings.archive_progress_step_pct,
+            first=lambda: start_line(f"archive expire in {_where(objects)}", settings),
         ),
     )
     if args.json:
@@ -55,12 +81,17 @@ def archive_expire(settings: Settings, args: argparse.Namespace) -> int:
 
 def archive_verify(settings: Settings, args: argparse.Namespace) -> int:
     day = parse_day(args.day)
+    objects = object_store(settings)
     report = verify_day(
-        object_store(settings),
+        objects,
         day,
         max_envelope_bytes=settings.max_envelope_bytes,
         streams=stream_indexes(settings),
-        progress=progress_printer("verify", settings.archive_progress_step_pct),
+        progress=progress_printer(
+            "verify",
+            settings.archive_progress_step_pct,
+            first=lambda: start_line(f"archive verify {day} in {_where(objects)}", settings),
+        ),
     )
     if args.json:
         print_json(report.to_json())
@@ -71,6 +102,13 @@ def archive_verify(settings: Settings, args: argparse.Namespace) -> int:
         )
         for bad in report.bad:
             print(f"  BAD {bad.key}: {bad.reason}")
+    if report.empty:
+        print(
+            f"rhumbatron: no archive parts for {report.day} in {_where(objects)} "
+            f"(keys {day_prefix(day)}*), so nothing was verified; check the day, the environment "
+            f"('{settings.env}') and {_setting_of(settings)}",
+            file=sys.stderr,
+        )
     return 0 if report.ok else 1
 
 

@@ -12,13 +12,12 @@ import threading
 import time
 from types import FrameType
 
-from confluent_kafka import KafkaException
-
 from router.cli.common import operator_name, parse_duration, print_json
+from router.cli.progress import ProgressReporter, progress_interval_s, say, start_line
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, open_outbox
-from streams.admin import admin_client
-from streams.errors import OutboxError
+from router.wiring.provisioning import compact_names, missing_topics
+from streams.errors import NotProvisioned, Unreachable
 from streams.outbox import ops
 from streams.outbox.publisher import PublisherTotals
 from streams.outbox.store import OutboxStore, RowState
@@ -63,20 +62,20 @@ def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
 
 
 # -- publish -----------------------------------------------------------------------------------------
-def _check_streams(settings: Settings) -> None:
-    """Refuse to start when Kafka answers but none of the environment's streams exist (every row
-    would fail with 'no producer for stream'). If Kafka does not answer, start anyway: rows wait
-    in retry_wait until it does."""
-    base = settings.kafka_config()
+def _check_streams(settings: Settings) -> list[str]:
+    """Refuse to start, creating nothing, when Kafka answers but none of the environment's
+    streams exist (not provisioned, or a mistyped environment). Returns the streams missing of
+    an environment that has some: their rows fail at once with a reason naming the stream, while
+    every other project's rows flow. If Kafka does not answer, start anyway: rows wait in
+    retry_wait until it does."""
+    streams = settings.topology.stream_names()
     try:
-        topics = admin_client(base).list_topics(timeout=settings.connect_timeout_s).topics
-    except KafkaException:  # unreachable: the publisher's outage handling takes over
-        return
-    if not set(settings.topology.stream_names()) & set(topics):
-        raise OutboxError(
-            f"none of the streams of environment '{settings.env}' exist on Kafka at "
-            f"{settings.kafka_bootstrap}; run 'rhumbatron provision' first"
-        )
+        missing = missing_topics(settings, streams)
+    except Unreachable:  # the publisher's outage handling takes over
+        return []
+    if len(missing) == len(streams):
+        raise NotProvisioned(settings.env, missing, compact_names(missing))
+    return missing
 
 
 def _progress_line(store: OutboxStore, totals: PublisherTotals) -> str:
@@ -91,7 +90,7 @@ def _progress_line(store: OutboxStore, totals: PublisherTotals) -> str:
 
 def publish(settings: Settings, args: argparse.Namespace) -> int:
     store = open_outbox(settings, args.outbox, create=False)
-    _check_streams(settings)
+    missing = _check_streams(settings)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -99,23 +98,33 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
 
     last: list[tuple[int, int, int]] = []
 
+    reporter = ProgressReporter(None, progress_interval_s(settings))
+
     def progress(totals: PublisherTotals) -> None:
         # A line when something moved since the last one: an idle publisher stays quiet.
         now = (totals.published, totals.retries, totals.failed)
         if last and last[0] == now:
             return
         last[:] = [now]
-        print(_progress_line(store, totals), file=sys.stderr, flush=True)
+        reporter.show(_progress_line(store, totals))
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with build_publisher(settings, store) as publisher:
-            totals = publisher.run(
-                until_empty=args.until_empty,
-                stop=stop,
-                progress=progress,
-                progress_interval_s=settings.outbox_progress_interval_s,
-            )
+            # Said once the outbox's lock is held: a refusal before stays the one line it is.
+            start_line(f"publish {args.outbox}", settings, topics=settings.topology.stream_names())
+            if missing:
+                say(
+                    f"publish: warning: {compact_names(missing)} missing; rows of its projects "
+                    "fail until `rhumbatron provision` makes it and they are retried"
+                )
+            with reporter:
+                totals = publisher.run(
+                    until_empty=args.until_empty,
+                    stop=stop,
+                    progress=progress,
+                    progress_interval_s=progress_interval_s(settings),
+                )
         stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
     finally:
         for sig, handler in previous.items():

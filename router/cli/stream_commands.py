@@ -6,32 +6,37 @@ from __future__ import annotations
 import argparse
 import secrets
 import time
+from dataclasses import replace
 
 from consumers.redis_conn import address_of
 from router.cli.common import non_negative_int, positive_int, print_json
 from router.operator.service import OperatorService
 from router.settings import Settings
-from streams.admin import (
-    admin_client,
-    describe_topology,
-    ensure_reachable,
+from router.wiring.provisioning import (
+    compact_names,
+    environment_specs,
+    missing_topics,
+    provision_environment,
+    require_topics,
 )
-from streams.admin import (
-    provision as provision_topics,
-)
-from streams.producer import Producer, send_to_streams
-from streams.workload import slotted_events, workload
+from streams.admin import admin_client, describe_topology
+from streams.envelopes import Event
+from streams.errors import ConfigurationError, DeliveryFailed, FailedRecord
+from streams.producer import DeliveryReport, Producer, send_to_streams
+from streams.workload import project_ids, slotted_events, workload
+
+# ``produce --drill``: what each kind is, for its help and its summary.
+DRILLS = {
+    "fail": "an event the ledger subscription fails on every time (payload drill=fail): "
+    "dead-lettered as an event batch after max_batch_failures attempts",
+    "garbage": "bytes that are not an envelope: every subscription dead-letters them at once "
+    "as a poison record",
+}
+GARBAGE = b"\x00not an envelope: a drill's poison record\xff"
 
 
 def provision(settings: Settings, args: argparse.Namespace) -> int:
-    base = settings.kafka_config()
-    report = provision_topics(
-        admin_client(base),
-        base,
-        settings.topology.all_specs(),
-        topology=settings.topology,
-        timeout=settings.connect_timeout_s,
-    )
+    report = provision_environment(settings)
     print(f"provisioned environment '{settings.env}': {report.summary()}")
     for name in report.created:
         print(f"  created {name}")
@@ -58,13 +63,25 @@ def topology(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def produce(settings: Settings, args: argparse.Namespace) -> int:
+    if args.drill:
+        if args.outbox or args.projects is not None or args.events is not None:
+            raise ConfigurationError(
+                "produce --drill writes one record straight to a stream: it takes neither "
+                "--outbox nor --projects/--events"
+            )
+        return produce_drill(settings, args)
+    if args.projects is None or args.events is None:
+        raise ConfigurationError(
+            "produce needs --projects N and --events M (or --drill fail|garbage for one drill "
+            "record)"
+        )
     if args.outbox:
         from router.cli.outbox_commands import produce_to_outbox
 
         return produce_to_outbox(settings, args)
     run = args.run or secrets.token_hex(4)
     base = settings.kafka_config()
-    ensure_reachable(admin_client(base), base, settings.connect_timeout_s)
+    require_topics(settings, settings.topology.stream_names())
     events = slotted_events(workload(run, args.projects, args.events), tenant_id="tenant-demo")
     producer = Producer(base)
     started = time.perf_counter()
@@ -92,12 +109,65 @@ def produce(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def produce_drill(settings: Settings, args: argparse.Namespace) -> int:
+    """One drill record on a stream, where the docs say it goes (docs/guarantees.md): ``fail``,
+    an event of a fresh project (slot 1) whose payload has ``"drill": "fail"``; ``garbage``,
+    bytes that do not decode to an envelope, keyed like a project so they land on one
+    partition."""
+    run = args.run or secrets.token_hex(4)
+    (project,) = project_ids(f"{run}-drill", 1)
+    topic, partition = settings.topology.partition_of(project)
+    require_topics(settings, [topic])
+    producer = Producer(settings.kafka_config())
+    reports: list[DeliveryReport] = []
+    event: Event | None = None
+    if args.drill == "fail":
+        (draft,) = workload(f"{run}-drill", 1, 1)
+        draft = replace(draft, payload={**draft.payload, "drill": "fail"})
+        (event,) = slotted_events([draft], tenant_id="tenant-demo")
+        producer.produce_event(
+            topic,
+            event,
+            max_bytes=settings.max_envelope_bytes,
+            partition=partition,
+            on_delivery=reports.append,
+        )
+    else:
+        producer.produce(
+            topic, GARBAGE, key=project, partition=partition, on_delivery=reports.append
+        )
+    producer.flush(settings.produce_flush_timeout_s)
+    (report,) = reports
+    if not report.ok:
+        raise DeliveryFailed([FailedRecord(topic, project, report.describe_error(), False, False)])
+    result = {
+        "drill": args.drill,
+        "topic": report.topic,
+        "partition": report.partition,
+        "offset": report.offset,
+        "project": project,
+        "event_id": event.event_id if event is not None else None,
+        "what": DRILLS[args.drill],
+    }
+    if args.json:
+        print_json(result)
+    else:
+        what = f"drill event {event.event_id} of project {project}" if event else "poison record"
+        print(
+            f"produced a {what} at {report.topic}[{report.partition}]@{report.offset}: "
+            f"{DRILLS[args.drill]}; see it with: rhumbatron dead-letters list"
+        )
+    return 0
+
+
 def status(settings: Settings, args: argparse.Namespace) -> int:
     base = settings.kafka_config()
     admin = admin_client(base)
     timeout = settings.connect_timeout_s
     described = describe_topology(admin, base, settings.topology, timeout)
     topics = [t["name"] for group in described.values() for t in group]
+    # A read: it reports what is missing of the plan `rhumbatron provision` makes, never creates.
+    missing = missing_topics(settings, [spec.name for spec in environment_specs(settings.topology)])
     from router.wiring.subscription import redis_client
 
     redis_client(settings, timeout=timeout).close()
@@ -115,6 +185,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         "kafka": settings.kafka_bootstrap,
         "redis": address_of(settings.redis_url),
         "topics": described,
+        "missing_topics": missing,
         "groups": groups,
     }
     if args.json:
@@ -124,6 +195,11 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
             f"environment {settings.env}: kafka {settings.kafka_bootstrap}, redis {result['redis']}"
         )
         print(f"  {len(topics)} topics; {len(groups)} consumer groups")
+        if missing:
+            print(
+                f"  not provisioned: missing {compact_names(missing)} ({len(missing)} topics); "
+                "run `rhumbatron provision`"
+            )
         for name, g in groups.items():
             print(f"  {name:<50} lag {g['total_lag']}")
     return 0
@@ -137,7 +213,9 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "provision", help="create the environment's streams, queues and internal topics"
+        "provision",
+        help="create the environment's streams, queues, retry, redelivery and internal topics "
+        "(the only command that creates topics)",
     )
     p.set_defaults(handler=provision)
 
@@ -145,16 +223,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=topology)
 
-    p = sub.add_parser("produce", help="write a synthetic workload of M events over N projects")
+    p = sub.add_parser(
+        "produce",
+        help="write a synthetic workload of M events over N projects, or one drill record",
+    )
     p.add_argument(
-        "--projects", type=positive_int, required=True, metavar="N", help="how many projects"
+        "--projects", type=positive_int, metavar="N", help="how many projects (not with --drill)"
     )
     p.add_argument(
         "--events",
         type=non_negative_int,
-        required=True,
         metavar="M",
-        help="how many events in all, spread over the projects",
+        help="how many events in all, spread over the projects (not with --drill)",
+    )
+    p.add_argument(
+        "--drill",
+        choices=sorted(DRILLS),
+        help="instead of a workload, one drill record: "
+        + "; ".join(f"{name}: {what}" for name, what in sorted(DRILLS.items())),
     )
     p.add_argument("--run", help="run id baked into project ids (default: random)")
     p.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from consumers.runtime.runner_base import Stats
 from consumers.subscriptions.ledger import read_ledger
 from router.cli.common import (
     non_negative_float,
@@ -13,6 +14,13 @@ from router.cli.common import (
     operator_name,
     print_json,
     stop_on_signals,
+)
+from router.cli.progress import (
+    LagProbe,
+    ProgressReporter,
+    group_topics,
+    progress_interval_s,
+    start_line,
 )
 from router.settings import Settings
 from router.wiring.subscription import (
@@ -28,19 +36,43 @@ from streams.clock import SystemClock
 def consume(settings: Settings, args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     subscription = open_subscription(settings, args.subscription)
-    try:
-        stats = subscription.runner.run(
-            until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
+    slug = args.subscription
+    reads = settings.topology.subscription_reads(slug)
+    start_line(f"consume {slug}", settings, group=reads.group, topics=group_topics(reads))
+    stats = subscription.runner.stats
+    lag = LagProbe(settings, reads)
+
+    def sample() -> str:
+        return (
+            f"consume {slug}: {stats.records} records, {stats.applied} applied, "
+            f"{stats.dead_lettered} dead-lettered, lag {lag()}"
         )
+
+    try:
+        with ProgressReporter(sample, progress_interval_s(settings)):
+            stats = subscription.runner.run(
+                until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
+            )
     finally:
         subscription.close()
-    print(
-        f"{args.subscription}: {stats.records} records, {stats.applied} applied, "
-        f"{stats.duplicates} duplicates, {stats.failures} batch failures, "
-        f"{stats.dead_lettered} dead-lettered ({stats.poison} poison)",
-        file=sys.stderr,
-    )
+    print(consume_summary(slug, stats), file=sys.stderr)
     return 0
+
+
+def consume_summary(slug: str, stats: Stats) -> str:
+    """What the runner's counters mean, said in full: every record read is applied, skipped as
+    a copy already applied, poison (dead-lettered at once), not of a type the subscription
+    reads, or held back (behind a failure: it comes again) or already done before a restart.
+    A failed batch is one dead letter however many events it holds."""
+    accounted = stats.applied + stats.duplicates + stats.filtered + stats.poison
+    again = max(stats.records - accounted, 0)
+    batches = stats.dead_lettered - stats.poison
+    return (
+        f"{slug}: {stats.records} records, {stats.applied} applied, {stats.duplicates} "
+        f"duplicates, {stats.dead_lettered} dead-lettered ({stats.poison} poison, {batches} "
+        f"failed batches), {stats.filtered} not for this subscription, {again} held back or "
+        f"already done; {stats.failures} failed batch attempts"
+    )
 
 
 def _controls(settings: Settings, args: argparse.Namespace) -> Any:
@@ -52,11 +84,25 @@ def _controls(settings: Settings, args: argparse.Namespace) -> Any:
 
 
 def re_reduce(settings: Settings, args: argparse.Namespace) -> int:
-    projects = _controls(settings, args).re_reduce(
-        tp_of(settings, args.topic, args.partition),
-        who=operator_name(getattr(args, "who", None)),
-        why=args.reason or "operator re-reduce",
+    tp = tp_of(settings, args.topic, args.partition)
+    c = _controls(settings, args)
+    through = c.store.load(tp).acked_through
+    start_line(
+        f"re-reduce {args.subscription} {tp.topic}[{tp.partition}] through offset {through}",
+        settings,
+        topics=[tp.topic],
     )
+
+    def sample() -> str:
+        # The fold reports no figures while it reads: the line says it is still at work.
+        return f"re-reduce {args.subscription} {tp.topic}[{tp.partition}]: folding"
+
+    with ProgressReporter(sample, progress_interval_s(settings)):
+        projects = c.re_reduce(
+            tp,
+            who=operator_name(getattr(args, "who", None)),
+            why=args.reason or "operator re-reduce",
+        )
     print(
         f"re-reduced {args.topic}[{args.partition}] for {args.subscription}: {projects} projects in the fold"
     )

@@ -5,35 +5,91 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from collections import Counter
 
 import orjson
 
 from router.cli.common import non_negative_float, stop_on_signals
+from router.cli.progress import (
+    LagProbe,
+    ProgressReporter,
+    group_topics,
+    progress_interval_s,
+    start_line,
+)
 from router.settings import Settings
 from router.wiring.subscription import redis_client
 from router.wiring.workers import (
+    DEAD_LETTER_QUEUE,
     WorkerProcess,
     open_dead_letter_consumer,
     open_worker,
     worker_figures,
+    worker_slug,
 )
 from router.workers.drills import HANDLERS
+from router.workers.worker import WorkerStats
 from streams.errors import ConfigurationError
 from streams.topology import QUEUE_PURPOSES
 
 
-def _run(process: WorkerProcess, name: str, until_idle: float | None, stop: threading.Event) -> int:
+def _run(
+    settings: Settings,
+    process: WorkerProcess,
+    name: str,
+    purpose: str,
+    until_idle: float | None,
+    stop: threading.Event,
+) -> int:
+    reads = settings.topology.worker_reads(worker_slug(purpose), purpose)
+    start_line(name, settings, group=reads.group, topics=group_topics(reads))
+    stats = process.worker.stats
+    lag = LagProbe(settings, reads)
+
+    def sample() -> str:
+        return f"{name}: {stats.records} records, {_outcomes(stats.outcomes)}, lag {lag()}"
+
     try:
-        stats = process.worker.run(
-            until_idle_s=until_idle, should_stop=stop.is_set, tick=process.tick
-        )
+        with ProgressReporter(sample, progress_interval_s(settings)):
+            stats = process.worker.run(
+                until_idle_s=until_idle, should_stop=stop.is_set, tick=process.tick
+            )
     finally:
         process.close()
-    summary = stats.as_dict()
-    parts = ", ".join(f"{v} {k}" for k, v in summary.items())
-    print(f"{name}: {parts}", file=sys.stderr)
-    sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    print(worker_summary(name, stats), file=sys.stderr)
+    sys.stdout.write(orjson.dumps(stats.as_dict()).decode() + "\n")
     return 0
+
+
+# What each outcome the worker counts means, for its summary.
+OUTCOMES = {
+    "ok": "ran and succeeded",
+    "retried": "failed, sent to the retry topic",
+    "dead_lettered": "failed their last attempt, sent to the dead-letter queue",
+    "expired": "past their deadline, sent to the dead-letter queue",
+    "exhausted_recorded": "failed their last attempt, recorded by the handler",
+    "expired_recorded": "past their deadline, recorded by the handler",
+    "duplicate": "already done, skipped",
+    "more_work_last_delivery": "asked for more work on their last delivery, acknowledged",
+    "undecodable": "not a command, sent to the dead-letter queue",
+    "undecodable_recorded": "not a command, recorded by the handler",
+    "dropped": "given up with no dead-letter queue (logged)",
+}
+
+
+def _outcomes(outcomes: Counter[str]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) or "nothing settled"
+
+
+def worker_summary(name: str, stats: WorkerStats) -> str:
+    explained = "; ".join(
+        f"{n} {OUTCOMES.get(k, k)}" for k, n in sorted(stats.outcomes.items()) if k != "failed"
+    )
+    return (
+        f"{name}: {stats.records} records settled: {explained or 'none'} "
+        f"({stats.outcomes['failed']} attempts failed in the handler); {stats.transactions} "
+        f"transactions ({stats.transaction_failures} failed)"
+    )
 
 
 def worker(settings: Settings, args: argparse.Namespace) -> int:
@@ -46,13 +102,15 @@ def worker(settings: Settings, args: argparse.Namespace) -> int:
     client = redis_client(settings)
     handler = HANDLERS[name](client, settings.env, args.queue)
     process = open_worker(settings, args.queue, handler, client=client)
-    return _run(process, f"worker {args.queue} ({name})", args.until_idle, stop)
+    return _run(
+        settings, process, f"worker {args.queue} ({name})", args.queue, args.until_idle, stop
+    )
 
 
 def dead_letter_consumer(settings: Settings, args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     process = open_dead_letter_consumer(settings)
-    return _run(process, "dead-letter-consumer", args.until_idle, stop)
+    return _run(settings, process, "dead-letter-consumer", DEAD_LETTER_QUEUE, args.until_idle, stop)
 
 
 def worker_stats(settings: Settings, args: argparse.Namespace) -> int:

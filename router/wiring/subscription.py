@@ -24,7 +24,7 @@ from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
 from router.settings import Settings
-from streams.admin import admin_client, provision
+from router.wiring.provisioning import check_subscription, require_topics, subscription_topics
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
@@ -143,26 +143,19 @@ def dead_letter_actions(
         dead_letters(settings, client),
         clock,
         send,
-        lambda slug: ensure_redelivery_topic(settings, slug),
+        lambda slug: require_redelivery_topic(settings, slug),
         lambda tp: settings.topology.redelivery_partition(tp.topic, tp.partition),
         lambda purpose: queue_name(purpose, settings.env),
         stale_retry_s=settings.operator_stale_retry_s,
     )
 
 
-def ensure_redelivery_topic(settings: Settings, slug: str) -> str:
-    """The subscription's redelivery topic, created if missing (an operator may retry a letter
-    of a subscription that never ran here); returns its name."""
-    spec = settings.topology.redelivery_spec(slug)
-    base = settings.kafka_config()
-    provision(
-        admin_client(base),
-        base,
-        [spec],
-        topology=settings.topology,
-        timeout=settings.connect_timeout_s,
-    )
-    return spec.name
+def require_redelivery_topic(settings: Settings, slug: str) -> str:
+    """The subscription's redelivery topic, which must exist (``rhumbatron provision`` makes one
+    for every subscription); returns its name. Creates nothing."""
+    name = settings.topology.redelivery_spec(slug).name
+    require_topics(settings, [name])
+    return name
 
 
 @dataclass
@@ -192,17 +185,14 @@ def open_subscription(
     settings: Settings, slug: str, *, clock: Clock | None = None, processor: Processor | None = None
 ) -> Subscription:
     clock = clock or SystemClock()
+    topology = settings.topology
+    # Before anything is built (the router's outbox file, the archive's directory): an
+    # environment that is not provisioned is refused having made nothing.
+    name = processor.slug if processor is not None else check_subscription(slug)
+    require_topics(settings, subscription_topics(topology, name))
     client = redis_client(settings)
     processor = processor or processor_for(settings, slug, client, clock)
     base = settings.kafka_config()
-    topology = settings.topology
-    provision(
-        admin_client(base),
-        base,
-        [*topology.all_specs(), topology.redelivery_spec(processor.slug)],
-        topology=topology,
-        timeout=settings.connect_timeout_s,
-    )
     lease = None
     output = None
     if processor.effect_kind == EffectKind.KAFKA:

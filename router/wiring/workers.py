@@ -16,6 +16,7 @@ from consumers.runtime.dead_letters import LetterKind
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
 from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
+from router.wiring.provisioning import require_topics, worker_topics
 from router.wiring.subscription import dead_letters, redis_client
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
@@ -59,7 +60,8 @@ def worker_slug(purpose: str) -> str:
 
 def provision_queues(settings: Settings, purposes: list[str], *, streams: bool = False) -> None:
     """The queues, their retry topics and the dead-letter store's topic, and with ``streams``
-    the event streams (where the dead-letter consumer's task events go); idempotent."""
+    the event streams; idempotent. For tests that set up only a worker's topics: the runtime
+    never calls it (``rhumbatron provision`` creates the whole environment)."""
     base = settings.kafka_config()
     topology = settings.topology
     provision(
@@ -104,11 +106,14 @@ def open_worker(
     *,
     clock: Clock | None = None,
     client: redis.Redis[bytes] | None = None,
+    streams: bool = False,
 ) -> WorkerProcess:
+    """A worker on ``purpose``'s queue; refused (creating nothing) unless every topic it touches
+    exists, the streams too with ``streams`` (the dead-letter consumer's task events)."""
     clock = clock or SystemClock()
     client = client or redis_client(settings)
     policy = worker_policy(settings, purpose)
-    provision_queues(settings, [purpose])
+    require_topics(settings, worker_topics(settings.topology, purpose, streams=streams))
     base = settings.kafka_config()
     slug = worker_slug(purpose)
     lease = ProducerLease(client, env=settings.env, slug=slug, ttl_s=settings.producer_lease_ttl_s)
@@ -150,8 +155,8 @@ def open_dead_letter_consumer(
     from router.wiring.causal import RouterCompanion, open_router_outbox
 
     clock = clock or SystemClock()
+    require_topics(settings, worker_topics(settings.topology, DEAD_LETTER_QUEUE, streams=True))
     client = redis_client(settings)
-    provision_queues(settings, [DEAD_LETTER_QUEUE], streams=True)
     outbox = open_router_outbox(settings)
     recorder = DeadLetterRecorder(
         dead_letters(settings, client),
@@ -159,7 +164,9 @@ def open_dead_letter_consumer(
         clock,
         default_tenant=settings.dead_letter_tenant_id,
     )
-    process = open_worker(settings, DEAD_LETTER_QUEUE, recorder, clock=clock, client=client)
+    process = open_worker(
+        settings, DEAD_LETTER_QUEUE, recorder, clock=clock, client=client, streams=True
+    )
     if publish:
         companion = RouterCompanion(
             settings.model_copy(update={"maintenance_enabled": False}), client, clock, outbox

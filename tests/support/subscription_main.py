@@ -29,6 +29,7 @@ from consumers.subscriptions.ledger import Ledger
 from router.cli.common import stop_on_signals
 from router.settings import Settings
 from router.wiring.subscription import open_subscription
+from streams.admin import admin_client, provision
 from streams.envelopes import Event
 
 
@@ -79,6 +80,16 @@ def main() -> int:
     if args.name == "kafka-counter":
         processor = KafkaCounter(settings.env)
     stop = stop_on_signals()
+    # A test processor's redelivery topic: `rhumbatron provision` makes those of the real
+    # subscriptions only, and the runtime creates none.
+    base = settings.kafka_config()
+    provision(
+        admin_client(base),
+        base,
+        [settings.topology.redelivery_spec(processor.slug)],
+        topology=settings.topology,
+        timeout=settings.connect_timeout_s,
+    )
     subscription = open_subscription(settings, processor.slug, processor=processor)
     print("ready", file=sys.stderr, flush=True)  # subscribed: a test may now stop it
     try:

@@ -48,10 +48,17 @@ class VerifyReport:
     bad: list[BadPart] = field(default_factory=list)
     duplicates: int = 0  # events (by id) found in more than one line of the day's good parts
     by_stream: dict[str, int] = field(default_factory=dict)  # "stream-NN" -> events
+    looked_in: str = ""  # where the day's parts were listed: the store and the key prefix
+
+    @property
+    def empty(self) -> bool:
+        return not self.parts and not self.bad
 
     @property
     def ok(self) -> bool:
-        return not self.bad
+        # A day with no parts proves nothing (an archive directory relative to another folder, a
+        # wrong environment, a day nothing was archived): it does not pass.
+        return not self.bad and self.parts > 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,13 +68,18 @@ class VerifyReport:
             "duplicate_events": self.duplicates,
             "bad_parts": [{"key": b.key, "reason": b.reason} for b in self.bad],
             "events_by_stream": dict(sorted(self.by_stream.items())),
+            "looked_in": self.looked_in,
             "ok": self.ok,
         }
 
 
+def day_prefix(day: date | None) -> str:
+    """The key prefix of a day's parts (of every part with no day)."""
+    return f"events/{day.isoformat()}/" if day is not None else "events/"
+
+
 def part_keys(objects: ObjectStore, day: date | None = None) -> list[str]:
-    prefix = f"events/{day.isoformat()}/" if day is not None else "events/"
-    return list(objects.list(prefix))
+    return list(objects.list(day_prefix(day)))
 
 
 def count_parts(objects: ObjectStore, day: date | None = None) -> int:
@@ -144,8 +156,10 @@ def verify_day(
 ) -> VerifyReport:
     """Read every part of ``day`` back and check it: gzip, the key's hash over the uncompressed
     content, every line a valid event from the key's stream and partition, the first event's
-    time in the key, an index entry for it. Counts parts, events and duplicate events."""
+    time in the key, an index entry for it. Counts parts, events and duplicate events. A day
+    with no parts is not ``ok``; ``looked_in`` says where they were looked for."""
     report = VerifyReport(day.isoformat())
+    report.looked_in = f"{objects.describe()}, keys {day_prefix(day)}*"
     keys = part_keys(objects, day)
     indexed = _indexed_names(objects, keys)
     seen: Counter[str] = Counter()

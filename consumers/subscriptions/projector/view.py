@@ -165,6 +165,42 @@ def count_views(client: redis.Redis[bytes], env: str) -> int:
     return len(_keys_of(client, env, view_key("*", "counts")))
 
 
+def list_views(client: redis.Redis[bytes], env: str) -> list[dict[str, Any]]:
+    """Every project with a view in the environment, by project id: what ``read_view`` says of
+    it in brief (stream, partition, events, high slot, gap, last event time)."""
+    keys = _keys_of(client, env, view_key("*", "counts"))
+    store = _store(client, env)
+    found: list[tuple[str, TP]] = []
+    for raw in keys:
+        name = raw.decode()
+        logical = name.split(":x:", 1)[1]  # view:<project>:counts
+        project_id = logical.removeprefix("view:").removesuffix(":counts")
+        _, topic, partition = name[name.index("{") + 1 : name.index("}")].split("|")
+        found.append((project_id, TP(topic, int(partition))))
+    pipe = client.pipeline(transaction=False)
+    for project_id, tp in found:
+        pipe.hgetall(store.key(tp, view_key(project_id, "counts")))
+        pipe.hgetall(store.key(tp, view_key(project_id, "meta")))
+        pipe.smembers(store.key(tp, view_key(project_id, "missing")))
+    with redis_errors(client, f"reading the project views of environment {env!r}"):
+        replies = pipe.execute() if found else []
+    views = []
+    for n, (project_id, tp) in enumerate(found):
+        counts, meta, missing = replies[3 * n : 3 * n + 3]
+        view = view_from_parts(
+            project_id,
+            tp,
+            {
+                "counts": _text(counts),
+                "meta": _text(meta),
+                "missing": {m.decode() for m in missing},
+            },
+        )
+        if view is not None:  # its counts went between the scan and the read
+            views.append(view)
+    return sorted(views, key=lambda v: str(v["projectId"]))
+
+
 def count_gaps_recorded(client: redis.Redis[bytes], env: str) -> int:
     """The ``gaps_recorded`` metric summed over every partition of the environment."""
     keys = _keys_of(client, env, metrics_key())

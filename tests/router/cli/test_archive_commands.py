@@ -85,6 +85,37 @@ def test_verify_exits_non_zero_and_names_a_corrupt_part(
     assert f"BAD {bad}" in text and good not in text
 
 
+def test_verify_of_a_day_with_no_parts_fails_and_says_where_it_looked(
+    env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_part(env, _today() - timedelta(days=1), 3)  # another day's part is not this day's
+    day = _today().isoformat()
+    assert main(["archive", "verify", "--day", day]) == 1
+    captured = capsys.readouterr()
+    assert f"archive {day}: 0 good parts" in captured.out
+    (line,) = captured.err.splitlines()  # no start line: the sweep had nothing to go through
+    assert line.startswith(f"rhumbatron: no archive parts for {day} in directory ")
+    assert f"{(tmp_path / 'tcli').resolve()} (keys events/{day}/*)" in line
+    assert "nothing was verified" in line and "'tcli'" in line
+    assert main(["archive", "verify", "--day", day, "--json"]) == 1
+    out = orjson.loads(capsys.readouterr().out)
+    assert (out["parts"], out["ok"]) == (0, False)
+    assert out["looked_in"] == f"directory {tmp_path / 'tcli'}, keys events/{day}/*"
+
+
+def test_verify_prints_its_start_line_once_the_store_answers(
+    env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_part(env, _today(), 3)
+    assert main(["archive", "verify", "--day", _today().isoformat()]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"archive verify {_today().isoformat()} in directory {(tmp_path / 'tcli').resolve()}: "
+        f"env tcli, state dir {env.state_dir}"
+    )
+    assert err[-1] == "verify: 1/1 parts (100%)"
+
+
 def test_expire_dry_run_then_expire_with_progress(
     env: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ READ_COMMANDS = {
     ("topology",),
     ("view",),
     ("feed",),
+    ("projects", "list"),
     ("dead-letters", "list"),
     ("dead-letters", "show"),
     ("subscription", "progress"),
@@ -132,3 +133,11 @@ def test_consume_help_lists_the_subscriptions(capsys: pytest.CaptureFixture[str]
         "ledger",
     ):
         assert name in out
+
+
+def test_produce_help_says_what_each_drill_record_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["produce", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fail: an event the ledger subscription fails on every time" in out
+    assert "garbage: bytes that are not an envelope" in out and "poison record" in out

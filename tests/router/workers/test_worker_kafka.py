@@ -143,7 +143,8 @@ def test_dead_letter_consumer_records_once_blocks_the_task_and_the_operator_retr
     make: Any,
 ) -> None:
     s = make(queues=short_queues(0.5, retries=1))
-    provision_queues(s, [QUEUE, "dead-letter"])
+    # The streams too: the dead-letter consumer's task events go out to them (it creates none).
+    provision_queues(s, [QUEUE, "dead-letter"], streams=True)
     # Task-ready wakes: a task's own work, so their dead letters block and fail the task (a
     # notification wake's letter changes no task).
     bad, dismissed = (

@@ -96,7 +96,8 @@ def test_publish_refuses_an_environment_without_streams(settings: Settings, tmp_
     outbox_for(settings, path).close()
     refused = _cli(settings, "publish", "--outbox", str(path), "--until-empty")
     assert refused.returncode == 2
-    assert f"none of the streams of environment '{settings.env}' exist" in refused.stderr
+    assert f"environment '{settings.env}' is not provisioned: missing" in refused.stderr
+    assert f"rhumbatron_events_00-07_{settings.env} (8 topics)" in refused.stderr
     assert "rhumbatron provision" in refused.stderr
 
 

@@ -1,0 +1,133 @@
+"""Which topics each command needs, and the one place an environment's topics are created.
+
+Runtime commands (``consume``, ``worker``, ``dead-letter-consumer``, ``publish``, the operator
+server's retries) never create topics: creating needs rights a consumer's identity should not
+hold, and a mistyped ``RHUMBATRON_ENV`` would quietly make a whole new environment. They check
+instead (:func:`require_topics`) and refuse in one line naming what is missing and what to run.
+``rhumbatron provision`` (and the demo, through it) creates the whole plan:
+:func:`environment_specs`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from router.settings import Settings
+from streams.admin import ProvisionReport, admin_client, ensure_reachable, provision
+from streams.errors import ConfigurationError, NotProvisioned
+from streams.topology import QUEUE_PURPOSES, TopicSpec, Topology
+
+
+def subscription_slugs() -> list[str]:
+    """Every subscription ``rhumbatron consume`` can run (the product's four and the ledger)."""
+    from router.wiring.processors import BUILDERS
+
+    return sorted(BUILDERS)
+
+
+def check_subscription(slug: str) -> str:
+    """``slug``, if ``rhumbatron consume`` can run it; else a ConfigurationError listing those."""
+    known = subscription_slugs()
+    if slug not in known:
+        raise ConfigurationError(f"unknown subscription {slug!r}; known: {', '.join(known)}")
+    return slug
+
+
+def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> list[TopicSpec]:
+    """The whole plan: the streams, the command queues and the internal topics, each queue's
+    retry topic, and the redelivery topic of every subscription (and of ``subscriptions``, a
+    test's own processors)."""
+    slugs = sorted({*subscription_slugs(), *subscriptions})
+    return [
+        *topology.all_specs(),
+        *(topology.retry_spec(purpose) for purpose in QUEUE_PURPOSES),
+        *(topology.redelivery_spec(slug) for slug in slugs),
+    ]
+
+
+def provision_environment(
+    settings: Settings, *, subscriptions: Iterable[str] = ()
+) -> ProvisionReport:
+    """Create what is missing of :func:`environment_specs` and align what exists (idempotent)."""
+    base = settings.kafka_config()
+    return provision(
+        admin_client(base),
+        base,
+        environment_specs(settings.topology, subscriptions),
+        topology=settings.topology,
+        timeout=settings.connect_timeout_s,
+    )
+
+
+def subscription_topics(topology: Topology, slug: str) -> list[str]:
+    """What one subscription process touches: the streams it reads, its redelivery topic, the
+    dead-letter topic, and the queues and metrics topic the Kafka-effect subscriptions write."""
+    return [s.name for s in topology.all_specs()] + [topology.redelivery_spec(slug).name]
+
+
+def worker_topics(topology: Topology, purpose: str, *, streams: bool = False) -> list[str]:
+    """What a command worker touches: every queue (more work, the dead-letter queue), its retry
+    topic, the dead-letter store's topic; with ``streams`` (the dead-letter consumer, whose task
+    events go out through the router's outbox) the streams too."""
+    return [
+        *(topology.stream_names() if streams else []),
+        *topology.queue_names(),
+        topology.retry_spec(purpose).name,
+        *(s.name for s in topology.internal_specs()),
+    ]
+
+
+def missing_topics(settings: Settings, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` the broker does not have; raises Unreachable if it does not answer."""
+    base = settings.kafka_config()
+    metadata = ensure_reachable(admin_client(base), base, settings.connect_timeout_s)
+    return [name for name in names if name not in metadata.topics]
+
+
+def require_topics(settings: Settings, names: Sequence[str]) -> None:
+    """Return if every one of ``names`` exists; else raise :class:`NotProvisioned` naming the
+    missing ones. Creates nothing."""
+    missing = missing_topics(settings, names)
+    if missing:
+        raise NotProvisioned(settings.env, missing, compact_names(missing))
+
+
+_NUMBERED = re.compile(r"^(\D*)(\d+)(.*)$")
+
+
+def compact_names(names: Sequence[str]) -> str:
+    """Names joined by ``, `` with runs of consecutive numbers folded, in the order given:
+    ``rhumbatron_events_00_dev … rhumbatron_events_07_dev`` → ``rhumbatron_events_00-07_dev``."""
+    out: list[str] = []
+    run: tuple[str, str, int, int, int] | None = None  # prefix, suffix, width, first, last
+
+    def flush() -> None:
+        if run is not None:
+            prefix, suffix, width, first, last = run
+            numbers = (
+                f"{first:0{width}d}" if first == last else f"{first:0{width}d}-{last:0{width}d}"
+            )
+            out.append(f"{prefix}{numbers}{suffix}")
+
+    for name in names:
+        match = _NUMBERED.match(name)
+        if match is None:
+            flush()
+            run = None
+            out.append(name)
+            continue
+        prefix, digits, suffix = match.groups()
+        number = int(digits)
+        if run is not None and run[:3] == (prefix, suffix, len(digits)) and number == run[4] + 1:
+            run = (prefix, suffix, len(digits), run[3], number)
+            continue
+        flush()
+        run = (prefix, suffix, len(digits), number, number)
+    flush()
+    return ", ".join(out)
+
+
+def topics_phrase(names: Sequence[str]) -> str:
+    """``rhumbatron_events_00-07_dev, rhumbatron_redelivery_ledger_dev (9)``: for start lines."""
+    return f"{compact_names(names)} ({len(names)})"

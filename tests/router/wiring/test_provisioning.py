@@ -1,0 +1,53 @@
+"""What each runtime command needs on the broker is exactly what ``rhumbatron provision``
+creates (the runtime creates nothing), and missing topics are named compactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.wiring.provisioning import (
+    check_subscription,
+    compact_names,
+    environment_specs,
+    subscription_slugs,
+    subscription_topics,
+    worker_topics,
+)
+from streams.errors import ConfigurationError
+from streams.topology import QUEUE_PURPOSES
+from tests.support.environment import make_settings
+
+
+def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
+    topology = make_settings(env="dev").topology
+    planned = [spec.name for spec in environment_specs(topology)]
+    assert len(planned) == len(set(planned)) == 8 + 6 + 2 + 6 + 5
+    needed = {
+        *(name for slug in subscription_slugs() for name in subscription_topics(topology, slug)),
+        *(name for purpose in QUEUE_PURPOSES for name in worker_topics(topology, purpose)),
+        *worker_topics(topology, "dead-letter", streams=True),
+    }
+    assert needed == set(planned)  # nothing the runtime needs is left out, nothing is extra
+    assert len(subscription_topics(topology, "ledger")) == 17
+
+
+def test_a_test_processor_gets_its_redelivery_topic_in_the_plan() -> None:
+    topology = make_settings(env="dev").topology
+    names = [spec.name for spec in environment_specs(topology, ["kafka-counter"])]
+    assert "rhumbatron_redelivery_kafka_counter_dev" in names
+
+
+def test_missing_topics_are_named_with_runs_of_numbers_folded() -> None:
+    topology = make_settings(env="t1a2").topology
+    names = [*topology.stream_names(), *topology.queue_names()[:2], "rhumbatron_events_09_t1a2"]
+    assert compact_names(names) == (
+        "rhumbatron_events_00-07_t1a2, rhumbatron-agent-wakeups-t1a2, "
+        "rhumbatron-integration-t1a2, rhumbatron_events_09_t1a2"
+    )
+    assert compact_names(["a_03_x", "a_04_x", "a_06_x", "b"]) == "a_03-04_x, a_06_x, b"
+    assert compact_names([]) == ""
+
+
+def test_an_unknown_subscription_is_refused_before_any_topic_is_looked_at() -> None:
+    with pytest.raises(ConfigurationError, match="unknown subscription 'ledgr'; known: "):
+        check_subscription("ledgr")
