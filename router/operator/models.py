@@ -356,3 +356,15 @@ def _utf8(raw: bytes | None) -> str | None:
 
 def _b64(raw: bytes | None) -> str | None:
     return base64.b64encode(raw).decode() if raw is not None else None
+
+
+def bulk_row_of(letter: DeadLetter, outcome: str, detail: str) -> BulkLetter:
+    return BulkLetter(
+        id=letter.id,
+        kind=letter.kind,
+        status=letter.status,
+        origin=letter.subscription or letter.origin_queue,
+        error=letter.error,
+        outcome=outcome,
+        detail=detail,
+    )

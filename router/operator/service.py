@@ -2,9 +2,10 @@
 the HTTP API and the web page (``rhumbatron serve``).
 
 It reads and acts on what the other parts keep: the one dead-letter store (event batches, poison
-records and commands; retry and dismiss through :class:`DeadLetterActions`, audited), the
-outboxes' figures (``streams.outbox.ops.stats``), consumer lag (``consumers.lag``, computed there
-only), the project views (``consumers.subscriptions.projector.view``) and the reachability of Kafka and Redis.
+records and commands; retry and dismiss through :class:`DeadLetterActions`, one letter or every
+letter a filter matches, each audited naming its operator), the outboxes' figures
+(``streams.outbox.ops.stats``), consumer lag (``consumers.lag``, computed there only), the project
+views (``consumers.subscriptions.projector.view``) and the reachability of Kafka and Redis.
 
 Errors a caller can act on are typed (``OperatorError`` and its subclasses in ``streams.errors``,
 each with its HTTP ``status``), so each face maps them once.
@@ -14,11 +15,9 @@ Kafka or Redis being down surfaces as ``streams.errors.Unreachable`` (503 over H
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,9 +50,11 @@ from router.operator.models import (
     RecentFailures,
     Session,
     SubscriptionLag,
+    bulk_row_of,
     detail_of,
     summary_of,
 )
+from router.operator.selection import Selection
 from router.settings import Settings
 from streams.admin import admin_client, ensure_reachable
 from streams.clock import Clock, SystemClock
@@ -65,19 +66,15 @@ from streams.errors import (
     DeadLetterActionRefused,
     NotFound,
     RhumbatronError,
-    TopologyError,
     Unreachable,
     ViewNotFound,
 )
 from streams.kafka_config import bootstrap_of
 from streams.outbox import ops
-from streams.topology import QUEUE_PURPOSES, check_slug, queue_name, redelivery_topic
+from streams.topology import queue_name, redelivery_topic
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
 T = TypeVar("T")
-# A ``since`` given as a duration back from now: the command line's form (90s, 30m, 2h, 7d).
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 # What each bulk action takes by default: the statuses it can act on.
 _ACTIONABLE = {
     "retry": (LetterStatus.OPEN, LetterStatus.RETRYING),
@@ -162,7 +159,7 @@ class OperatorService:
     ) -> DeadLetterList:
         """Newest first, filtered; at most ``limit`` (default and ceiling: operator_page_size)."""
         page = self._limit(limit)
-        chosen = _Selection.of(
+        chosen = Selection.of(
             self.clock,
             status=status,
             kind=kind,
@@ -293,7 +290,7 @@ class OperatorService:
         operator: str,
         act: Callable[[str, str], ActionResult],
     ) -> BulkResult:
-        selection = _Selection.of(self.clock, **chosen.model_dump())
+        selection = Selection.of(self.clock, **chosen.model_dump())
         allowed = _ACTIONABLE[action]
         if selection.status is not None and selection.status not in allowed:
             raise BadInput(
@@ -314,26 +311,28 @@ class OperatorService:
             refusal = self._why_not(letter, action)
             if refusal is not None:
                 skipped += 1
-                rows.append(_bulk_row(letter, "skipped", refusal))
+                rows.append(bulk_row_of(letter, "skipped", refusal))
                 continue
             if failed or acted >= limit:
                 untouched += 1
                 continue
             if dry_run:
                 acted += 1
-                rows.append(_bulk_row(letter, f"would {action}", f"would be {done} by {operator}"))
+                rows.append(
+                    bulk_row_of(letter, f"would {action}", f"would be {done} by {operator}")
+                )
                 continue
             try:
                 result = act(letter.id, operator)
             except (Conflict, NotFound) as exc:  # handled (or gone) since it was matched
                 skipped += 1
-                rows.append(_bulk_row(letter, "skipped", str(exc)))
+                rows.append(bulk_row_of(letter, "skipped", str(exc)))
             except (ActionFailed, Unreachable) as exc:
                 failed += 1
-                rows.append(_bulk_row(letter, "failed", str(exc)))
+                rows.append(bulk_row_of(letter, "failed", str(exc)))
             else:
                 acted += 1
-                rows.append(_bulk_row(letter, result.dead_letter.status, result.outcome))
+                rows.append(bulk_row_of(letter, result.dead_letter.status, result.outcome))
         if untouched:
             untouched_reason = (
                 "the run stopped at the failed letter: fix the cause, then run it again"
@@ -567,96 +566,3 @@ def _kafka(base: dict[str, Any], what: str, call: Callable[..., T], *args: Any) 
         return call(*args)
     except KafkaException as exc:
         raise Unreachable("Kafka", bootstrap_of(base), f"{what}: {exc}") from exc
-
-
-def _choice(field: str, value: str | None, allowed: tuple[str, ...]) -> None:
-    if value is not None and value not in allowed:
-        raise BadInput(field, f"{field} {value!r} is not one of {', '.join(allowed)}")
-
-
-class _Selection:
-    """Conditions on a dead letter, checked once (BadInput names the refused one)."""
-
-    def __init__(
-        self,
-        *,
-        status: LetterStatus | None,
-        kind: str | None,
-        subscription: str | None,
-        queue: str | None,
-        since: datetime | None,
-    ) -> None:
-        self.status = status
-        self.kind = kind
-        self.subscription = subscription
-        self.queue = queue
-        self.since = since
-
-    @classmethod
-    def of(
-        cls,
-        clock: Clock,
-        *,
-        status: str | None = None,
-        kind: str | None = None,
-        subscription: str | None = None,
-        queue: str | None = None,
-        since: str | None = None,
-    ) -> _Selection:
-        _choice("status", status, tuple(LetterStatus))
-        _choice("kind", kind, tuple(LetterKind))
-        _choice("queue", queue, QUEUE_PURPOSES)
-        if subscription is not None:
-            try:
-                check_slug(subscription)
-            except TopologyError as exc:
-                raise BadInput("subscription", str(exc)) from exc
-        return cls(
-            status=None if status is None else LetterStatus(status),
-            kind=kind,
-            subscription=subscription,
-            queue=queue,
-            since=None if since is None else since_time(since, clock.now()),
-        )
-
-    def holds(self, letter: DeadLetter) -> bool:
-        return (
-            (self.status is None or letter.status == self.status)
-            and (self.kind is None or letter.kind == self.kind)
-            and (self.subscription is None or letter.subscription == self.subscription)
-            and (self.queue is None or letter.origin_queue == self.queue)
-            and (self.since is None or _created(letter) >= self.since)
-        )
-
-
-def since_time(text: str, now: datetime) -> datetime:
-    """``2h`` (back from ``now``: s, m, h or d) or an ISO 8601 time (UTC when it names no
-    offset) → the aware time it means."""
-    duration = _DURATION.match(text)
-    if duration is not None and int(duration.group(1)) > 0:
-        return now - timedelta(seconds=int(duration.group(1)) * _UNIT_S[duration.group(2)])
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise BadInput(
-            "since",
-            f"since {text[:80]!r} is neither a duration (a positive whole number and one unit, "
-            "s, m, h or d: 90s, 30m, 2h, 7d) nor an ISO 8601 time (2026-01-31T09:00:00Z)",
-        ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _created(letter: DeadLetter) -> datetime:
-    return datetime.strptime(letter.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def _bulk_row(letter: DeadLetter, outcome: str, detail: str) -> BulkLetter:
-    return BulkLetter(
-        id=letter.id,
-        kind=letter.kind,
-        status=letter.status,
-        origin=letter.subscription or letter.origin_queue,
-        error=letter.error,
-        outcome=outcome,
-        detail=detail,
-    )
