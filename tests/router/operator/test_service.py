@@ -213,6 +213,18 @@ def test_bad_listing_arguments_are_refused_naming_the_field(
     )
 
 
+def test_listing_since_a_time_or_a_duration_back(parts: Parts) -> None:
+    s = parts.service
+    # The fixture's letters were created 1, 2 and 3 minutes after the clock's now.
+    assert [d.kind for d in s.list_dead_letters(since=parts.at(2)).items] == ["command", "poison"]
+    parts.clock.advance(600)
+    assert [d.kind for d in s.list_dead_letters(since="8m").items] == ["command", "poison"]
+    assert [d.kind for d in s.list_dead_letters(since="1m").items] == []
+    with pytest.raises(BadInput) as refused:
+        s.list_dead_letters(since="last tuesday")
+    assert refused.value.field == "since" and "last tuesday" in str(refused.value)
+
+
 def test_show_decodes_json_bytes_and_keeps_binary_ones_as_base64(parts: Parts) -> None:
     s = parts.service
     event = s.list_dead_letters(kind="event-batch").items[0]
@@ -499,6 +511,19 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
         for path, operations in paths.items()
         for method in operations
         if path not in ("/api/info", "/api/health")
+    }
+    # No request names who acts: the audit names the operator whose token made the call.
+    shapes = document["components"]["schemas"]
+    assert set(shapes["RetryRequest"]["properties"]) == {"reason"}
+    assert set(shapes["DismissRequest"]["properties"]) == {"reason"}
+    assert set(shapes["BulkRetryRequest"]["properties"]) == {"filter", "dry_run", "reason"}
+    assert set(shapes["BulkDismissRequest"]["properties"]) == {"filter", "dry_run", "reason"}
+    assert set(shapes["DeadLetterFilter"]["properties"]) == {
+        "subscription",
+        "kind",
+        "queue",
+        "status",
+        "since",
     }
     page = http.get("/")
     assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_POLICY
