@@ -21,6 +21,7 @@ import os
 import re
 import tomllib
 from functools import cached_property
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -1013,7 +1014,7 @@ class ConfigFile(TomlConfigSettingsSource):
             )
         super().__init__(settings_cls, toml_file=path)
 
-    def _read_file(self, file_path: Path) -> dict[str, Any]:
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
         where = f"{CONFIG_VARIABLE}={file_path}"
         try:
             data = tomllib.loads(file_path.read_text(encoding="utf-8"))

@@ -325,7 +325,7 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         kafka_sasl_mechanism="OAUTHBEARER",
         kafka_oauth_token_url="https://idp.example/token",
         kafka_oauth_client_id="rhumbatron",
-        kafka={"client.rack": "s3cret-rack"},  # type: ignore[arg-type]
+        kafka={"client.rack": "s3cret-rack"},
     )
     environment = parent.as_environment()
     assert "**********" not in "".join(environment.values())
@@ -335,8 +335,8 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         got = getattr(child, name)
         assert got is not None and got.get_secret_value() == value, name
     assert child.kafka_config()["client.rack"] == "s3cret-rack"
-    for name, value in named.items():
-        assert {k: v.get_secret_value() for k, v in getattr(child, name).items()} == value
+    for name, tokens in named.items():
+        assert {k: v.get_secret_value() for k, v in getattr(child, name).items()} == tokens
     assert child == parent
 
 
