@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from router.cli import (
+    acl_commands,
     analytics_commands,
     archive_commands,
     config_commands,
@@ -49,6 +50,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     serve_commands.register,
     worker_commands.register,
     config_commands.register,
+    acl_commands.register,
 )
 
 

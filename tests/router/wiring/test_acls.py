@@ -1,0 +1,244 @@
+"""The grants router.wiring.acls derives: the same names the wiring uses, nothing outside the role's
+environment, the refusals that matter built in, and docs/security.md's generated examples equal to
+what the function prints today. (tests/router/test_acls.py runs them on the real servers.)"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from consumers.runtime.types import EffectKind
+from router.cli import acl_commands
+from router.settings import Settings
+from router.wiring import acls
+from router.wiring.acls import (
+    ANALYTICS_ROLLUP,
+    KAFKA_OUTPUTS,
+    OPERATOR,
+    PROVISIONER,
+    PUBLISHER,
+    SUBSCRIPTIONS,
+    Operation,
+    Pattern,
+    Resource,
+    Role,
+    kafka_acls_commands,
+    role,
+    role_names,
+    roles,
+)
+from router.wiring.groups import group_reads
+from router.wiring.processors import build_processor
+from router.wiring.provisioning import environment_specs, subscription_slugs
+from router.wiring.workers import worker_slug
+from streams.clock import SystemClock
+from streams.topology import QUEUE_PURPOSES, group_id, queue_name
+from tests.support.environment import ROOT, run_cli
+
+DOC = ROOT / "docs" / "security.md"
+# <!-- generated: RHUMBATRON_STREAMS=2 rhumbatron acls --env prod … --> before each example.
+_MARKER = re.compile(r"<!-- generated: (.+?) -->\n```[a-z]*\n(.*?)```", re.DOTALL)
+
+
+@pytest.fixture
+def prod() -> Settings:
+    return Settings(env="prod", streams=2)
+
+
+def _by_name(s: Settings) -> dict[str, Role]:
+    return {r.name: r for r in roles(s)}
+
+
+def _names(grant: Role, resource: Resource, operation: Operation) -> set[str]:
+    return {a.name for a in grant.kafka if a.resource == resource and a.operation == operation}
+
+
+def test_every_grant_stays_in_its_environment(prod: Settings) -> None:
+    for grant in roles(prod):
+        for acl in grant.kafka:
+            assert acl.resource != Resource.CLUSTER, acl  # nothing cluster-wide, ever
+            if acl.pattern == Pattern.PREFIXED:
+                assert acl.name.endswith("-prod-"), acl  # no other environment shares it
+            else:
+                assert re.search(r"[-_]prod$", acl.name), acl
+            assert acl.why, acl
+        for key in (*grant.redis.keys, *grant.redis.read_keys):
+            assert key.startswith("rh:prod:"), (grant.name, key)
+        for command in grant.redis.commands:
+            assert command not in ("keys", "flushdb", "flushall", "config", "eval", "acl"), command
+
+
+def test_only_the_provisioner_and_the_rollup_create_topics(prod: Settings) -> None:
+    for grant in roles(prod):
+        created = _names(grant, Resource.TOPIC, Operation.CREATE)
+        if grant.name == PROVISIONER:
+            assert created == {s.name for s in environment_specs(prod.topology)}
+        elif grant.name == ANALYTICS_ROLLUP:
+            assert created == {"rhumbatron-analytics-rollup-prod-"}  # faust's own topics
+        else:
+            assert not created, grant.name
+        altered = _names(grant, Resource.TOPIC, Operation.ALTER_CONFIGS)
+        assert not altered or grant.name == PROVISIONER
+
+
+def test_each_group_is_its_own_roles_and_read_over_the_topics_the_lag_report_knows(
+    prod: Settings,
+) -> None:
+    grants = _by_name(prod)
+    topology = prod.topology
+    members = {
+        **{s: group_id(s, "prod") for s in SUBSCRIPTIONS},
+        **{worker_slug(p): group_id(worker_slug(p), "prod") for p in QUEUE_PURPOSES},
+    }
+    for name, group in members.items():
+        reads = group_reads(topology, group)
+        grant = grants[name]
+        assert _names(grant, Resource.GROUP, Operation.READ) == {group}
+        assert set(reads.subscribed) | set(reads.assigned) <= _names(
+            grant, Resource.TOPIC, Operation.READ
+        )
+        for other, other_grant in grants.items():
+            if other != name:
+                assert group not in _names(other_grant, Resource.GROUP, Operation.READ), other
+    operator = grants[OPERATOR]
+    assert _names(operator, Resource.GROUP, Operation.DESCRIBE) == set(members.values())
+    assert not _names(operator, Resource.GROUP, Operation.READ)
+    assert not _names(operator, Resource.TOPIC, Operation.READ)  # lag, never records
+
+
+def test_the_publisher_writes_the_streams_and_nothing_else(prod: Settings) -> None:
+    publisher = _by_name(prod)[PUBLISHER]
+    streams = set(prod.topology.stream_names())
+    assert {(a.resource, a.name) for a in publisher.kafka} == {(Resource.TOPIC, s) for s in streams}
+    assert _names(publisher, Resource.TOPIC, Operation.WRITE) == streams
+    assert not publisher.redis.parts  # it never talks to Redis
+
+
+def test_transactional_ids_only_where_effects_go_to_kafka(prod: Settings) -> None:
+    grants = _by_name(prod)
+    transactional = {
+        name
+        for name, grant in grants.items()
+        if _names(grant, Resource.TRANSACTIONAL_ID, Operation.WRITE)
+    }
+    workers = {worker_slug(p) for p in QUEUE_PURPOSES}
+    assert transactional == {*KAFKA_OUTPUTS, *workers, ANALYTICS_ROLLUP}
+    for name in {*KAFKA_OUTPUTS, *workers}:
+        # streams.topology.transactional_id(name, env, lease) for any lease
+        assert _names(grants[name], Resource.TRANSACTIONAL_ID, Operation.WRITE) == {
+            f"rhumbatron-{name}-prod-"
+        }
+
+
+def test_a_worker_writes_its_queue_its_retry_topic_and_the_dead_letter_queue(
+    prod: Settings,
+) -> None:
+    grants = _by_name(prod)
+    for purpose in QUEUE_PURPOSES:
+        writes = _names(grants[worker_slug(purpose)], Resource.TOPIC, Operation.WRITE)
+        own = {queue_name(purpose, "prod"), f"rhumbatron-{purpose}-retry-prod"}
+        dead = prod.queues[purpose].dead_letter
+        expected = own | ({queue_name(dead, "prod")} if dead else set())
+        if purpose == "dead-letter":
+            expected |= set(prod.topology.stream_names()) | {"rhumbatron_dead_letters_prod"}
+        assert writes == expected, purpose
+
+
+def test_the_table_of_kafka_outputs_is_the_processors_effect_kinds(
+    prod: Settings, tmp_path: Path
+) -> None:
+    s = prod.model_copy(update={"archive_dir": str(tmp_path)})
+    client: redis.Redis[bytes] = redis.Redis()  # built, never connected: no processor calls it
+    for slug in SUBSCRIPTIONS:
+        processor = build_processor(s, slug, client, SystemClock())
+        assert (processor.effect_kind == EffectKind.KAFKA) == (slug in KAFKA_OUTPUTS), slug
+
+
+def test_a_subscription_writes_only_its_own_redis_keys(prod: Settings) -> None:
+    grants = _by_name(prod)
+    for slug in SUBSCRIPTIONS:
+        keys = grants[slug].redis.keys
+        assert f"rh:prod:{{{slug}|*" in keys
+        for other in SUBSCRIPTIONS:
+            if other != slug:
+                assert not [k for k in keys if other in k and not k.startswith("rh:prod:{dead")]
+    operator = grants[OPERATOR].redis
+    assert operator.keys == ("rh:prod:{dead-letters}:*",)  # everything else read only
+
+
+def test_the_commands_name_every_acl_once(prod: Settings) -> None:
+    """kafka-acls.sh lines granting exactly the role's ACLs, parsed back."""
+    for grant in roles(prod):
+        seen = set()
+        for command in kafka_acls_commands(grant.kafka, "User:x"):
+            ops = [command[i + 1] for i, a in enumerate(command) if a == "--operation"]
+            names = [
+                (a, command[i + 1])
+                for i, a in enumerate(command)
+                if a in ("--topic", "--group", "--transactional-id")
+            ]
+            prefixed = "--resource-pattern-type" in command
+            for flag, name in names:
+                for op in ops:
+                    key = (flag, name, op, prefixed)
+                    assert key not in seen
+                    seen.add(key)
+        assert len(seen) == len(grant.kafka), grant.name
+
+
+def test_redis_rules_reset_everything_first(prod: Settings) -> None:
+    user = _by_name(prod)["project-view-projector"].redis
+    line = user.setuser("u", "pw")
+    assert line[:6] == ["ACL", "SETUSER", "u", "reset", "on", ">pw"]
+    assert "resetchannels" in line and not any(r.startswith("+@") for r in line)
+
+
+def _cli(s: Settings, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    parser = argparse.ArgumentParser()
+    acl_commands.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    assert args.handler(s, args) == 0
+    return capsys.readouterr().out
+
+
+def test_the_documents_examples_are_what_the_command_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = DOC.read_text()
+    examples = _MARKER.findall(text)
+    assert len(examples) >= 2, "docs/security.md lost its generated examples"
+    for command, shown in examples:
+        words = shlex.split(command)
+        assignments = dict(w.split("=", 1) for w in words if "=" in w and w[0].isupper())
+        argv = [w for w in words if w not in {f"{k}={v}" for k, v in assignments.items()}]
+        assert argv[0] == "rhumbatron", command
+        overrides = {k.removeprefix("RHUMBATRON_").lower(): v for k, v in assignments.items()}
+        s = Settings(**overrides)  # type: ignore[arg-type]
+        printed = _cli(s, argv[1:], capsys)
+        assert shown == printed, (
+            f"docs/security.md's example of `{command}` is not what it prints now; paste:\n"
+            + printed
+        )
+
+
+def test_the_command_line_prints_one_role_as_json() -> None:
+    s = Settings(env="t" + "0" * 10)
+    result = run_cli(s, "acls", "--role", PUBLISHER, "--json", check=True)
+    printed = orjson.loads(result.stdout)
+    assert [r["role"] for r in printed["roles"]] == [PUBLISHER]
+    assert printed["roles"][0]["principal"] == f"User:rhumbatron-publisher-{s.env}"
+    refused = run_cli(s, "acls", "--principal", "User:someone")
+    assert refused.returncode == 2 and "--role" in refused.stderr
+
+
+def test_every_role_is_known(prod: Settings) -> None:
+    assert [r.name for r in roles(prod)] == role_names()
+    with pytest.raises(KeyError):
+        role("nobody", prod.topology, prod.queues)
+    assert list(acls.SUBSCRIPTIONS) == subscription_slugs()  # every one consume can run
