@@ -379,6 +379,11 @@ class PostgresOutbox:
 
     def _end_lease(self) -> None:
         self._stop_listening.set()
+        with self._lease_lock:
+            if self._lease is not None and self._listening.is_set():
+                # Wakes the listener from its wait, so it sees the stop at once.
+                with suppress(psycopg.Error):
+                    self._lease.execute("SELECT pg_notify(%s, '')", (NOTIFY_CHANNEL,))
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.join(self.options.listen_tick_s * 4 + self.options.connect_timeout_s)
@@ -417,7 +422,7 @@ class PostgresOutbox:
                     self._listening.set()
                     self.commits.notify()  # what was committed before we listened
                     while not self._stop_listening.is_set():
-                        for note in conn.notifies(timeout=self.options.listen_tick_s):
+                        for note in conn.notifies(timeout=self.options.listen_tick_s, stop_after=1):
                             if note.payload == self.schema:
                                 self.commits.notify()
             except (psycopg.Error, OutboxError, Unreachable, ServerRefused) as exc:

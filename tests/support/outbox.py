@@ -446,6 +446,20 @@ class OutboxBackend:
         assert total == distinct
         return out
 
+    def reset(self) -> None:
+        """Empty the outbox (rows, counters, audit), as if new."""
+        if self.schema is None:
+            if not self.path.exists():
+                return
+            conn = sqlite3.connect(self.path)
+            with conn:
+                for table in ("outbox", "outbox_slots", "outbox_audit"):
+                    conn.execute(f"DELETE FROM {table}")
+            conn.close()
+            return
+        with self.schema.connect() as pg:
+            pg.execute("TRUNCATE outbox, outbox_slots, outbox_audit")
+
     def counters(self) -> dict[str, int]:
         return {p: int(n) for p, n in self.query("SELECT project_id, last_slot FROM outbox_slots")}
 

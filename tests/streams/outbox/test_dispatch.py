@@ -1,4 +1,4 @@
-"""Both ordering strategies against an in-memory gapless Kafka: what a failure in a project's
+"""Both ordering strategies against an in-memory gapless Kafka, over both outbox backends: what a failure in a project's
 window does to the rows after it, isolated retries, abandoning on the delivery deadline, a fatal
 producer, and — over random fault scripts — that every project's events reach the log complete
 and in slot order."""
@@ -24,11 +24,11 @@ from tests.support.outbox import (
     OUTAGE,
     REFUSE,
     ROW,
+    OutboxBackend,
     SimulatedKafka,
     append_all,
     drafts,
     policy,
-    sqlite_outbox,
 )
 
 
@@ -53,10 +53,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def store(clock):
-    s = sqlite_outbox(clock=clock)
-    yield s
-    s.close()
+def store(clock, outbox_backend: OutboxBackend):
+    return outbox_backend.store(clock=clock)
 
 
 @pytest.mark.parametrize("ordering", list(Ordering))
@@ -226,10 +224,12 @@ VERDICTS = st.sampled_from([OK, OK, OK, OK, ROW, OUTAGE, REFUSE, HANG, FATAL])
     rows_per_project=st.integers(1, 6),
 )
 def test_random_faults_never_reorder_or_lose_a_project_event(
-    ordering, sizes, verdicts, rows_per_project
+    outbox_backend, ordering, sizes, verdicts, rows_per_project
 ) -> None:
+    # One outbox for the test, emptied for each example.
+    outbox_backend.reset()
     clock = ManualClock()
-    store = sqlite_outbox(clock=clock)
+    store = outbox_backend.store(clock=clock)
     made: list[SimulatedKafka] = []
     script_of = iter(verdicts)
 

@@ -1,5 +1,5 @@
-"""The row state machine, driven through the real publisher and SQLite store with an injected
-clock and an in-memory Kafka: every transition, the backoff sequence, the 10th row-level
+"""The row state machine, driven through the real publisher and store (SQLite and PostgreSQL, one
+contract) with an injected clock and an in-memory Kafka: every transition, the backoff sequence, the 10th row-level
 failure, an outage far longer than ten backoffs, no producer, and a failed row holding its
 project until an operator retries or skips it."""
 
@@ -11,7 +11,6 @@ from streams.clock import ManualClock
 from streams.errors import ConfigurationError, OutboxError
 from streams.outbox import ops
 from streams.outbox.publisher import Publisher
-from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.states import (
     Deferred,
     NoStream,
@@ -21,17 +20,17 @@ from streams.outbox.states import (
     backoff_s,
     transition,
 )
-from streams.outbox.store import CommitSignal, OutboxRow, RowState
+from streams.outbox.store import CommitSignal, OutboxRow, OutboxStore, RowState
 from tests.support.outbox import (
     HANG,
     OK,
     OUTAGE,
     ROW,
+    OutboxBackend,
     SimulatedKafka,
     append_all,
     drafts,
     policy,
-    sqlite_outbox,
 )
 from tests.support.waiting import wait_until
 
@@ -64,9 +63,16 @@ def _row(**overrides: object) -> OutboxRow:
 class Rig:
     """A store, a simulated Kafka, a manual clock and a publisher over them."""
 
-    def __init__(self, script=None, *, ordering: Ordering = Ordering.SERIAL, **policy_overrides):
+    def __init__(
+        self,
+        backend: OutboxBackend,
+        script=None,
+        *,
+        ordering: Ordering = Ordering.SERIAL,
+        **policy_overrides,
+    ):
         self.clock = ManualClock()
-        self.store: SqliteOutbox = sqlite_outbox(clock=self.clock)
+        self.store: OutboxStore = backend.store(clock=self.clock)
         self.kafka = SimulatedKafka(clock=self.clock)
         if script is not None:
             self.kafka.script = script
@@ -94,15 +100,14 @@ class Rig:
 
     def close(self) -> None:
         self.publisher.close()
-        self.store.close()
 
 
 @pytest.fixture
-def rigs():
+def rigs(outbox_backend: OutboxBackend):
     made: list[Rig] = []
 
     def make(*args, **kwargs) -> Rig:
-        rig = Rig(*args, **kwargs)
+        rig = Rig(outbox_backend, *args, **kwargs)
         made.append(rig)
         return rig
 
@@ -381,7 +386,9 @@ def test_a_pass_cut_short_by_the_cap_lets_the_next_projects_go_first(rigs) -> No
         assert first.state is RowState.PUBLISHED, n
 
 
-def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
+def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher(
+    outbox_backend: OutboxBackend,
+) -> None:
     """With an hour-long poll interval, only the commit signal can make the publisher look."""
     import threading
 
@@ -396,7 +403,7 @@ def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
             self.waiting.set()
             return super().wait(seen, timeout)
 
-    store = sqlite_outbox()
+    store = outbox_backend.store()
     signal = store.commits = WatchedSignal()
     kafka = SimulatedKafka()
     stop = threading.Event()
@@ -419,4 +426,3 @@ def test_a_commit_in_the_same_process_wakes_a_sleeping_publisher() -> None:
             store.commits.notify()  # let it see the stop at once
             runner.join(30)
     assert not runner.is_alive()
-    store.close()
