@@ -130,3 +130,24 @@ def test_archive_count_as_json(
     monkeypatch.setenv("RHUMBATRON_ARCHIVE_DIR", str(tmp_path))
     assert main(["archive", "count", "--day", "2026-01-31", "--json"]) == 0
     assert orjson.loads(capsys.readouterr().out) == {"parts": 0, "day": "2026-01-31"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["produce"], "produce needs --projects N and --events M (or --drill fail|garbage"),
+        (["produce", "--projects", "3"], "produce needs --projects N and --events M"),
+        (
+            ["produce", "--drill", "fail", "--projects", "3"],
+            "produce --drill writes one record straight to a stream: it takes neither",
+        ),
+        (["consume", "--subscription", "ledgr"], "unknown subscription 'ledgr'; known: "),
+    ],
+)
+def test_produce_and_consume_refuse_what_does_not_go_together_before_any_broker_call(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RHUMBATRON_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # nothing listens there
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"rhumbatron: {says}"), line
