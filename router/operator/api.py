@@ -105,7 +105,7 @@ ProjectId = Annotated[
 ]
 
 
-_bearer = HTTPBearer(auto_error=False, description="the read token, or the operator token")
+_bearer = HTTPBearer(auto_error=False, description="the read token, or an operator's token")
 # Open: no payload and no secret in their answers (the page itself asks for the token).
 OPEN_PATHS = frozenset({"/", "/openapi.json", "/api/info", "/api/health", "/metrics"})
 READS = frozenset({"GET", "HEAD"})
