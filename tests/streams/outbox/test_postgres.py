@@ -355,3 +355,31 @@ def test_a_database_without_the_schema_or_with_another_version_is_refused() -> N
             init_outbox(bare.url)
     finally:
         bare.drop()
+
+
+def test_a_stored_row_that_is_no_envelope_fails_and_holds_only_its_project(
+    pg: OutboxBackend,
+) -> None:
+    """SQL can write what the schema's checks let through but the envelope refuses (a control
+    character in a name): the publisher fails that row with the reason, and its project waits."""
+    bad, after, other = _id(), _id(), _id()
+    with _conn(pg) as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, event_type, project_id, tenant_id, actor, change_id) "
+            "VALUES (%s, 'task.completed', 'proj-a', 't', 'a', E'chg\\x01')",
+            (bad,),
+        )
+        conn.execute(INSERT, (after, "proj-a"))
+        conn.execute(INSERT, (other, "proj-b"))
+    store = pg.store()
+    kafka = SimulatedKafka()
+    with Publisher(store, lambda: kafka, stream_for=lambda p: "s", policy=policy()) as publisher:
+        publisher.run_pass()
+        publisher.run_pass()
+    failed = store.get(bad)
+    assert failed is not None and failed.state is RowState.FAILED
+    assert "not a valid envelope" in (failed.last_error or "")
+    assert "changeId" in (failed.last_error or "")
+    assert [h.project_id for h in store.held_projects(10)] == ["proj-a"]
+    assert store.get(after).state is RowState.PENDING  # type: ignore[union-attr]
+    assert store.get(other).state is RowState.PUBLISHED  # type: ignore[union-attr]
