@@ -381,5 +381,5 @@ def test_a_stored_row_that_is_no_envelope_fails_and_holds_only_its_project(
     assert "not a valid envelope" in (failed.last_error or "")
     assert "changeId" in (failed.last_error or "")
     assert [h.project_id for h in store.held_projects(10)] == ["proj-a"]
-    assert store.get(after).state is RowState.PENDING  # type: ignore[union-attr]
-    assert store.get(other).state is RowState.PUBLISHED  # type: ignore[union-attr]
+    assert store.get(after).state is RowState.PENDING
+    assert store.get(other).state is RowState.PUBLISHED
