@@ -488,3 +488,39 @@ def open_test_store(address: str, *, missed_limit: int = 1000) -> Any:
 def placeholders(address: str, text: str) -> str:
     """SQL written with ``?`` placeholders, for the backend at ``address``."""
     return text.replace("?", "%s") if address.startswith("postgresql://") else text
+
+
+def write_drafts(
+    store: OutboxStore, items: Iterable[Draft], *, writers: int = 4, per_write: int = 5
+) -> int:
+    """Append ``items`` through the store with ``writers`` concurrent threads (each project
+    belongs to one writer, so its events keep their order), ``per_write`` events a transaction,
+    with the writers' stale views (seen_slot) as a real writer has them. Returns events written.
+    The backend-neutral twin of ``streams.workload.write_workload`` (no writer's table)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shares: dict[int, list[Draft]] = defaultdict(list)
+    owner: dict[str, int] = {}
+    for draft in items:
+        shares[owner.setdefault(draft.project_id, len(owner) % writers)].append(draft)
+
+    def write(writer: int) -> int:
+        seen: dict[str, int] = {}
+        written = 0
+        batch: list[Draft] = []
+        pending = list(shares[writer])
+        while pending:
+            project = pending[0].project_id
+            batch = [d for d in pending if d.project_id == project][:per_write]
+            taken = {d.event_id for d in batch}
+            pending = [d for d in pending if d.event_id not in taken]
+            with store.transaction() as unit:
+                result = unit.append(
+                    project, batch, tenant_id="tenant-t", seen_slot=seen.get(project)
+                )
+            seen[project] = result.head
+            written += len(result.events)
+        return written
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        return sum(pool.map(write, range(writers)))

@@ -1,7 +1,8 @@
-"""Order under failure against the real broker: 10,000 events over 200 projects published while
-sends fail at the producer boundary (row faults, outages, local refusals), for both ordering
-strategies; and a real rejection by the broker (a record over the topic's size limit), which
-fails that row alone and holds only its project."""
+"""Order under failure against the real broker, over both outbox backends (SQLite and
+PostgreSQL): 10,000 events over 200 projects published while sends fail at the producer boundary
+(row faults, outages, local refusals), for both ordering strategies; and a real rejection by the
+broker (a record over the topic's size limit), which fails that row alone and holds only its
+project."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import dataclasses
 import os
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -21,10 +21,10 @@ from streams.admin import admin_client, describe_configs, provision
 from streams.outbox import ops
 from streams.outbox.states import Ordering
 from streams.outbox.store import RowState
-from streams.workload import workload, write_workload
+from streams.workload import workload
 from tests.support.environment import cleanup_environment, make_settings
 from tests.support.kafka import events_of, read_all
-from tests.support.outbox import FaultInjectingSender, drafts, outbox_for
+from tests.support.outbox import FaultInjectingSender, OutboxBackend, drafts, write_drafts
 
 pytestmark = pytest.mark.integration
 
@@ -55,12 +55,11 @@ def _slots_by_project(settings: Settings, expect: int) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("fast_settings", ["serial", "pipelined"], indirect=True)
 def test_ten_thousand_events_keep_slot_order_while_sends_fail(
-    fast_settings: Settings, tmp_path: Path
+    fast_settings: Settings, outbox_backend: OutboxBackend
 ) -> None:
     s = fast_settings
-    store = outbox_for(s, tmp_path / "outbox.db")
-    report = write_workload(store, workload("order", 200, 10_000), writers=4, events_per_write=5)
-    assert report.events == 10_000
+    store = outbox_backend.store()
+    assert write_drafts(store, workload("order", 200, 10_000), writers=4, per_write=5) == 10_000
     policy = publisher_policy(s)
     real = kafka_senders(s, policy)
     injectors: list[FaultInjectingSender] = []
@@ -94,12 +93,11 @@ def test_ten_thousand_events_keep_slot_order_while_sends_fail(
         # Complete, in slot order, and no duplicate: nothing crashed in this test.
         assert found == list(range(1, len(found) + 1)), project
     assert sum(len(found) for found in slots.values()) == 10_000
-    store.close()
 
 
 @pytest.mark.parametrize("fast_settings", ["serial", "pipelined"], indirect=True)
 def test_a_record_the_broker_rejects_fails_alone_and_holds_only_its_project(
-    fast_settings: Settings, tmp_path: Path
+    fast_settings: Settings, outbox_backend: OutboxBackend
 ) -> None:
     s = fast_settings
     target = s.topology.stream_for("proj-big")
@@ -118,7 +116,7 @@ def test_a_record_the_broker_rejects_fails_alone_and_holds_only_its_project(
     while describe_configs(admin, base, [target], 10)[target]["max.message.bytes"] != "20000":
         assert time.monotonic() < deadline, "the lowered size limit never showed"
         time.sleep(0.1)
-    store = outbox_for(s, tmp_path / "outbox.db")
+    store = outbox_backend.store()
     big = dataclasses.replace(
         # Random bytes: compression cannot bring it under the limit.
         drafts("proj-big", 1)[0],
@@ -164,4 +162,3 @@ def test_a_record_the_broker_rejects_fails_alone_and_holds_only_its_project(
     for project, found in slots.items():
         if project != "proj-big":
             assert found == list(range(1, 21)), project
-    store.close()
