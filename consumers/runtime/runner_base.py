@@ -131,8 +131,8 @@ class RunnerBase:
             self._drop(part)
 
     def _read_through(self, part: PartitionState, progress: Progress) -> int | None:
-        """The transport's position, when it is past the cursor and every record it handed over
-        of this partition is done (nothing held back, failed, waiting for a retry, deferred or
+        """The transport's position, when it is not behind the cursor and every record it handed
+        over of this partition is done (nothing held back, failed, waiting for a retry, deferred or
         in an open part): the offsets between the cursor and it hold no record a reader is
         handed (transaction markers, aborted records). None otherwise.
 
@@ -150,7 +150,7 @@ class RunnerBase:
         ):
             return None
         position = self.transport.position(part.tp)
-        if position is None or position <= progress.acked_through + 1:
+        if position is None or position < progress.acked_through + 1:
             return None
         return position
 

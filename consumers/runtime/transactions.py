@@ -52,11 +52,12 @@ class TransactionMixin(RunnerBase):
                 self._clear_pending(part)
 
     def _commit_read_through(self) -> None:
-        """Between batches: tell the group about partitions read on past the markers behind
-        their cursor (a batch that filled up stops before the marker after its last record;
-        the next poll reads it and finds the end). Kafka effects' offsets go in a transaction
-        of their own, with the marker of the partition's latest transaction (none is pending:
-        it names one that landed)."""
+        """Between batches: tell the group where partitions stand that were read on since this
+        owner last committed them: past the markers behind their cursor (a batch that filled
+        up stops before the marker after its last record; the next poll reads it and finds the
+        end), or at a cursor an operator moved, or, once after an assignment, wherever they
+        are. Kafka effects' offsets go in a transaction of their own, with the marker of the
+        partition's latest transaction (none is pending: it names one that landed)."""
         ends: dict[TP, int] = {}
         for part in self.parts.values():
             if not self._settled(part):

@@ -53,11 +53,14 @@ class Plan:
     poison_at: list[int]  # positions in ``order`` before which a garbage record goes
     failures: dict[tuple[str, int], int]  # effect failures before success (5+: dead letter)
     steps: list[tuple[Any, ...]]
+    # Positions in ``order`` after which the event's partition gets a transaction marker (an
+    # offset no reader is handed), as a transactional upstream writes.
+    marked_at: list[int] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (
             f"Plan(order={self.order}, poison_at={self.poison_at}, "
-            f"failures={self.failures}, steps={self.steps})"
+            f"failures={self.failures}, steps={self.steps}, marked_at={self.marked_at})"
         )
 
 
@@ -91,7 +94,8 @@ def plans(draw: st.DrawFn, *, moves: bool) -> Plan:
             st.tuples(st.just("re_reduce"), st.integers(0, 3)),
         )
     steps = draw(st.lists(step, min_size=1, max_size=8))
-    return Plan(order, poison_at, failures, steps)
+    marked_at = draw(st.lists(st.integers(0, len(order) - 1), max_size=4))
+    return Plan(order, poison_at, failures, steps, marked_at)
 
 
 @dataclass
@@ -190,6 +194,9 @@ def _publish(world: World, plan: Plan) -> dict[str, Event]:
         ev = event(project, n)
         events[ev.event_id] = ev
         world.publish(ev)
+        if position in plan.marked_at:
+            tp = world.tp_of(project)
+            world.log.unreadable(tp.topic, tp.partition)
     FlakyEffects.budget = {event(p, n).event_id: k for (p, n), k in plan.failures.items()}
     return events
 
@@ -316,6 +323,13 @@ def _check_healed(fleet: Fleet) -> None:
             assert part.retry_at is None
     for tp in fleet.tps():
         assert world.store.pending(tp) == []
+    # Healed, the group reads lag 0: its committed offsets are at each partition's end, past
+    # the transaction markers behind the last records.
+    committed = world.log.offsets.get(f"group-{FlakyEffects.slug}", {})
+    for tp in fleet.tps():
+        if world.log.read(tp, 0, 1):
+            mark = committed.get(tp)
+            assert mark is not None and mark.offset == world.log.end(tp), (tp, mark)
 
 
 # Found by the soak: alpha's failures alone bring the batch to its fifth, which dead-letters
