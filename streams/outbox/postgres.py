@@ -93,6 +93,21 @@ class PostgresOptions:
     pool_size: int = 8  # writer and publisher connections of one process
     connect_timeout_s: float = 10.0  # connecting, and waiting for a pooled connection
     listen_tick_s: float = 0.25  # how often the listening thread looks up from its wait
+    # TCP keepalives: a silent peer (a network partition) is noticed within about three times
+    # this, so the publisher's lease connection cannot hang on unnoticed.
+    keepalive_s: float = 10.0
+
+
+def tcp_options(keepalive_s: float) -> dict[str, Any]:
+    """libpq's keepalive parameters for every connection the outbox opens."""
+    idle = max(1, round(keepalive_s))
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": idle,
+        "keepalives_count": 3,
+        "tcp_user_timeout": idle * 3 * 1000,
+    }
 
 
 def where(url: str) -> str:
@@ -114,7 +129,12 @@ def _scrub(text: str, url: str) -> str:
 
 
 def connect(
-    url: str, *, timeout_s: float, autocommit: bool, application_name: str
+    url: str,
+    *,
+    timeout_s: float,
+    autocommit: bool,
+    application_name: str,
+    keepalive_s: float = 10.0,
 ) -> psycopg.Connection[Any]:
     """One connection, or an error that names host, port and database (never the password)."""
     try:
@@ -123,6 +143,7 @@ def connect(
             autocommit=autocommit,
             connect_timeout=max(2, round(timeout_s)),
             application_name=application_name,
+            **tcp_options(keepalive_s),
         )
     except psycopg.OperationalError as exc:
         detail = _scrub(str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc), url)
@@ -244,7 +265,11 @@ class PostgresOutbox:
             url,
             min_size=1,
             max_size=max(options.pool_size, 1),
-            kwargs={"autocommit": False, "application_name": self._app},
+            kwargs={
+                "autocommit": False,
+                "application_name": self._app,
+                **tcp_options(options.keepalive_s),
+            },
             timeout=options.connect_timeout_s,
             open=False,
             name="rhumbatron-outbox",
@@ -339,6 +364,7 @@ class PostgresOutbox:
             timeout_s=self.options.connect_timeout_s,
             autocommit=True,
             application_name=f"rhumbatron publisher pid {os.getpid()} on {socket.gethostname()}",
+            keepalive_s=self.options.keepalive_s,
         )
         try:
             found = conn.execute(
@@ -417,6 +443,7 @@ class PostgresOutbox:
                     timeout_s=self.options.connect_timeout_s,
                     autocommit=True,
                     application_name=f"{self._app} (listening)",
+                    keepalive_s=self.options.keepalive_s,
                 ) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self._listening.set()

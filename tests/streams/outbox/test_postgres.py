@@ -65,6 +65,8 @@ def test_a_plain_insert_gets_the_next_slot_and_is_published_as_an_envelope(
         assert conn.execute(INSERT + " RETURNING slot", (first, "proj-a")).fetchone() == (1,)
         assert conn.execute(INSERT + " RETURNING slot", (second, "proj-a")).fetchone() == (2,)
     store = pg.store()
+    password = psycopg.conninfo.conninfo_to_dict(pg.address)["password"]
+    assert password and str(password) not in store.location and "****" in store.location
     rows = store.sendable(10, 10, None)
     assert [(r.event_id, r.slot) for r in rows] == [(first, 1), (second, 2)]
     from streams.envelopes import decode_event
