@@ -21,9 +21,10 @@ import pytest
 from streams.clock import ManualClock
 from streams.errors import EnvelopeError, EnvelopeTooLarge, OutboxError, PublisherLocked
 from streams.outbox import ops
-from streams.outbox.store import RowState, RowUpdate
+from streams.outbox.store import OutboxStore, RowState, RowUpdate
 from tests.support.environment import ROOT
 from tests.support.outbox import OutboxBackend, drafts, sqlite_outbox
+from tests.support.waiting import wait_until
 
 
 def test_the_writers_change_and_its_events_commit_together(outbox_backend: OutboxBackend) -> None:
@@ -126,16 +127,19 @@ def test_a_second_sqlite_publisher_is_refused_with_the_holders_pid(tmp_path: Pat
     other.close()
 
 
-def test_the_lease_dies_with_its_holder(tmp_path: Path) -> None:
-    path = tmp_path / "o.db"
-    sqlite_outbox(path).close()
+def test_the_lease_dies_with_its_holder(outbox_backend: OutboxBackend) -> None:
+    """Another process (another machine, for PostgreSQL) holds the lease: refused, naming that
+    process; killed with SIGKILL, its lease goes with it (the file lock with the process, the
+    advisory lock with its connection)."""
+    outbox_backend.store().close()  # the outbox exists before the holder opens it
+    address = outbox_backend.address
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; "
-            "from tests.support.outbox import sqlite_outbox; "
-            f"lease = sqlite_outbox(Path({str(path)!r})).publisher_lease(); lease.__enter__(); "
+            "import sys, time; "
+            "from tests.support.outbox import open_test_store; "
+            f"lease = open_test_store({address!r}).publisher_lease(); lease.__enter__(); "
             "print('held', flush=True); time.sleep(600)",
         ],
         cwd=ROOT,
@@ -144,20 +148,26 @@ def test_the_lease_dies_with_its_holder(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        store = sqlite_outbox(path)
+        store = outbox_backend.store()
         with (
-            pytest.raises(PublisherLocked, match=f"process {holder.pid} "),
+            pytest.raises(PublisherLocked, match=f"(process|pid) {holder.pid} "),
             store.publisher_lease(),
         ):
             pass
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
-        with store.publisher_lease():
-            pass
-        store.close()
+        wait_until(lambda: _lease_free(store), 30, "the dead holder's lease was released")
     finally:
         holder.kill()
         holder.wait(30)
+
+
+def _lease_free(store: OutboxStore) -> bool:
+    try:
+        with store.publisher_lease():
+            return True
+    except PublisherLocked:
+        return False
 
 
 def test_purge_removes_old_published_rows_and_never_resets_counters(
