@@ -58,4 +58,10 @@ class FreshSchema:
 
     def drop(self) -> None:
         with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_class c "
+                "ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND l.pid <> pg_backend_pid()",
+                (self.name,),
+            )
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.name)))
