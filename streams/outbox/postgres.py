@@ -276,6 +276,7 @@ class PostgresOutbox:
         )
         self._pool.open(wait=False)
         self._lease: psycopg.Connection[Any] | None = None
+        self._leasing = False  # inside publisher_lease(): selections need the lock
         self._lease_lock = threading.Lock()
         self._listener: threading.Thread | None = None
         self._listening = threading.Event()
@@ -395,6 +396,7 @@ class PostgresOutbox:
     def publisher_lease(self) -> Iterator[None]:
         with self._lease_lock:
             self._lease = self._take_lease()
+            self._leasing = True
         self._stop_listening.clear()
         self._listener = threading.Thread(target=self._listen, name="outbox-listen", daemon=True)
         self._listener.start()
@@ -415,6 +417,7 @@ class PostgresOutbox:
             listener.join(self.options.listen_tick_s * 4 + self.options.connect_timeout_s)
         with self._lease_lock:
             lease, self._lease = self._lease, None
+            self._leasing = False
         if lease is not None:
             lease.close()  # closing the session releases the lock
 
@@ -422,16 +425,20 @@ class PostgresOutbox:
         """Before anything is selected for sending: the lease is still ours, or is taken again,
         or this raises (PublisherLeaseHeld naming the new holder, or Unreachable)."""
         with self._lease_lock:
-            if self._lease is None:
+            if not self._leasing:
                 return  # not a publisher (operators, tests reading the store)
-            try:
-                self._lease.execute("SELECT 1")
-                return
-            except psycopg.Error:
-                log.warning("outbox %s: the publisher lease's connection was lost", self.location)
-                with suppress(psycopg.Error):
-                    self._lease.close()
-                self._lease = None
+            if self._lease is not None:
+                try:
+                    self._lease.execute("SELECT 1")
+                    return
+                except psycopg.Error:
+                    log.warning(
+                        "outbox %s: the publisher lease's connection was lost", self.location
+                    )
+                    with suppress(psycopg.Error):
+                        self._lease.close()
+                    self._lease = None
+            # Until this succeeds, every selection raises: nothing is sent without the lock.
             self._lease = self._take_lease()
             log.warning("outbox %s: publisher lease taken again", self.location)
 

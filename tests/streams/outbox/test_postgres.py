@@ -272,11 +272,11 @@ def test_a_lost_lease_connection_is_taken_again_or_refused(pg: OutboxBackend) ->
         kill_lease()
         # The lock died with its connection: the other takes it, and the first stops before it
         # selects anything to send.
-        with (
-            other.publisher_lease(),
-            pytest.raises(PublisherLeaseHeld, match="rhumbatron publisher pid"),
-        ):
-            store.sendable(1, 1, None)
+        with other.publisher_lease():
+            for _ in range(2):  # and keeps refusing while the other holds it
+                with pytest.raises(PublisherLeaseHeld, match="rhumbatron publisher pid"):
+                    store.sendable(1, 1, None)
+        store.sendable(1, 1, None)  # the other let go: taken again
 
 
 def test_a_commit_on_another_connection_wakes_the_publisher(pg: OutboxBackend) -> None:
