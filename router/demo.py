@@ -370,7 +370,7 @@ def _operator_address(settings: Settings, proc: subprocess.Popen[bytes], log_pat
         if started:
             return started[0].split()[3]
         if proc.poll() is not None:
-            last = lines[-1] if lines else f"exit {proc.returncode}"
+            last = lines[-1].removeprefix("rhumbatron: ") if lines else f"exit {proc.returncode}"
             raise ConfigurationError(f"the operator server did not start: {last} (log: {log_path})")
         time.sleep(OPERATOR_POLL_S)
     return f"http://{settings.operator_host}:{settings.operator_port}/ (still starting)"

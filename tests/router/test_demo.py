@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 from router.demo import serve_operator_page
 from router.operator.pid_file import running_server
 from router.settings import Settings
+from streams.errors import ConfigurationError
 from tests.support.environment import ROOT, make_settings, subprocess_env
 from tests.support.files import mode_of, umask
 from tests.support.waiting import wait_until
@@ -169,3 +171,17 @@ def test_an_earlier_server_is_stopped_and_a_foreign_pid_left_alone(
     finally:
         unrelated.kill()
         unrelated.wait(timeout=30)
+
+
+def test_a_server_that_cannot_start_is_one_clear_error(page_settings: Settings) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        s = page_settings.model_copy(update={"operator_port": port})
+        with pytest.raises(ConfigurationError) as refused:
+            serve_operator_page(s)
+    assert str(refused.value).startswith(
+        f"the operator server did not start: cannot listen on 127.0.0.1:{port}"
+    ), refused.value
+    assert running_server(s.state_dir / "operator.pid") is None
