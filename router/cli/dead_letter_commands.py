@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from consumers.runtime.dead_letters import LetterKind, LetterStatus
 from router.cli.common import operator_name, positive_int, print_json
-from router.operator.models import FILTER_KEYS, BulkResult, DeadLetterFilter
+from router.operator.models import FILTER_KEYS, SINCE_FORMS, BulkResult, DeadLetterFilter
 from router.operator.service import OperatorService
 from router.settings import Settings
 from streams.errors import BadInput
@@ -22,7 +22,7 @@ _WHO = "operator name for the audit log (default: the login name)"
 _FILTER = (
     "act on every letter matching KEY=VALUE[,KEY=VALUE…] instead of one ID; keys: "
     + ", ".join(FILTER_KEYS)
-    + " (since: 90s, 30m, 2h, 7d or an ISO 8601 time); status defaults to the letters the action "
+    + " (since: 90s, 30m, 2h, 7d or an ISO 8601 time such as 2026-01-31T09:00:00Z); status defaults to the letters the action "
     "can take"
 )
 
@@ -141,7 +141,8 @@ def parse_filter(text: str) -> DeadLetterFilter:
     except ValidationError as exc:
         problem = exc.errors(include_url=False)[0]
         key = str(problem["loc"][0])
-        raise BadInput(key, f"--filter {key}={given[key]!r} is refused: {problem['msg']}") from None
+        why = f"since takes {SINCE_FORMS}" if key == "since" else problem["msg"]
+        raise BadInput(key, f"--filter {key}={given[key]!r} is refused: {why}") from None
 
 
 def _report(found: BulkResult, as_json: bool) -> int:

@@ -38,6 +38,9 @@ from consumers.redis_conn import address_of
 from router.operator.models import (
     NAME_PATTERN,
     QUEUE_PATTERN,
+    SINCE_FORMS,
+    SINCE_HELP,
+    SINCE_PATTERN,
     SLUG_PATTERN,
     ActionResult,
     BulkResult,
@@ -208,6 +211,10 @@ def _refusal(
     return _error(401, "the bearer token is not one of this server's operator tokens"), None
 
 
+def _input_of(error: Any) -> str:
+    return repr(str(error.get("input"))[:80])
+
+
 def _operator(request: Request) -> str:
     # Set by the access check, which lets no change through without an operator's token.
     return str(request.state.operator)
@@ -286,6 +293,10 @@ def create_app(service: OperatorService) -> FastAPI:
         where = loc[0] if loc else "request"
         named = [part for part in loc[1:] if not part.isdigit()]
         message = first.get("msg", "invalid")
+        if named[-1:] == ["since"] and first.get("type") == "string_pattern_mismatch":
+            return _error(
+                422, f"{where} field 'since' takes {SINCE_FORMS}; got {_input_of(first)}", "since"
+            )
         if named == ["who"] and first.get("type") == "extra_forbidden":
             return _error(
                 422,
@@ -358,14 +369,7 @@ def create_app(service: OperatorService) -> FastAPI:
         queue: Annotated[
             str | None, Query(pattern=QUEUE_PATTERN, description="origin queue purpose")
         ] = None,
-        since: Annotated[
-            str | None,
-            Query(
-                max_length=64,
-                description="created at or after: a duration back from now (90s, 30m, 2h, 7d) "
-                "or an ISO 8601 time",
-            ),
-        ] = None,
+        since: Annotated[str | None, Query(pattern=SINCE_PATTERN, description=SINCE_HELP)] = None,
         limit: Annotated[
             int | None,
             Query(ge=1, le=settings.operator_page_size, description="operator_page_size at most"),

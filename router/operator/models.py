@@ -42,6 +42,20 @@ SLUG_PATTERN = r"^[a-z][a-z0-9-]{0,60}$"
 # streams.envelopes' rule for names such as a project id.
 NAME_PATTERN = r"^[^\x00-\x1f]+$"
 QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
+# What ``since`` takes, stated for the OpenAPI document so that every value it allows is one the
+# service accepts: a duration back from now (1 to 99999 of s, m, h or d), or an ISO 8601 date or
+# time of 1900-2099 (a real calendar day; UTC unless it names an offset).
+_HH, _MM = r"([01][0-9]|2[0-3])", r"[0-5][0-9]"
+_DAY = (
+    r"(19|20)[0-9][0-9]-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+    r"|(19([02468][48]|[13579][26]|[2468]0)|20([02468][048]|[13579][26]))-02-29"
+)
+SINCE_PATTERN = rf"^([1-9][0-9]{{0,4}}[smhd]|({_DAY})(T{_HH}:{_MM}(:{_MM}(\.[0-9]{{1,6}})?)?(Z|[+-]{_HH}:{_MM})?)?)$"
+SINCE_FORMS = (
+    "a duration back from now (90s, 30m, 2h, 7d) or an ISO 8601 time "
+    "(2026-01-31T09:00:00Z; UTC when it names no offset)"
+)
+SINCE_HELP = "created at or after: " + SINCE_FORMS
 
 
 class _Shape(BaseModel):
@@ -125,12 +139,7 @@ class DeadLetterFilter(_Shape):
         description="default: the letters the action can take: open ones (and, for a retry, "
         "retrying ones, taken over once their sender is stale)",
     )
-    since: str | None = Field(
-        None,
-        max_length=64,
-        description="created at or after: a duration back from now (90s, 30m, 2h, 7d) or an "
-        "ISO 8601 time (UTC when it names no offset)",
-    )
+    since: str | None = Field(None, pattern=SINCE_PATTERN, description=SINCE_HELP)
 
 
 FILTER_KEYS = tuple(DeadLetterFilter.model_fields)

@@ -80,11 +80,13 @@ def since_time(text: str, now: datetime) -> datetime:
     """``2h`` (back from ``now``: s, m, h or d) or an ISO 8601 time (UTC when it names no
     offset) → the aware time it means."""
     duration = _DURATION.match(text)
-    if duration is not None and int(duration.group(1)) > 0:
-        return now - timedelta(seconds=int(duration.group(1)) * _UNIT_S[duration.group(2)])
     try:
+        if duration is not None and int(duration.group(1)) > 0:
+            return now - timedelta(seconds=int(duration.group(1)) * _UNIT_S[duration.group(2)])
         when = datetime.fromisoformat(text.strip())
-    except ValueError:
+        if when.tzinfo is not None:
+            when.astimezone(UTC)  # an offset that takes it out of the calendar fails here
+    except (ValueError, OverflowError):
         raise BadInput(
             "since",
             f"since {text[:80]!r} is neither a duration (a positive whole number and one unit, "
