@@ -212,20 +212,45 @@ def test_an_acknowledged_row_after_a_failed_one_is_reported_as_an_order_violatio
 VERDICTS = st.sampled_from([OK, OK, OK, OK, ROW, OUTAGE, REFUSE, HANG, FATAL])
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    ordering=st.sampled_from(list(Ordering)),
-    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=5),
-    verdicts=st.lists(VERDICTS, min_size=1, max_size=80),
-    rows_per_project=st.integers(1, 6),
-)
+FAULT_CASES = {
+    "ordering": st.sampled_from(list(Ordering)),
+    "sizes": st.lists(st.integers(1, 12), min_size=1, max_size=5),
+    "verdicts": st.lists(VERDICTS, min_size=1, max_size=80),
+    "rows_per_project": st.integers(1, 6),
+}
+_FIXTURES_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=_FIXTURES_OK)
+@given(**FAULT_CASES)
 def test_random_faults_never_reorder_or_lose_a_project_event(
-    outbox_backend, ordering, sizes, verdicts, rows_per_project
+    tmp_path, ordering, sizes, verdicts, rows_per_project
 ) -> None:
+    backend = OutboxBackend("sqlite", tmp_path)
+    try:
+        _random_faults(backend, ordering, sizes, verdicts, rows_per_project)
+    finally:
+        backend.close()
+
+
+# The same property on PostgreSQL, with fewer examples: each one costs real round trips.
+@pytest.mark.integration
+@settings(max_examples=40, deadline=None, suppress_health_check=_FIXTURES_OK)
+@given(**FAULT_CASES)
+def test_random_faults_never_reorder_or_lose_a_project_event_on_postgres(
+    postgres_backend, ordering, sizes, verdicts, rows_per_project
+) -> None:
+    _random_faults(postgres_backend, ordering, sizes, verdicts, rows_per_project)
+
+
+@pytest.fixture
+def postgres_backend(tmp_path):
+    backend = OutboxBackend("postgres", tmp_path)
+    yield backend
+    backend.close()
+
+
+def _random_faults(outbox_backend, ordering, sizes, verdicts, rows_per_project) -> None:
     # One outbox for the test, emptied for each example.
     outbox_backend.reset()
     clock = ManualClock()
