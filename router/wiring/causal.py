@@ -47,6 +47,7 @@ from router.wiring.subscription import store as runtime_store
 from streams.clock import Clock
 from streams.envelopes import Command
 from streams.errors import PublisherLocked
+from streams.files import private_dir
 from streams.outbox.sqlite import SqliteOutbox
 from streams.producer import Producer
 
@@ -90,7 +91,7 @@ def router_outbox_path(settings: Settings) -> Path:
 
 def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:
     path = router_outbox_path(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     return open_outbox(settings, path, create=True, clock=clock)
 
 

@@ -288,6 +288,11 @@ def build_app(config: RollupConfig) -> faust.App:
         web_host=config.host,
         web_port=config.port,
         web_bind=config.host,
+        # Faust's own views would serve a table's values by key (/table) and the workers'
+        # addresses and partitions (/router); the rollup's views serve counts only, and only
+        # those are wanted on the port.
+        web_tables_enabled=False,
+        web_router_enabled=False,
         broker_session_timeout=config.session_timeout_s,
         broker_credentials=broker_credentials(config.security),
     )

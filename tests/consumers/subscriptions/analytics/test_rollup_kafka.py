@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter as Tally
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -29,7 +31,13 @@ import pytest
 
 from consumers.subscriptions.analytics.projector import METRICS
 from router.settings import Settings
-from router.wiring.analytics import count_points, fetch_view, point_counts, rollup_app_id
+from router.wiring.analytics import (
+    count_points,
+    fetch_view,
+    point_counts,
+    rollup_address,
+    rollup_app_id,
+)
 from streams.admin import admin_client, delete_topics
 from streams.envelopes import format_time
 from streams.errors import Unreachable
@@ -274,6 +282,11 @@ def test_the_rollup_counts_each_committed_point_once_per_minute(
         status = fetch_view(rs, "/analytics/status/")
         assert status["guarantee"] == "exactly_once"
         assert status["invalidPoints"] == {}
+        # The port serves the rollup's counts, not faust's table values or its workers' map.
+        for path in ("/table/", "/router/"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(rollup_address(rs) + path, timeout=5)
+            assert refused.value.code == 404, path
     finally:
         _stop(rollup)
 
