@@ -181,7 +181,7 @@ class GroupReads:
 
     group: str
     name: str  # the slug in the group id
-    kind: str  # subscription | command-worker | other
+    kind: str  # subscription | command-worker | rollup | other
     subscribed: tuple[str, ...]
     assigned: tuple[str, ...] = ()
 

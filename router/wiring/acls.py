@@ -40,6 +40,7 @@ from enum import StrEnum
 
 from consumers.subscriptions.causal_router.commands import queues as router_queues
 from router.settings import QueuePolicy, Settings
+from router.wiring.groups import ROLLUP_SLUG
 from router.wiring.processors import BUILDERS
 from router.wiring.provisioning import environment_specs, subscription_topics, worker_topics
 from router.wiring.workers import worker_slug
@@ -388,6 +389,7 @@ def _operator(
     env = topology.env
     groups = [group_id(s, env) for s in subscriptions]
     groups += [group_id(worker_slug(p), env) for p in QUEUE_PURPOSES]
+    groups.append(group_id(ROLLUP_SLUG, env))  # the analytics rollup's group (faust's app id)
     # A command letter is sent back to the queue it came from: a queue whose policy dead-letters.
     origins = [queue_name(p, env) for p in QUEUE_PURPOSES if queues[p].dead_letter is not None]
     redeliveries = [redelivery_topic(s, env) for s in subscriptions]
@@ -408,6 +410,9 @@ def _operator(
             [retry_topic(p, env) for p in QUEUE_PURPOSES],
             (Operation.DESCRIBE,),
             "lag of the workers over their retry topics",
+        ),
+        *_topics(
+            [metrics_topic(env)], (Operation.DESCRIBE,), "lag of the analytics rollup's group"
         ),
         *_topics(
             described,

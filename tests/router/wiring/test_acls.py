@@ -33,7 +33,7 @@ from router.wiring.acls import (
     role_names,
     roles,
 )
-from router.wiring.groups import group_reads
+from router.wiring.groups import ROLLUP_SLUG, group_reads
 from router.wiring.processors import build_processor
 from router.wiring.provisioning import environment_specs, subscription_slugs
 from router.wiring.workers import worker_slug
@@ -95,6 +95,7 @@ def test_each_group_is_its_own_roles_and_read_over_the_topics_the_lag_report_kno
     members = {
         **{s: group_id(s, "prod") for s in SUBSCRIPTIONS},
         **{worker_slug(p): group_id(worker_slug(p), "prod") for p in QUEUE_PURPOSES},
+        ANALYTICS_ROLLUP: group_id(ROLLUP_SLUG, "prod"),
     }
     for name, group in members.items():
         reads = group_reads(topology, group)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from router.wiring.analytics import rollup_app_id
 from router.wiring.groups import group_reads
 from router.wiring.workers import DEAD_LETTER_QUEUE, worker_policy, worker_slug
-from streams.topology import dead_letter_topic, group_id, redelivery_topic
+from streams.topology import dead_letter_topic, group_id, metrics_topic, redelivery_topic
 from tests.support.environment import make_settings
 
 
@@ -32,3 +33,11 @@ def test_a_group_no_wiring_builds_is_shown_only_where_it_committed() -> None:
     reads = group_reads(s.topology, f"rhumbatron-Not_A_Slug-{s.env}")
     assert reads.kind == "other" and reads.subscribed == ()
     assert set(s.topology.stream_names()) <= set(reads.assigned)
+
+
+def test_the_rollup_reads_the_metric_points_only() -> None:
+    # Its group is faust's app id; read as a subscription it would lag by the whole streams.
+    s = make_settings()
+    reads = group_reads(s.topology, rollup_app_id(s))
+    assert reads.kind == "rollup" and reads.name == "analytics-rollup"
+    assert reads.subscribed == (metrics_topic(s.env),) and reads.assigned == ()
