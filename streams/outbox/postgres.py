@@ -271,6 +271,9 @@ class PostgresOutbox:
                 **tcp_options(options.keepalive_s),
             },
             timeout=options.connect_timeout_s,
+            # A connection is checked as it is handed out, so one that died with a server restart
+            # is replaced instead of failing the next write or pass.
+            check=ConnectionPool.check_connection,
             open=False,
             name="rhumbatron-outbox",
         )

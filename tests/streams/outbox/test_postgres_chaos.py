@@ -6,30 +6,44 @@
   exactly that pass's rows and loses nothing; first occurrences stay in slot order;
 - a private broker stopped in the middle of a publish and started again: rows wait in
   retry_wait, nothing fails, no row uses an attempt, and afterwards every event has arrived, in
-  slot order per project (duplicates only after their originals)."""
+  slot order per project (duplicates only after their originals);
+- a private PostgreSQL server restarted under an open store and a held lease."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, kafka_senders, publisher_policy
 from streams.admin import admin_client, provision
+from streams.outbox.postgres import PostgresOptions, PostgresOutbox, init_outbox
 from streams.outbox.publisher import PublisherTotals
 from streams.outbox.store import RowState
 from streams.workload import workload
 from tests.support.environment import ROOT, cleanup_environment, make_settings
 from tests.support.infra import PrivateServices
 from tests.support.kafka import events_of, read_all
-from tests.support.outbox import OutboxBackend, SlowSender, cli_env, records_in, write_drafts
+from tests.support.outbox import (
+    OutboxBackend,
+    SlowSender,
+    cli_env,
+    drafts,
+    records_in,
+    write_drafts,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -174,3 +188,59 @@ def test_a_broker_stopped_mid_publish_fails_nothing_and_loses_nothing_on_postgre
                 if slot not in first:
                     first.append(slot)
             assert first == list(range(1, events // projects + 1)), project
+
+
+def test_the_store_carries_on_across_a_server_restart() -> None:
+    """A private server (infra/local.sh on its own port) stopped and started between two writes
+    and two passes: the pool replaces the connections that died with it, and the publisher
+    takes its lease again before selecting."""
+    state = Path(tempfile.mkdtemp(prefix="rhumbatron-private-pg-"))
+    port = _free_port()
+    env = {**os.environ, "RHUMBATRON_LOCAL_DIR": str(state), "RHUMBATRON_POSTGRES_PORT": str(port)}
+
+    def local(*args: str) -> str:
+        done = subprocess.run(
+            [str(Path(ROOT) / "infra" / "local.sh"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    started = local("postgres-start")
+    home = Path(started.split("initialising a PostgreSQL cluster in ", 1)[1].split()[0]).parent
+    try:
+        password = (state / "postgres" / "password").read_text().strip()
+        url = f"postgresql://rhumbatron:{quote(password)}@127.0.0.1:{port}/rhumbatron"
+        init_outbox(url)
+        store = PostgresOutbox(
+            url, options=PostgresOptions(max_envelope_bytes=1 << 18, missed_report_limit=10)
+        )
+        try:
+            with store.publisher_lease():
+                with store.transaction() as unit:
+                    assert unit.append("proj-a", drafts("proj-a", 2), tenant_id="t").slots == [1, 2]
+                local("postgres-stop")
+                local("postgres-start")
+                with store.transaction() as unit:
+                    assert unit.append("proj-a", drafts("proj-a", 1), tenant_id="t").slots == [3]
+                assert [r.slot for r in store.sendable(10, 10, None)] == [1, 2, 3]
+        finally:
+            store.close()
+    finally:
+        subprocess.run(
+            [str(Path(ROOT) / "infra" / "local.sh"), "postgres-stop"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
