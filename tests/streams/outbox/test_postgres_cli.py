@@ -1,0 +1,91 @@
+"""The command line on a PostgreSQL outbox (``--outbox postgresql://…``): a second publisher,
+as from another machine, is refused in one line naming the holder; ``outbox stats`` reads it;
+a URL that cannot connect is one line naming host, port and database, never the password."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from router.settings import Settings
+from streams.admin import admin_client, provision
+from tests.support.environment import ROOT, run_cli
+from tests.support.outbox import OutboxBackend, cli_env, drafts
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
+    backend = OutboxBackend("postgres", tmp_path)
+    yield backend
+    backend.close()
+
+
+def _cli(s: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(s, *argv, env=cli_env(s), timeout=300)
+
+
+def test_a_second_publisher_is_refused_naming_the_holder(
+    settings: Settings, pg: OutboxBackend
+) -> None:
+    base = settings.kafka_config()
+    specs = settings.topology.stream_specs()
+    provision(admin_client(base), base, specs, topology=settings.topology, timeout=30)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "publish", "--outbox", pg.address],
+        cwd=ROOT,
+        env=cli_env(settings),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not pg.query(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE "
+            f"'rhumbatron publisher pid {first.pid} on %'"
+        ):
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first publisher never took the lease"
+            time.sleep(0.05)
+        second = _cli(settings, "publish", "--outbox", pg.address, "--until-empty")
+        assert second.returncode == 2
+        assert "already has a publisher (rhumbatron publisher pid " in second.stderr
+        assert f"pid {first.pid} on " in second.stderr and "PostgreSQL backend" in second.stderr
+        assert "advisory lock" in second.stderr
+        first.send_signal(signal.SIGTERM)  # a clean stop
+        assert first.wait(60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(30)
+
+
+def test_outbox_stats_reads_a_postgresql_outbox(settings: Settings, pg: OutboxBackend) -> None:
+    store = pg.store()
+    with store.transaction() as unit:
+        unit.append("proj-a", drafts("proj-a", 3), tenant_id="t")
+    shown = _cli(settings, "outbox", "stats", "--outbox", pg.address, "--json")
+    assert shown.returncode == 0, shown.stderr
+    stats = json.loads(shown.stdout)
+    assert stats["pending"] == 3 and stats["outbox"] == store.location
+    password = str(psycopg.conninfo.conninfo_to_dict(pg.address)["password"])
+    assert password not in shown.stdout
+
+
+def test_a_url_that_cannot_connect_is_one_line_without_the_password(settings: Settings) -> None:
+    refused = _cli(
+        settings, "outbox", "stats", "--outbox", "postgresql://app:hunter2-pw@127.0.0.1:1/orders"
+    )
+    assert refused.returncode != 0
+    assert "host 127.0.0.1 port 1 database orders" in refused.stderr
+    assert "hunter2-pw" not in refused.stderr + refused.stdout
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
