@@ -53,8 +53,10 @@ class FreshSchema:
         if init:
             init_outbox(self.url)
 
-    def connect(self, *, autocommit: bool = False) -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(self.url, autocommit=autocommit)
+    def connect(
+        self, *, autocommit: bool = False, application_name: str = "rhumbatron tests"
+    ) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.url, autocommit=autocommit, application_name=application_name)
 
     def drop(self) -> None:
         with psycopg.connect(self.base, autocommit=True) as conn:

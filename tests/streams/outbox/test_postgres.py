@@ -114,8 +114,13 @@ def test_the_same_event_id_from_two_open_transactions_leaves_no_hole(pg: OutboxB
         holder.execute(INSERT, (shared, a))
         got: list[Any] = []
 
-        def second(project: str = b, event_id: str = shared, got: list[Any] = got) -> None:
-            with _conn(pg) as conn:
+        waiter = f"second writer {secrets.token_hex(4)}"
+
+        def second(
+            project: str = b, event_id: str = shared, got: list[Any] = got, name: str = waiter
+        ) -> None:
+            assert pg.schema is not None
+            with pg.schema.connect(application_name=name) as conn:
                 got.append(
                     conn.execute(
                         INSERT + " ON CONFLICT (event_id) DO NOTHING RETURNING slot",
@@ -126,14 +131,16 @@ def test_the_same_event_id_from_two_open_transactions_leaves_no_hole(pg: OutboxB
 
         writer = threading.Thread(target=second)
         writer.start()
+        waiting = (
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            f"AND application_name = '{waiter}'"
+        )
+
+        def second_waits(query: str = waiting) -> bool:
+            return bool(pg.query(query)[0][0] == 1)
+
         wait_until(
-            lambda: (
-                pg.query(
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database()"
-                )[0][0]
-                >= 1
-            ),
+            second_waits,
             60,
             "the second writer waits for the first",
         )
