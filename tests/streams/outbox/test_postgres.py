@@ -21,7 +21,7 @@ from streams.errors import (
     SlotConflict,
     Unreachable,
 )
-from streams.outbox.postgres import PostgresOptions, PostgresOutbox, init_outbox
+from streams.outbox.postgres import LEASE_CLASS, PostgresOptions, PostgresOutbox, init_outbox
 from streams.outbox.postgres_writer import append
 from streams.outbox.publisher import Publisher
 from streams.outbox.store import CommitSignal, RowState
@@ -266,10 +266,14 @@ def test_a_lost_lease_connection_is_taken_again_or_refused(pg: OutboxBackend) ->
     other = pg.store()
 
     def kill_lease() -> None:
-        pg.query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name LIKE 'rhumbatron publisher%' AND datname = current_database()"
+        # The session holding this outbox's advisory lock, and no other test's.
+        assert pg.schema is not None
+        killed = pg.query(
+            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE l.locktype = 'advisory' "
+            f"AND l.granted AND l.objsubid = 2 AND l.classid = {LEASE_CLASS} "
+            f"AND l.objid = hashtext('{pg.schema.name}')::oid"
         )
+        assert killed == [(True,)]
 
     with store.publisher_lease():
         kill_lease()
