@@ -150,7 +150,7 @@ def publish_through_outbox(
     # The environment's outbox, which the router writes its own decisions to as well: one slot
     # sequence per project.
     path = router_outbox_path(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     store = open_outbox(settings, path, create=True)
     try:
         written = write_workload(

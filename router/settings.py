@@ -305,8 +305,17 @@ class Settings(BaseSettings):
     outbox_stats_row_limit: int = Field(
         100, ge=1, description="failed rows and held projects listed by outbox stats"
     )
-    outbox_progress_interval_s: float = Field(
-        5.0, gt=0, description="how often a long-running publish prints its progress"
+    progress_interval_s: float = Field(
+        5.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "progress_interval_s",
+            "rhumbatron_progress_interval_s",
+            "rhumbatron_outbox_progress_interval_s",
+        ),
+        description="how often a long-running command (consume, worker, dead-letter-consumer, "
+        "publish, re-reduce, archive sweeps) prints its progress; the old name "
+        "RHUMBATRON_OUTBOX_PROGRESS_INTERVAL_S still works",
     )
     produce_writers: int = Field(
         4, ge=1, description="concurrent writer threads of produce --outbox and the demo"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
@@ -25,6 +24,7 @@ from router.wiring.analytics import (
 )
 from router.wiring.provisioning import require_topics
 from streams.errors import ConfigurationError
+from streams.files import private_dir
 from streams.topology import metrics_topic
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
         ) from exc
     require_topics(settings, [metrics_topic(settings.env)])
     config = rollup_config(settings)
-    Path(config.datadir).mkdir(parents=True, exist_ok=True)
+    private_dir(config.datadir)
     print(
         f"analytics rollup '{config.app_id}' over {config.points_topic}, "
         f"web view at {rollup_address(settings)} ({config.guarantee})",

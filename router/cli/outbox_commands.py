@@ -13,7 +13,7 @@ import time
 from types import FrameType
 
 from router.cli.common import operator_name, parse_duration, print_json
-from router.cli.progress import ProgressReporter, progress_interval_s, say, start_line
+from router.cli.progress import ProgressReporter, say, start_line
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, open_outbox
 from router.wiring.provisioning import compact_names, missing_topics
@@ -98,7 +98,7 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
 
     last: list[tuple[int, int, int]] = []
 
-    reporter = ProgressReporter(None, progress_interval_s(settings))
+    reporter = ProgressReporter(None, settings.progress_interval_s)
 
     def progress(totals: PublisherTotals) -> None:
         # A line when something moved since the last one: an idle publisher stays quiet.
@@ -123,7 +123,7 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
                     until_empty=args.until_empty,
                     stop=stop,
                     progress=progress,
-                    progress_interval_s=progress_interval_s(settings),
+                    progress_interval_s=settings.progress_interval_s,
                 )
         stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
     finally:

@@ -30,12 +30,6 @@ def state_dir(settings: Settings) -> Path:
     return settings.state_dir
 
 
-def progress_interval_s(settings: Settings) -> float:
-    """Seconds between two progress lines."""
-    # The publisher's setting serves every long-running command until a general one exists.
-    return settings.outbox_progress_interval_s
-
-
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 

@@ -19,7 +19,6 @@ from router.cli.progress import (
     LagProbe,
     ProgressReporter,
     group_topics,
-    progress_interval_s,
     start_line,
 )
 from router.settings import Settings
@@ -49,7 +48,7 @@ def consume(settings: Settings, args: argparse.Namespace) -> int:
         )
 
     try:
-        with ProgressReporter(sample, progress_interval_s(settings)):
+        with ProgressReporter(sample, settings.progress_interval_s):
             stats = subscription.runner.run(
                 until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
             )
@@ -97,7 +96,7 @@ def re_reduce(settings: Settings, args: argparse.Namespace) -> int:
         # The fold reports no figures while it reads: the line says it is still at work.
         return f"re-reduce {args.subscription} {tp.topic}[{tp.partition}]: folding"
 
-    with ProgressReporter(sample, progress_interval_s(settings)):
+    with ProgressReporter(sample, settings.progress_interval_s):
         projects = c.re_reduce(
             tp,
             who=operator_name(getattr(args, "who", None)),

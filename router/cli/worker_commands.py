@@ -14,7 +14,6 @@ from router.cli.progress import (
     LagProbe,
     ProgressReporter,
     group_topics,
-    progress_interval_s,
     start_line,
 )
 from router.settings import Settings
@@ -50,7 +49,7 @@ def _run(
         return f"{name}: {stats.records} records, {_outcomes(stats.outcomes)}, lag {lag()}"
 
     try:
-        with ProgressReporter(sample, progress_interval_s(settings)):
+        with ProgressReporter(sample, settings.progress_interval_s):
             stats = process.worker.run(
                 until_idle_s=until_idle, should_stop=stop.is_set, tick=process.tick
             )

@@ -15,7 +15,6 @@ import orjson
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
 from consumers.topic_reader import read_committed
 from router.settings import Settings
-from streams.admin import admin_client, provision
 from streams.errors import ConfigurationError, Unreachable
 from streams.topology import metrics_topic
 
@@ -50,18 +49,6 @@ def rollup_config(settings: Settings) -> RollupConfig:
         datadir=str(settings.in_state_dir(settings.analytics_rollup_dir) / settings.env),
         session_timeout_s=settings.session_timeout_ms / 1000,
         security=rollup_security(settings.kafka_config()),
-    )
-
-
-def provision_points_topic(settings: Settings) -> None:
-    base = settings.kafka_config()
-    topic = metrics_topic(settings.env)
-    provision(
-        admin_client(base),
-        base,
-        [s for s in settings.topology.internal_specs() if s.name == topic],
-        topology=settings.topology,
-        timeout=settings.connect_timeout_s,
     )
 
 

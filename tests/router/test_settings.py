@@ -407,3 +407,11 @@ def test_a_relative_state_dir_is_made_absolute_where_it_is_read(
     # A child process started elsewhere reads the same, absolute, directory.
     assert settings.as_environment()["RHUMBATRON_STATE_DIR"] == str(tmp_path / "state")
     assert settings.in_state_dir("/abs/archive") == Path("/abs/archive")
+
+
+def test_the_progress_interval_keeps_its_old_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHUMBATRON_OUTBOX_PROGRESS_INTERVAL_S", "2")
+    assert load_settings().progress_interval_s == 2
+    monkeypatch.setenv("RHUMBATRON_PROGRESS_INTERVAL_S", "-1")
+    with pytest.raises(ConfigurationError, match="RHUMBATRON_PROGRESS_INTERVAL_S='-1'"):
+        load_settings()

@@ -32,7 +32,7 @@ from tests.support.runtime_processes import publish, runtime_settings
 pytestmark = pytest.mark.integration
 
 # Progress every fifth of a second: a run of a few seconds prints several lines.
-FAST_PROGRESS = {"RHUMBATRON_OUTBOX_PROGRESS_INTERVAL_S": "0.2"}
+FAST_PROGRESS = {"RHUMBATRON_PROGRESS_INTERVAL_S": "0.2"}
 
 
 @pytest.fixture
