@@ -184,6 +184,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         "env": settings.env,
         "kafka": settings.kafka_bootstrap,
         "redis": address_of(settings.redis_url),
+        "state_dir": str(settings.state_dir),
         "topics": described,
         "missing_topics": missing,
         "groups": groups,
@@ -192,7 +193,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print(
-            f"environment {settings.env}: kafka {settings.kafka_bootstrap}, redis {result['redis']}"
+            f"environment {settings.env}: kafka {settings.kafka_bootstrap}, redis "
+            f"{result['redis']}, state dir {settings.state_dir}"
         )
         print(f"  {len(topics)} topics; {len(groups)} consumer groups")
         if missing:

@@ -104,9 +104,11 @@ def test_provision_makes_every_topic_the_runtime_needs_and_status_reports_what_i
     before = orjson.loads(_cli(s, "status", "--json").stdout)
     assert _topics_of(s) == []  # a read: it reports, never creates
     assert len(before["missing_topics"]) == 27
+    assert before["state_dir"] == str(s.state_dir)
     plain = _cli(s, "status")
     assert plain.returncode == 0
     assert f"not provisioned: missing rhumbatron_events_00-07_{s.env}" in plain.stdout
+    assert f"state dir {s.state_dir}" in plain.stdout.splitlines()[0]
 
     assert _cli(s, "provision").returncode == 0
     assert _topics_of(s) == sorted(before["missing_topics"])
