@@ -72,7 +72,21 @@ def _reveal(value: Any) -> Any:
 _BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
 _TIME_OF_DAY = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-_URL_FIELDS = ("redis_url", "classifier_url")  # URLs that may carry a password
+# URLs that may carry a password (an outbox address may be a postgresql:// URL; a list field
+# is masked item by item).
+_URL_FIELDS = ("redis_url", "classifier_url", "router_outbox_path", "operator_outboxes")
+
+
+def _masked_field(name: str | None, value: Any) -> Any:
+    """``value`` of the field ``name`` as it may be shown: a URL field without its password."""
+    if name not in _URL_FIELDS:
+        return value
+    if isinstance(value, str):
+        return masked(value)
+    if isinstance(value, list):
+        return [masked(v) if isinstance(v, str) else v for v in value]
+    return value
+
 
 # The kafka_* settings and the librdkafka property each one sets (None: used by the builder).
 _KAFKA_PROPERTIES: dict[str, str | None] = {
@@ -459,8 +473,9 @@ class Settings(BaseSettings):
         "outbox-{env}.sqlite",
         min_length=1,
         description="the outbox the router writes its decisions to (candidate.stale), published "
-        "by a thread of its consume process; {env} stands for the environment's name; relative: "
-        "under state_dir. Default: "
+        "by a thread of its consume process: a SQLite file, or a postgresql:// URL (a secret, "
+        "shown masked) when the writers' outbox is on PostgreSQL; {env} stands for the "
+        "environment's name; a relative path is under state_dir. Default: "
         "the environment's outbox, which the demo's writers use too, so each project's slots "
         "stay one dense sequence (slots are allocated per outbox)",
     )
@@ -578,8 +593,9 @@ class Settings(BaseSettings):
     # -- operator surface (issue 6) --
     operator_outboxes: list[str] = Field(
         default_factory=list,
-        description="outbox files the operator surface reports (states, failed rows, held "
-        'projects), as JSON: RHUMBATRON_OPERATOR_OUTBOXES=\'["a.sqlite","b.sqlite"]\'. Empty: the '
+        description="outboxes the operator surface reports (states, failed rows, held "
+        "projects): SQLite files or postgresql:// URLs (shown masked), as JSON: "
+        'RHUMBATRON_OPERATOR_OUTBOXES=\'["a.sqlite","postgresql://app@db/orders"]\'. Empty: the '
         "router's outbox (router_outbox_path). A file that does not exist yet shows as absent",
     )
     operator_refresh_s: float = Field(
@@ -928,10 +944,7 @@ class Settings(BaseSettings):
         # The URLs may carry a password; repr and str (and so every log line and error that
         # formats the settings) show them masked. as_environment still gives them in clear.
         for name, value in super().__repr_args__():
-            if name in _URL_FIELDS and isinstance(value, str):
-                yield name, masked(value)
-            else:
-                yield name, value
+            yield name, _masked_field(name, value)
 
     # -- derived -----------------------------------------------------------------------------
     def in_state_dir(self, path: str) -> Path:
@@ -1067,7 +1080,7 @@ def shown(settings: Settings) -> dict[str, Any]:
     """The settings as they may be shown anywhere: every secret masked, URLs without passwords."""
     out: dict[str, Any] = {}
     for name, value in settings.model_dump(mode="json").items():
-        out[name] = masked(value) if name in _URL_FIELDS and isinstance(value, str) else value
+        out[name] = _masked_field(name, value)
     return out
 
 

@@ -42,7 +42,7 @@ def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
         store.close()
     result = {
         "run": run,
-        "outbox": str(args.outbox),
+        "outbox": store.location,
         "projects": args.projects,
         "events": report.events,
         "duplicates": report.duplicates,
@@ -55,8 +55,8 @@ def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(
             f"wrote {report.events} events over {args.projects} projects (run {run}) to the outbox "
-            f"{args.outbox}: {report.writes} transactions by {report.writers} writers in "
-            f"{report.seconds:.2f}s; now run: rhumbatron publish --outbox {args.outbox}"
+            f"{store.location}: {report.writes} transactions by {report.writers} writers in "
+            f"{report.seconds:.2f}s; now run: rhumbatron publish --outbox {store.location}"
         )
     return 0
 
@@ -112,7 +112,9 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
     try:
         with build_publisher(settings, store) as publisher:
             # Said once the outbox's lock is held: a refusal before stays the one line it is.
-            start_line(f"publish {args.outbox}", settings, topics=settings.topology.stream_names())
+            start_line(
+                f"publish {store.location}", settings, topics=settings.topology.stream_names()
+            )
             if missing:
                 say(
                     f"publish: warning: {compact_names(missing)} missing; rows of its projects "
@@ -144,7 +146,7 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
     if args.until_empty and failed:
         print(
             f"rhumbatron: {failed} row(s) failed and hold their projects back; see "
-            f"'rhumbatron outbox stats --outbox {args.outbox}', then retry or skip them",
+            f"'rhumbatron outbox stats --outbox {store.location}', then retry or skip them",
             file=sys.stderr,
         )
         return 1

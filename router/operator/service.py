@@ -72,6 +72,7 @@ from streams.errors import (
 from streams.kafka_config import bootstrap_of
 from streams.outbox import ops
 from streams.topology import queue_name, redelivery_topic
+from streams.urls import masked
 
 _PROJECT_ID: TypeAdapter[str] = TypeAdapter(Name)
 T = TypeVar("T")
@@ -403,20 +404,24 @@ class OperatorService:
         return text
 
     # -- outboxes ------------------------------------------------------------------------------
-    def outbox_paths(self) -> list[Path]:
-        if self.settings.operator_outboxes:
-            return [Path(p) for p in self.settings.operator_outboxes]
+    def outbox_paths(self) -> list[Path | str]:
+        """The outboxes reported: a SQLite file as a Path, a PostgreSQL outbox as its URL."""
         from router.wiring.causal import router_outbox_path
+        from streams.outbox.postgres import is_postgres_url
 
+        if self.settings.operator_outboxes:
+            return [p if is_postgres_url(p) else Path(p) for p in self.settings.operator_outboxes]
         return [router_outbox_path(self.settings)]
 
     def outboxes(self) -> list[OutboxReport]:
         return [self._outbox(path) for path in self.outbox_paths()]
 
-    def _outbox(self, path: Path) -> OutboxReport:
+    def _outbox(self, path: Path | str) -> OutboxReport:
         limit = self.settings.outbox_stats_row_limit
-        if not path.exists():
-            return OutboxReport(outbox=str(path), present=False, lists_truncated_at=limit)
+        # A PostgreSQL outbox's URL is a secret: the report names it without its password.
+        shown = masked(path) if isinstance(path, str) else str(path)
+        if isinstance(path, Path) and not path.exists():
+            return OutboxReport(outbox=shown, present=False, lists_truncated_at=limit)
         from router.wiring.outbox import open_outbox
 
         try:
@@ -427,7 +432,7 @@ class OperatorService:
                 store.close()
         except (RhumbatronError, sqlite3.Error) as exc:
             return OutboxReport(
-                outbox=str(path),
+                outbox=shown,
                 present=True,
                 error=f"{type(exc).__name__}: {exc}",
                 lists_truncated_at=limit,

@@ -3,6 +3,10 @@ and every secret reaching a child process in clear through ``as_environment``.""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -10,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from router.settings import DAY_MS, Settings, load_settings
+from router.settings import DAY_MS, Settings, load_settings, shown
 from router.wiring.causal import router_outbox_path
 from streams.errors import ConfigurationError
-from tests.support.environment import make_settings, run_cli, subprocess_env
+from tests.support.environment import ROOT, make_settings, run_cli, subprocess_env
 
 
 @pytest.mark.parametrize(
@@ -415,3 +419,36 @@ def test_the_progress_interval_keeps_its_old_name(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RHUMBATRON_PROGRESS_INTERVAL_S", "-1")
     with pytest.raises(ConfigurationError, match="RHUMBATRON_PROGRESS_INTERVAL_S='-1'"):
         load_settings()
+
+
+PG_URL = "postgresql://app:hunter2-pg@db.internal:5432/orders"
+PG_SHOWN = "postgresql://app:****@db.internal:5432/orders"
+
+
+def test_outbox_urls_are_shown_without_their_password() -> None:
+    s = Settings(router_outbox_path=PG_URL, operator_outboxes=[PG_URL, "b.sqlite"])
+    for text in (repr(s), str(s)):
+        assert "hunter2-pg" not in text and PG_SHOWN in text
+    values = shown(s)
+    assert values["router_outbox_path"] == PG_SHOWN
+    assert values["operator_outboxes"] == [PG_SHOWN, "b.sqlite"]
+    assert s.as_environment()["RHUMBATRON_ROUTER_OUTBOX_PATH"] == PG_URL  # children get it
+
+
+def test_config_show_never_shows_an_outbox_password() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env.update(
+        RHUMBATRON_ROUTER_OUTBOX_PATH=PG_URL, RHUMBATRON_OPERATOR_OUTBOXES=json.dumps([PG_URL])
+    )
+    for extra in ([], ["--json"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "router.cli", "config", "show", *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "hunter2-pg" not in result.stdout + result.stderr
+        assert PG_SHOWN in result.stdout

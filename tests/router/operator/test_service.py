@@ -959,3 +959,20 @@ def test_the_bulk_api_names_the_tokens_operator_and_dry_runs_need_an_operator() 
         assert [(a.who, a.why) for a in p.service.dead_letter(d["id"]).audit] == [
             ("operator", "gone")
         ]
+
+
+@pytest.mark.integration
+def test_a_postgresql_outbox_is_reported_by_its_url_without_the_password(tmp_path: Path) -> None:
+    from tests.support.outbox import OutboxBackend
+
+    pg = OutboxBackend("postgres", tmp_path)
+    try:
+        append_all(pg.store(), drafts("proj-a", 2))
+        p = Parts(make_settings(operator_outboxes=[pg.address, str(tmp_path / "absent.sqlite")]))
+        assert p.service.outbox_paths() == [pg.address, tmp_path / "absent.sqlite"]
+        found, absent = p.service.outboxes()
+        assert found.present and found.error is None and found.counts["pending"] == 2
+        assert found.outbox == pg.store().location != pg.address
+        assert not absent.present
+    finally:
+        pg.close()

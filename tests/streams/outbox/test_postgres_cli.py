@@ -89,3 +89,22 @@ def test_a_url_that_cannot_connect_is_one_line_without_the_password(settings: Se
     assert "host 127.0.0.1 port 1 database orders" in refused.stderr
     assert "hunter2-pw" not in refused.stderr + refused.stdout
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_publish_and_stats_never_show_the_password(settings: Settings, pg: OutboxBackend) -> None:
+    base = settings.kafka_config()
+    specs = settings.topology.stream_specs()
+    provision(admin_client(base), base, specs, topology=settings.topology, timeout=30)
+    store = pg.store()
+    with store.transaction() as unit:
+        unit.append("proj-a", drafts("proj-a", 2), tenant_id="t")
+    password = str(psycopg.conninfo.conninfo_to_dict(pg.address)["password"])
+    published = _cli(settings, "publish", "--outbox", pg.address, "--until-empty")
+    assert published.returncode == 0, published.stderr
+    assert f"publish {store.location}: env {settings.env}" in published.stderr
+    stats = _cli(settings, "outbox", "stats", "--outbox", pg.address)
+    assert stats.returncode == 0, stats.stderr
+    assert stats.stdout.startswith(f"outbox {store.location}\n")
+    assert "published 2" in stats.stdout
+    for shown in (published, stats):
+        assert password not in shown.stdout + shown.stderr
