@@ -15,10 +15,11 @@ from types import FrameType
 from router.cli.common import operator_name, parse_duration, print_json
 from router.cli.progress import ProgressReporter, say, start_line
 from router.settings import Settings
-from router.wiring.outbox import build_publisher, open_outbox
+from router.wiring.outbox import build_publisher, init_postgres_outbox, open_outbox
 from router.wiring.provisioning import compact_names, missing_topics
 from streams.errors import NotProvisioned, Unreachable
 from streams.outbox import ops
+from streams.outbox.postgres import is_postgres_url
 from streams.outbox.publisher import PublisherTotals
 from streams.outbox.store import OutboxStore, RowState
 from streams.workload import workload, write_workload
@@ -182,6 +183,21 @@ def stats(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def init(settings: Settings, args: argparse.Namespace) -> int:
+    """``rhumbatron outbox init --outbox URL``: apply the shipped PostgreSQL schema (nothing to do
+    when this version is there; another version is refused, naming both). A SQLite outbox is
+    made on first use; init makes it now."""
+    if is_postgres_url(args.outbox):
+        print(init_postgres_outbox(settings, args.outbox))
+        return 0
+    store = open_outbox(settings, args.outbox, create=True)
+    try:
+        print(f"SQLite outbox {store.location} ready")
+    finally:
+        store.close()
+    return 0
+
+
 def retry(settings: Settings, args: argparse.Namespace) -> int:
     store = open_outbox(settings, args.outbox, create=False)
     try:
@@ -221,12 +237,12 @@ def purge(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-_OUTBOX = "the outbox (SQLite file)"
+_OUTBOX = "the outbox: a SQLite file, or a postgresql:// URL"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("publish", help="send outbox rows to the streams, in order per project")
-    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.add_argument("--until-empty", action="store_true", help="exit once nothing is left to send")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=publish)
@@ -234,21 +250,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     outbox = sub.add_parser("outbox", help="inspect and repair an outbox")
     commands = outbox.add_subparsers(dest="outbox_command", required=True)
 
+    p = commands.add_parser("init", help="create the outbox's schema (PostgreSQL; idempotent)")
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
+    p.set_defaults(handler=init)
+
     p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
-    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=stats)
 
     p = commands.add_parser("retry", help="send a failed (or waiting) row again (audited)")
     p.add_argument("event_id", metavar="EVENT_ID", help="the row's event id (outbox stats)")
-    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.add_argument("--who", help="operator name for the audit log (default: the login name)")
     p.set_defaults(handler=retry)
 
     p = commands.add_parser("skip", help="never send a row; its project moves on (audited)")
     p.add_argument("event_id", metavar="EVENT_ID", help="the row's event id (outbox stats)")
     p.add_argument("--reason", required=True, help="why, for the audit log")
-    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.add_argument("--who", help="operator name for the audit log (default: the login name)")
     p.set_defaults(handler=skip)
 
@@ -256,5 +276,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--published-before", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m"
     )
-    p.add_argument("--outbox", required=True, metavar="PATH", help=_OUTBOX)
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.set_defaults(handler=purge)

@@ -247,8 +247,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run", help="run id baked into project ids (default: random)")
     p.add_argument(
         "--outbox",
-        metavar="PATH",
-        help="write through this outbox (concurrent writers; rhumbatron publish sends it)",
+        metavar="ADDRESS",
+        help="write through this outbox, a SQLite file or a postgresql:// URL (concurrent writers; rhumbatron publish sends it)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=produce)

@@ -108,3 +108,37 @@ def test_publish_and_stats_never_show_the_password(settings: Settings, pg: Outbo
     assert "published 2" in stats.stdout
     for shown in (published, stats):
         assert password not in shown.stdout + shown.stderr
+
+
+def test_outbox_init_creates_the_schema_once_and_refuses_another_version(
+    settings: Settings,
+) -> None:
+    from tests.support.postgres import FreshSchema
+
+    schema = FreshSchema(init=False)
+    try:
+        before = _cli(settings, "outbox", "stats", "--outbox", schema.url)
+        assert before.returncode == 2 and "run `rhumbatron outbox init" in before.stderr
+        made = _cli(settings, "outbox", "init", "--outbox", schema.url)
+        assert made.returncode == 0, made.stderr
+        assert made.stdout.strip() == (
+            f"outbox schema version 1 created in schema {schema.name} at host 127.0.0.1 "
+            "port 5432 database rhumbatron"
+        )
+        again = _cli(settings, "outbox", "init", "--outbox", schema.url)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith(f"outbox schema version 1 already in schema {schema.name}")
+        stats = _cli(settings, "outbox", "stats", "--outbox", schema.url, "--json")
+        assert stats.returncode == 0 and json.loads(stats.stdout)["total"] == 0, stats.stderr
+        with schema.connect() as conn:
+            conn.execute("UPDATE outbox_schema_version SET version = 7")
+        refused = _cli(settings, "outbox", "init", "--outbox", schema.url)
+        assert refused.returncode == 2
+        line = refused.stderr.strip()
+        assert line.startswith("rhumbatron: ") and len(line.splitlines()) == 1, line
+        assert "version 7" in line and "version 1" in line
+        password = str(psycopg.conninfo.conninfo_to_dict(schema.url)["password"])
+        for shown in (made, again, refused):
+            assert password not in shown.stdout + shown.stderr
+    finally:
+        schema.drop()
