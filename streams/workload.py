@@ -181,6 +181,16 @@ WRITER_TABLE = (
 )
 
 
+def _writer_upsert(mark: str) -> str:
+    """The writer's own state change, in SQL both backends take (``mark``: the placeholder; the
+    column qualified, as PostgreSQL finds a bare ``writes`` ambiguous beside ``excluded``)."""
+    return (
+        "INSERT INTO synthetic_writer_state (writer, project_id, last_slot, writes) "
+        f"VALUES ({mark}, {mark}, {mark}, 1) ON CONFLICT (writer, project_id) DO UPDATE SET "
+        "last_slot = excluded.last_slot, writes = synthetic_writer_state.writes + 1"
+    )
+
+
 def _chunks(drafts: Sequence[Draft], size: int) -> Iterator[tuple[str, list[Draft]]]:
     """Up to ``size`` drafts of one project at a time, each project's in their order, projects
     taken in turn (as a writer serving many projects would)."""
@@ -222,12 +232,7 @@ def write_workload(
                 result = unit.append(
                     project_id, batch, tenant_id=tenant_id, seen_slot=seen.get(project_id)
                 )
-                unit.execute(
-                    "INSERT INTO synthetic_writer_state (writer, project_id, last_slot, writes) "
-                    "VALUES (?, ?, ?, 1) ON CONFLICT (writer, project_id) DO UPDATE SET "
-                    "last_slot = excluded.last_slot, writes = writes + 1",
-                    (name, project_id, result.head),
-                )
+                unit.execute(_writer_upsert(unit.placeholder), (name, project_id, result.head))
             seen[project_id] = result.head
             writes += 1
             events += len(result.events)

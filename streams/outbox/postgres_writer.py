@@ -141,6 +141,8 @@ class PostgresUnitOfWork:
     """A writer's transaction on a pooled connection (what ``PostgresOutbox.transaction``
     yields): its own SQL (psycopg placeholders, ``%s``) and its appends commit together."""
 
+    placeholder = "%s"
+
     def __init__(
         self,
         conn: psycopg.Connection[Any],

@@ -18,6 +18,8 @@ from streams.outbox.store import AppendResult
 
 
 class SqliteUnitOfWork:
+    placeholder = "?"  # the writer's own SQL: sqlite3's qmark style
+
     def __init__(
         self, conn: sqlite3.Connection, *, options: SqliteOptions, clock: Clock, now: float
     ) -> None:

@@ -130,6 +130,11 @@ class Cursor(Protocol):
 class UnitOfWork(Protocol):
     """One open database transaction of a writer: its own SQL and its events commit together."""
 
+    @property
+    def placeholder(self) -> str:
+        """The parameter marker of the writer's own SQL here: ``?`` (SQLite) or ``%s``
+        (PostgreSQL), so one statement can serve both backends."""
+
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Cursor:
         """Run the writer's own statement (its state change) inside the transaction."""
 
