@@ -35,8 +35,8 @@ from consumers.kafka_consumer import drain
 from consumers.subscriptions.projector.view import count_views
 from router.operator.pid_file import recorded_pid, running_server
 from router.settings import QueuePolicy, Settings
-from router.wiring.causal import router_outbox_path
-from router.wiring.outbox import build_publisher, open_outbox
+from router.wiring.causal import open_router_outbox
+from router.wiring.outbox import build_publisher
 from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import redis_client
 from streams.envelopes import Command, Draft, Event, build, encode
@@ -149,9 +149,7 @@ def publish_through_outbox(
     stream and in all."""
     # The environment's outbox, which the router writes its own decisions to as well: one slot
     # sequence per project.
-    path = router_outbox_path(settings)
-    private_dir(path.parent)
-    store = open_outbox(settings, path, create=True)
+    store = open_router_outbox(settings)
     try:
         written = write_workload(
             store,
@@ -161,7 +159,7 @@ def publish_through_outbox(
         )
         print(
             f"write: {written.events} events over {projects} projects (run {run}) into the outbox "
-            f"{path}: {written.writes} transactions by {written.writers} concurrent writers in "
+            f"{store.location}: {written.writes} transactions by {written.writers} concurrent writers in "
             f"{written.seconds:.2f}s"
         )
         with build_publisher(settings, store) as publisher:

@@ -6,10 +6,10 @@ threads besides the consume loop — the subscription's *companion*, started by 
 the processor is built and stopped when the loop ends:
 
 - the **publisher** of the router's outbox (``router_outbox_path``, by default the environment's
-  outbox ``<state_dir>/outbox-{env}.sqlite``): it sends the events the router
-  decided (``candidate.stale``) to the streams. Router processes on one host share the file; the
-  outbox's publisher lease lets one of them publish at a time (a kernel lock, freed however its
-  holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
+  outbox ``<state_dir>/outbox-{env}.sqlite``, or the writers' PostgreSQL outbox by its URL): it
+  sends the events the router decided (``candidate.stale``) to the streams. Router processes
+  share the outbox; its publisher lease lets one of them publish at a time (a kernel lock, or
+  PostgreSQL's advisory lock, freed however its holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
   crashed process is published by whichever process holds the lease next;
 - the **maintenance tick** (``maintenance_at_utc``, checked every ``maintenance_check_interval_s``;
   one process a day does it, see :mod:`consumers.subscriptions.causal_router.maintenance`).
@@ -48,7 +48,9 @@ from streams.clock import Clock
 from streams.envelopes import Command
 from streams.errors import PublisherLocked
 from streams.files import private_dir
+from streams.outbox.postgres import PostgresOutbox, is_postgres_url
 from streams.outbox.sqlite import SqliteOutbox
+from streams.outbox.store import OutboxStore
 from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.causal_router")
@@ -80,23 +82,32 @@ def classifier(settings: Settings) -> Classifier:
     return HeuristicClassifier()
 
 
-def router_outbox_path(settings: Settings) -> Path:
+def router_outbox_path(settings: Settings) -> Path | str:
     """One outbox per environment (its rows carry no environment; the publisher sends each to the
     stream of its project in the publishing process's environment). By default it is the
     environment's outbox the services write to as well: slots are allocated per outbox, and a
     project's log must be one dense sequence, so the router's events take their slots from the
-    same counter as every other event of the project."""
-    return settings.in_state_dir(settings.router_outbox_path)
+    same counter as every other event of the project. When the writers' outbox is on PostgreSQL,
+    ``router_outbox_path`` is its ``postgresql://`` URL (returned as given, ``{env}`` replaced):
+    the router writes to the writers' own tables."""
+    address = settings.router_outbox_path
+    if is_postgres_url(address):
+        return address.replace("{env}", settings.env)
+    return settings.in_state_dir(address)
 
 
-def open_router_outbox(settings: Settings, clock: Clock | None = None) -> SqliteOutbox:
-    path = router_outbox_path(settings)
-    private_dir(path.parent)
-    return open_outbox(settings, path, create=True, clock=clock)
+def open_router_outbox(settings: Settings, clock: Clock | None = None) -> OutboxStore:
+    """The router's outbox: a SQLite file made on first use in a private folder, or the writers'
+    PostgreSQL outbox (its schema made beforehand by ``rhumbatron outbox init``)."""
+    address = router_outbox_path(settings)
+    if isinstance(address, str):
+        return open_outbox(settings, address, create=False, clock=clock)
+    private_dir(address.parent)
+    return open_outbox(settings, address, create=True, clock=clock)
 
 
 def build_router(
-    settings: Settings, client: redis.Redis[bytes], clock: Clock, *, outbox: SqliteOutbox
+    settings: Settings, client: redis.Redis[bytes], clock: Clock, *, outbox: OutboxStore
 ) -> CausalRouter:
     """The processor alone, with Redis-backed caps (no threads)."""
     return CausalRouter(
@@ -129,8 +140,10 @@ def companion(
 ) -> RouterCompanion:
     """The companion of ``router.wiring.processors.COMPANIONS``: the publisher of the processor's
     outbox and the maintenance tick."""
-    if not isinstance(processor, CausalRouter) or not isinstance(processor.outbox, SqliteOutbox):
-        raise TypeError(f"the causal router's companion needs its SQLite outbox, got {processor!r}")
+    if not isinstance(processor, CausalRouter) or not isinstance(
+        processor.outbox, (SqliteOutbox, PostgresOutbox)
+    ):
+        raise TypeError(f"the causal router's companion needs its outbox store, got {processor!r}")
     return RouterCompanion(settings, client, clock, processor.outbox)
 
 
@@ -174,7 +187,7 @@ class RouterCompanion:
     """The router process's publisher and maintenance threads."""
 
     def __init__(
-        self, settings: Settings, client: redis.Redis[bytes], clock: Clock, outbox: SqliteOutbox
+        self, settings: Settings, client: redis.Redis[bytes], clock: Clock, outbox: OutboxStore
     ) -> None:
         self.settings = settings
         self.client = client

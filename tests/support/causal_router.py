@@ -23,7 +23,7 @@ from consumers.subscriptions.causal_router.classifier import (
     OverlapQuestion,
 )
 from consumers.subscriptions.causal_router.fold import FoldLimits
-from consumers.subscriptions.causal_router.processor import CausalRouter, RouterConfig
+from consumers.subscriptions.causal_router.processor import CausalRouter, EventOutbox, RouterConfig
 from streams.clock import Clock, ManualClock
 from streams.envelopes import Command, Event, build, decode_command
 from streams.ids import stable_event_id
@@ -49,7 +49,7 @@ def open_test_outbox(path: Path, clock: Clock | None = None) -> SqliteOutbox:
 
 
 def make_router(
-    outbox: SqliteOutbox,
+    outbox: EventOutbox,
     *,
     clock: Clock | None = None,
     classifier: Classifier | None = None,
