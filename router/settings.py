@@ -319,6 +319,24 @@ class Settings(BaseSettings):
     outbox_stats_row_limit: int = Field(
         100, ge=1, description="failed rows and held projects listed by outbox stats"
     )
+    outbox_postgres_pool_size: int = Field(
+        8,
+        ge=1,
+        description="PostgreSQL outbox: most pooled connections of one process (its writers "
+        "and its publisher's passes; the publisher's lease and listener have their own)",
+    )
+    outbox_postgres_keepalive_s: float = Field(
+        10.0,
+        gt=0,
+        description="PostgreSQL outbox: TCP keepalive idle and interval of every connection, so "
+        "a silent server (a network partition) is noticed within about three times this",
+    )
+    outbox_postgres_listen_tick_s: float = Field(
+        0.25,
+        gt=0,
+        description="PostgreSQL outbox: how often the publisher's LISTEN thread looks up from "
+        "its wait for commits (to check the lease and to stop)",
+    )
     progress_interval_s: float = Field(
         5.0,
         gt=0,

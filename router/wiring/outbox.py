@@ -55,12 +55,19 @@ def postgres_options(settings: Settings) -> PostgresOptions:
         max_envelope_bytes=settings.max_envelope_bytes,
         missed_report_limit=settings.outbox_missed_report_limit,
         connect_timeout_s=settings.connect_timeout_s,
+        pool_size=settings.outbox_postgres_pool_size,
+        keepalive_s=settings.outbox_postgres_keepalive_s,
+        listen_tick_s=settings.outbox_postgres_listen_tick_s,
     )
 
 
 def init_postgres_outbox(settings: Settings, url: str) -> str:
     """``rhumbatron outbox init --outbox URL``: apply the shipped schema; the line to print."""
-    return init_outbox(url, connect_timeout_s=settings.connect_timeout_s)
+    return init_outbox(
+        url,
+        connect_timeout_s=settings.connect_timeout_s,
+        keepalive_s=settings.outbox_postgres_keepalive_s,
+    )
 
 
 def publisher_policy(settings: Settings) -> PublisherPolicy:

@@ -88,6 +88,9 @@ def is_postgres_url(address: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PostgresOptions:
+    """The backend's knobs; the commands take them from settings (the outbox_postgres_* ones,
+    router/wiring/outbox.py), the defaults here are those settings' defaults."""
+
     max_envelope_bytes: int
     missed_report_limit: int  # most missed events an append reports back
     pool_size: int = 8  # writer and publisher connections of one process
@@ -191,11 +194,15 @@ def check_schema(conn: psycopg.Connection[Any], url: str) -> str:
     return schema
 
 
-def init_outbox(url: str, *, connect_timeout_s: float = 10.0) -> str:
+def init_outbox(url: str, *, connect_timeout_s: float = 10.0, keepalive_s: float = 10.0) -> str:
     """Apply the shipped schema (one transaction) unless this version is already there; refuse
     another version. Returns a line saying what was done."""
     with connect(
-        url, timeout_s=connect_timeout_s, autocommit=False, application_name="rhumbatron init"
+        url,
+        timeout_s=connect_timeout_s,
+        autocommit=False,
+        application_name="rhumbatron init",
+        keepalive_s=keepalive_s,
     ) as conn:
         schema = _current_schema(conn, url)
         # Two inits at once: the second waits, then finds the schema in place.
@@ -258,7 +265,11 @@ class PostgresOutbox:
         self._local = threading.local()
         self._app = f"rhumbatron pid {os.getpid()} on {socket.gethostname()}"
         with connect(
-            url, timeout_s=options.connect_timeout_s, autocommit=False, application_name=self._app
+            url,
+            timeout_s=options.connect_timeout_s,
+            autocommit=False,
+            application_name=self._app,
+            keepalive_s=options.keepalive_s,
         ) as conn:
             self.schema = check_schema(conn, url)
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(

@@ -24,6 +24,9 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
     ("name", "value", "says"),
     [
         ("flush_timeout_s", 0, "greater than 0"),
+        ("outbox_postgres_pool_size", 0, "greater than or equal to 1"),
+        ("outbox_postgres_keepalive_s", 0, "greater than 0"),
+        ("outbox_postgres_listen_tick_s", -1, "greater than 0"),
         ("produce_flush_timeout_s", -1.0, "greater than 0"),
         ("demo_idle_s", 0, "greater than 0"),
         ("demo_max_wait_s", 0, "greater than 0"),
@@ -452,3 +455,18 @@ def test_config_show_never_shows_an_outbox_password() -> None:
         assert result.returncode == 0, result.stderr
         assert "hunter2-pg" not in result.stdout + result.stderr
         assert PG_SHOWN in result.stdout
+
+
+def test_the_postgresql_outbox_options_come_from_the_settings() -> None:
+    from router.wiring.outbox import postgres_options
+
+    options = postgres_options(
+        Settings(
+            outbox_postgres_pool_size=3,
+            outbox_postgres_keepalive_s=4.5,
+            outbox_postgres_listen_tick_s=0.1,
+        )
+    )
+    assert (options.pool_size, options.keepalive_s, options.listen_tick_s) == (3, 4.5, 0.1)
+    defaults = postgres_options(Settings())
+    assert (defaults.pool_size, defaults.keepalive_s, defaults.listen_tick_s) == (8, 10.0, 0.25)
