@@ -36,12 +36,13 @@ from consumers.subscriptions.projector.view import count_views
 from router.operator.pid_file import recorded_pid, running_server
 from router.settings import QueuePolicy, Settings
 from router.wiring.causal import open_router_outbox
-from router.wiring.outbox import build_publisher
+from router.wiring.outbox import build_publisher, init_postgres_outbox
 from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import redis_client
 from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import ConfigurationError, EnvelopeError
 from streams.files import open_private, private_dir, write_private
+from streams.outbox.postgres import is_postgres_url
 from streams.outbox.store import RowState
 from streams.producer import Producer
 from streams.topology import group_id, queue_name
@@ -81,9 +82,18 @@ def demo_settings(settings: Settings) -> Settings:
     )
 
 
-def run_demo(settings: Settings, *, projects: int, events: int, serve: bool = True) -> int:
+def run_demo(
+    settings: Settings, *, projects: int, events: int, serve: bool = True, outbox: str | None = None
+) -> int:
+    """``outbox``: the environment's outbox for this run (``demo --outbox``), a SQLite file or a
+    ``postgresql://`` URL whose outbox schema is made if missing; the writers, the router and the
+    dead-letter consumer all write there, so each project keeps one slot sequence."""
     settings = demo_settings(settings)
+    if outbox is not None:
+        settings = settings.model_copy(update={"router_outbox_path": outbox})
     redis_client(settings).close()
+    if outbox is not None and is_postgres_url(outbox):
+        print(f"outbox: {init_postgres_outbox(settings, outbox)}")
     report = provision_environment(settings)
     print(f"provision: {report.summary()} in environment '{settings.env}'")
 

@@ -210,7 +210,9 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 def demo(settings: Settings, args: argparse.Namespace) -> int:
     from router.demo import run_demo
 
-    return run_demo(settings, projects=args.projects, events=args.events, serve=args.serve)
+    return run_demo(
+        settings, projects=args.projects, events=args.events, serve=args.serve, outbox=args.outbox
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -273,5 +275,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         dest="serve",
         action="store_false",
         help="do not leave the operator page running afterwards",
+    )
+    p.add_argument(
+        "--outbox",
+        metavar="ADDRESS",
+        help="the outbox of the run, a SQLite file or a postgresql:// URL (its schema made if "
+        "missing); default: the environment's (router_outbox_path)",
     )
     p.set_defaults(handler=demo)

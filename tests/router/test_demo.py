@@ -16,8 +16,10 @@ from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 
+from router.demo import DRILL_EVENTS as DRILL
 from router.demo import serve_operator_page
 from router.operator.pid_file import running_server
 from router.settings import Settings
@@ -185,3 +187,42 @@ def test_a_server_that_cannot_start_is_one_clear_error(page_settings: Settings) 
         f"the operator server did not start: cannot listen on 127.0.0.1:{port}"
     ), refused.value
     assert running_server(s.state_dir / "operator.pid") is None
+
+
+def test_the_demo_runs_on_a_postgresql_outbox(settings: Settings, tmp_path: Path) -> None:
+    from tests.support.postgres import FreshSchema
+
+    schema = FreshSchema(init=False)  # the demo makes the outbox's schema
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "router.cli", "demo", "--outbox", schema.url]
+            + ["--projects", "4", "--events", "200", "--no-serve"],
+            cwd=tmp_path,
+            env=subprocess_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        out = result.stdout
+        assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+        assert "arrived complete and in slot order: yes" in out, out
+        assert f"outbox schema version 1 created in schema {schema.name}" in out
+        password = str(psycopg.conninfo.conninfo_to_dict(schema.url)["password"])
+        assert password not in out + result.stderr
+        assert "into the outbox postgresql://rhumbatron:****@127.0.0.1:5432/rhumbatron" in out
+        assert (
+            not list(tmp_path.glob("**/*.sqlite"))
+            and not (settings.state_dir / f"outbox-{settings.env}.sqlite").exists()
+        )
+        with schema.connect() as conn:
+            # The dead-letter consumer blocked the drill's task through the router's outbox:
+            # here, after the writers' events of its project, in the same slot sequence.
+            found = conn.execute(
+                "SELECT slot, event_type FROM outbox WHERE project_id LIKE 'proj-%-drill-00000' "
+                "ORDER BY slot"
+            ).fetchall()
+    finally:
+        schema.drop()
+    slots = [slot for slot, _ in found]
+    assert slots == list(range(1, len(slots) + 1))
+    assert {kind for _, kind in found[5 + DRILL :]} & {"task.blocked", "task.failed"}, found
