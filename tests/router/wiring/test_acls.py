@@ -4,17 +4,13 @@ what the function prints today. (tests/router/test_acls.py runs them on the real
 
 from __future__ import annotations
 
-import argparse
 import re
-import shlex
 from pathlib import Path
 
-import orjson
 import pytest
 import redis
 
 from consumers.runtime.types import EffectKind
-from router.cli import acl_commands
 from router.settings import Settings
 from router.wiring import acls
 from router.wiring.acls import (
@@ -39,11 +35,6 @@ from router.wiring.provisioning import environment_specs, subscription_slugs
 from router.wiring.workers import worker_slug
 from streams.clock import SystemClock
 from streams.topology import QUEUE_PURPOSES, group_id, queue_name
-from tests.support.environment import ROOT, run_cli
-
-DOC = ROOT / "docs" / "security.md"
-# <!-- generated: RHUMBATRON_STREAMS=2 rhumbatron acls --env prod … --> before each example.
-_MARKER = re.compile(r"<!-- generated: (.+?) -->\n```[a-z]*\n(.*?)```", re.DOTALL)
 
 
 @pytest.fixture
@@ -198,44 +189,6 @@ def test_redis_rules_reset_everything_first(prod: Settings) -> None:
     line = user.setuser("u", "pw")
     assert line[:6] == ["ACL", "SETUSER", "u", "reset", "on", ">pw"]
     assert "resetchannels" in line and not any(r.startswith("+@") for r in line)
-
-
-def _cli(s: Settings, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    parser = argparse.ArgumentParser()
-    acl_commands.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    assert args.handler(s, args) == 0
-    return capsys.readouterr().out
-
-
-def test_the_documents_examples_are_what_the_command_prints(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    text = DOC.read_text()
-    examples = _MARKER.findall(text)
-    assert len(examples) >= 2, "docs/security.md lost its generated examples"
-    for command, shown in examples:
-        words = shlex.split(command)
-        assignments = dict(w.split("=", 1) for w in words if "=" in w and w[0].isupper())
-        argv = [w for w in words if w not in {f"{k}={v}" for k, v in assignments.items()}]
-        assert argv[0] == "rhumbatron", command
-        overrides = {k.removeprefix("RHUMBATRON_").lower(): v for k, v in assignments.items()}
-        s = Settings(**overrides)  # type: ignore[arg-type]
-        printed = _cli(s, argv[1:], capsys)
-        assert shown == printed, (
-            f"docs/security.md's example of `{command}` is not what it prints now; paste:\n"
-            + printed
-        )
-
-
-def test_the_command_line_prints_one_role_as_json() -> None:
-    s = Settings(env="t" + "0" * 10)
-    result = run_cli(s, "acls", "--role", PUBLISHER, "--json", check=True)
-    printed = orjson.loads(result.stdout)
-    assert [r["role"] for r in printed["roles"]] == [PUBLISHER]
-    assert printed["roles"][0]["principal"] == f"User:rhumbatron-publisher-{s.env}"
-    refused = run_cli(s, "acls", "--principal", "User:someone")
-    assert refused.returncode == 2 and "--role" in refused.stderr
 
 
 def test_every_role_is_known(prod: Settings) -> None:
