@@ -67,7 +67,8 @@ from tests.support.secured import SECURED_DIR, read_client_env
 from tests.support.waiting import wait_until
 from tests.support.workers import commands, env_of, send, short_queues
 
-pytestmark = pytest.mark.integration
+# Two to three minutes of real commands per role: run by `make test-slow` (and so by .ci/run).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLIENT_ENV = SECURED_DIR / "client.env"
 PROJECTOR = "project-view-projector"
@@ -348,9 +349,9 @@ def _analytics(s: Settings, logins: Logins, tmp_path: Path) -> None:
     run = _runner(logins)
     analytics = run(ANALYTICS, "consume", "--subscription", ANALYTICS, "--until-idle", "4")
     assert _count(analytics.stderr, ANALYTICS, "applied") > 0, analytics.stderr
-    # Read as the rollup's login, which has no rights on the reader's random group name.
-    rollup_login = logins.kafka_client(ANALYTICS_ROLLUP)
-    points = read_committed(rollup_login, [metrics_topic(s.env)], lambda _: None, timeout_s=60)
+    # With Kafka logins, read as the rollup's, which has no rights on the reader's random group.
+    reader = logins.kafka_client(ANALYTICS_ROLLUP) if logins.kafka else s.kafka_config()
+    points = read_committed(reader, [metrics_topic(s.env)], lambda _: None, timeout_s=60)
     assert points > 0
     log = tmp_path / "rollup.log"
     rollup = subprocess.Popen(

@@ -45,7 +45,8 @@ from tests.support.outbox import (
     write_drafts,
 )
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+# A broker stopped and restarted, a server restarted: minutes under load, so `make test-slow`.
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 
 PROJECTS, EVENTS, PER_PASS = 50, 3000, 10  # 60 events a project: six passes of 10
 
