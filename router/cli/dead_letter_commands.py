@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -70,36 +71,26 @@ def dead_letters_show(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dead_letters_retry(settings: Settings, args: argparse.Namespace) -> int:
-    chosen = _one_or_filter(args)
-    service = OperatorService(settings)
-    who = operator_name(args.who)
-    try:
-        if chosen is not None:
-            found = service.bulk_retry(
-                chosen, dry_run=args.dry_run, operator=who, reason=args.reason
-            )
-            return _report(found, args.json)
-        result = service.retry(args.id, who=who, reason=args.reason)
-    finally:
-        service.close()
-    if args.json:
-        print_json(result.model_dump())
-    else:
-        print(f"{args.id}: {result.dead_letter.status}; {result.outcome}")
-    return 0
+    return _act(settings, args, "retry")
 
 
 def dead_letters_dismiss(settings: Settings, args: argparse.Namespace) -> int:
+    return _act(settings, args, "dismiss")
+
+
+def _act(settings: Settings, args: argparse.Namespace, action: Literal["retry", "dismiss"]) -> int:
+    """One letter (``ID``) or every letter a ``--filter`` matches, through the service's one path
+    for each."""
     chosen = _one_or_filter(args)
     service = OperatorService(settings)
     who = operator_name(args.who)
     try:
         if chosen is not None:
-            found = service.bulk_dismiss(
-                chosen, dry_run=args.dry_run, operator=who, reason=args.reason
-            )
+            bulk = service.bulk_retry if action == "retry" else service.bulk_dismiss
+            found = bulk(chosen, dry_run=args.dry_run, operator=who, reason=args.reason)
             return _report(found, args.json)
-        result = service.dismiss(args.id, who=who, reason=args.reason)
+        single = service.retry if action == "retry" else service.dismiss
+        result = single(args.id, who=who, reason=args.reason)
     finally:
         service.close()
     if args.json:
