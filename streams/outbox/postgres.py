@@ -678,14 +678,10 @@ class PostgresOutbox:
     def audit_log(self, event_id: str | None, limit: int) -> list[AuditEntry]:
         where_sql, params = ("WHERE event_id = %s", [event_id]) if event_id else ("", [])
         found = self._read(
-            "SELECT at, who, action, event_id, project_id, slot, from_state, reason, last_error "
-            f"FROM outbox_audit {where_sql} ORDER BY id LIMIT %s",
+            f"SELECT {AuditEntry.COLUMNS} FROM outbox_audit {where_sql} ORDER BY id LIMIT %s",
             [*params, limit],
         )
-        return [
-            AuditEntry(r[0], r[1], r[2], r[3], r[4], int(r[5]), RowState(r[6]), r[7], r[8])
-            for r in found
-        ]
+        return [AuditEntry.from_row(r) for r in found]
 
     def purge_published(self, before: float) -> int:
         with self._conn("purge") as conn:

@@ -396,14 +396,10 @@ class SqliteOutbox:
     def audit_log(self, event_id: str | None, limit: int) -> list[AuditEntry]:
         where, params = ("WHERE event_id = ?", [event_id]) if event_id else ("", [])
         found = self._read(
-            "SELECT at, who, action, event_id, project_id, slot, from_state, reason, last_error "
-            f"FROM outbox_audit {where} ORDER BY id LIMIT ?",
+            f"SELECT {AuditEntry.COLUMNS} FROM outbox_audit {where} ORDER BY id LIMIT ?",
             [*params, limit],
         )
-        return [
-            AuditEntry(r[0], r[1], r[2], r[3], r[4], int(r[5]), RowState(r[6]), r[7], r[8])
-            for r in found
-        ]
+        return [AuditEntry.from_row(r) for r in found]
 
     def purge_published(self, before: float) -> int:
         with self._write("purge") as conn:

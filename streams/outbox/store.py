@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from streams.envelopes import Draft, Event
 
@@ -114,6 +114,15 @@ class AuditEntry:
     from_state: RowState
     reason: str | None
     last_error: str | None
+
+    # The columns both stores select, in this order, for from_row.
+    COLUMNS: ClassVar[str] = (
+        "at, who, action, event_id, project_id, slot, from_state, reason, last_error"
+    )
+
+    @classmethod
+    def from_row(cls, r: Sequence[Any]) -> AuditEntry:
+        return cls(r[0], r[1], r[2], r[3], r[4], int(r[5]), RowState(r[6]), r[7], r[8])
 
 
 class Cursor(Protocol):
