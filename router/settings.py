@@ -656,6 +656,30 @@ class Settings(BaseSettings):
     operator_bulk_limit: int = Field(
         1000, ge=1, description="most dead letters one bulk retry or dismiss acts on"
     )
+    # -- observability (issue 13, docs/observability.md): exporters come from the standard
+    # -- OTEL_* variables; these are the parts OpenTelemetry has no variable for --
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of traces sampled where a trace starts (the outbox writer, produce); "
+        "every later span follows its parent. OTEL_TRACES_SAMPLER/OTEL_TRACES_SAMPLER_ARG win",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="port of a long-running process's own /metrics, /healthz and /readyz "
+        "(0: any free port, printed at start); unset: no endpoint",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the process's metrics endpoint listens on"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one readable line per record; json: one JSON object per line with "
+        "trace and span ids, subscription, topic, partition and offset where they apply",
+    )
 
     @field_validator("operator_token_name")
     @classmethod
