@@ -148,32 +148,45 @@ def test_a_second_consumer_joining_and_leaving_ten_times_leaves_no_gap_and_no_du
         done.set()
 
     group = group_id("ledger", rs.env)
-    steady = start(rs, "ledger", until_idle=12)
+    # The steady member runs until told to stop: one that stopped on going idle could leave while
+    # the joins go on, and a join would then wait for a member that is gone.
+    steady = start(rs, "ledger")
+    steady_err: list[str] = []
+    assert steady.stderr is not None
+    drain = threading.Thread(target=lambda: steady_err.extend(steady.stderr or ()), daemon=True)
+    drain.start()  # read as it is written: a full pipe would block the member mid-run
+    held: list[list[bool]] = []
+
+    def both_hold() -> bool:
+        if steady.poll() is not None:
+            raise AssertionError(f"the steady member exited: {''.join(steady_err)[-2000:]}")
+        held.append([bool(p) for p in group_assignments(rs.kafka_bootstrap, group)])
+        return held[-1] == [True, True]
+
     thread = threading.Thread(target=writer)
     thread.start()
     try:
         for _ in range(10):
             joiner = start(rs, "ledger")
             wait_ready(joiner)  # it joins the group from here on
-            wait_until(
-                lambda: (
-                    [bool(held) for held in group_assignments(rs.kafka_bootstrap, group)]
-                    == [True, True]
-                ),
-                60,
-                "the joiner holds partitions beside the steady member",
-            )
+            held.clear()
+            try:
+                wait_until(both_hold, 60, "the joiner holds partitions beside the steady member")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the members held, last: {held[-3:]}") from None
             joiner.send_signal(signal.SIGTERM)
             _, err = joiner.communicate(timeout=60)
             assert joiner.returncode == 0, err[-2000:]
         thread.join()
-        _, err = steady.communicate(timeout=180)
-        assert steady.returncode == 0, err[-2000:]
+        steady.send_signal(signal.SIGTERM)
+        steady.wait(timeout=120)
+        drain.join(timeout=10)
+        assert steady.returncode == 0, "".join(steady_err)[-2000:]
     finally:
         done.set()
         if steady.poll() is None:
             steady.kill()
-    run(rs, "ledger", until_idle=3)  # anything left after the steady member went idle
+    run(rs, "ledger", until_idle=3)  # anything left when the steady member stopped
     _assert_exact(rs, published)
 
 
