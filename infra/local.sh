@@ -10,6 +10,7 @@
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
+#   infra/local.sh prometheus-install       (Debian's prometheus and promtool, installed only)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
@@ -602,6 +603,30 @@ pg_status() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Prometheus (Debian's package: prometheus and promtool) for the dashboards' tests
+# (tests/infra/test_dashboards.py, docs/observability.md). Installed only: the tests start their own
+# prometheus on a free port with a configuration and data directory of their own. Where an init
+# system runs, Debian's package also starts its own service on :9090; nothing here uses it.
+prometheus_install() {
+  if command -v prometheus >/dev/null && command -v promtool >/dev/null; then
+    say "prometheus present: $(prometheus --version 2>&1 | head -1)"
+    return
+  fi
+  command -v apt-get >/dev/null || fail "prometheus is not installed and there is no apt-get: install Debian's prometheus"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  mkdir -p "$STATE/logs"
+  say "installing Debian's prometheus (apt-get; log in $STATE/logs/apt-prometheus.log)"
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus)
+  if ! { $sudo "${apt[@]}" || { $sudo apt-get update -q && $sudo "${apt[@]}"; }; } \
+      >"$STATE/logs/apt-prometheus.log" 2>&1; then
+    fail "apt-get could not install prometheus; see $STATE/logs/apt-prometheus.log"
+  fi
+  command -v promtool >/dev/null || fail "prometheus installed but promtool is not on PATH"
+  say "prometheus installed: $(prometheus --version 2>&1 | head -1)"
+}
+
+# ---------------------------------------------------------------------------------------------
 # The operator page's tests drive Debian's chromium through Playwright's executable_path; the
 # browser builds Playwright would download are never used.
 browser() {
@@ -659,11 +684,12 @@ node="${1:-single}"
 case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac
 mkdir -p "$STATE/kafka"
 case "$cmd" in
-  up) kafka_start single; redis_start; pg_start ;;
+  up) kafka_start single; redis_start; pg_start; prometheus_install ;;
   down) cluster_down; kafka_signal TERM single; redis_signal TERM; pg_signal TERM ;;
   status) status ;;
   jars) jars ;;
   browser) browser ;;
+  prometheus-install) prometheus_install ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
   kafka-kill) kafka_signal KILL "$node" ;;
@@ -675,5 +701,5 @@ case "$cmd" in
   postgres-kill) pg_signal KILL ;;
   cluster-up) cluster_up ;;
   cluster-down) cluster_down ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, cluster-up, cluster-down" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, cluster-up, cluster-down" ;;
 esac
