@@ -673,7 +673,17 @@ class Settings(BaseSettings):
         "(0: any free port, printed at start); unset: no endpoint",
     )
     metrics_host: str = Field(
-        "127.0.0.1", description="address the process's metrics endpoint listens on"
+        "127.0.0.1",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9.:_-]+$",
+        description="address the process's metrics endpoint listens on (a host name or an IP "
+        "address, no scheme or port)",
+    )
+    health_stale_s: float = Field(
+        60.0,
+        gt=0,
+        description="/healthz answers 503 once the process's main loop has not come round for "
+        "this long",
     )
     log_format: Literal["text", "json"] = Field(
         "text",
