@@ -33,6 +33,7 @@ from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
 from consumers.runtime.files import FilesMixin
+from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
 from consumers.runtime.store import Commit, Store
@@ -77,6 +78,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         redelivery: Redelivery | None = None,
         controls: Controls | None = None,
         failpoint: Callable[[str], None] = failpoints.hit,
+        instruments: RuntimeInstruments | None = None,
     ) -> None:
         if processor.effect_kind == EffectKind.KAFKA and (output is None or output_log is None):
             raise ValueError(
@@ -95,6 +97,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self.controls = controls
         self.failpoint = failpoint
         self.stats = Stats()
+        self.instruments = instruments or runtime_instruments()
+        self.instruments.watch(processor.slug, self.stats)
         self.parts: dict[TP, PartitionState] = {}
         self._last_control_check = 0.0
 
@@ -277,6 +281,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         claims: list[str] = []
         seen_ids: set[str] = set(part.open_part.claims) if part.open_part else set()
         lines: list[Line] = []
+        applied_ms: list[int] = []
         ops: list[RedisOp] = []
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
@@ -345,6 +350,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             out.extend(effects.records)
             ts = int(event.timestamp.timestamp() * 1000)
             lines.extend(Line(record.offset, ts, data) for data in effects.lines)
+            applied_ms.append(ts)
             if proc.reducer_version:
                 changed[event.project_id] = new_state
             if self._is_redelivery(record):
@@ -395,7 +401,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             cleared_failures=_passed_batches(progress, new),
             excluded_remove=readmitted,
         )
-        return Outcome(commit, failed, first_unapplied, letters, lines)
+        return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms)
 
     def _commit(self, outcomes: list[Outcome]) -> None:
         committed: list[Outcome] = []
@@ -419,6 +425,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._rewind_redelivery(part)
                     continue
                 self.stats.dead_lettered += len(outcome.letters)
+                self.stats.poison_dead_lettered += len(outcome.letters)
             if self.processor.effect_kind == EffectKind.FILES:
                 if outcome.failed:
                     part.open_part = None  # its lines are read again from the committed cursor
@@ -435,6 +442,10 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         if self.processor.effect_kind == EffectKind.KAFKA and committed:
             # Every batch commits its offsets in a transaction, with its records if it has any.
             self._publish(committed)
+        if committed:
+            now = self.clock.now().timestamp()
+            for outcome in committed:
+                self.instruments.committed(self.processor.slug, outcome.applied_ms, now)
         self._commit_group_offsets(
             [self.parts[o.commit.tp] for o in committed if o.commit.tp in self.parts],
             clean={o.commit.tp for o in committed if not o.failed},

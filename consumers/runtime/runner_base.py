@@ -65,6 +65,7 @@ class Stats:
     failures: int = 0
     dead_lettered: int = 0
     poison: int = 0
+    poison_dead_lettered: int = 0  # of dead_lettered: poison records (the rest: failed batches)
     fenced: int = 0
     redelivered: int = 0
     transactions: int = 0
@@ -100,6 +101,7 @@ class Outcome:
     first_unapplied: int | None
     letters: list[DeadLetter]
     lines: list[Line] = field(default_factory=list)
+    applied_ms: list[int] = field(default_factory=list)  # the applied events' timestamps
 
 
 class RunnerBase:
