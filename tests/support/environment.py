@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m` ru
 
 TEST_KAFKA = os.environ.get("RHUMBATRON_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 TEST_REDIS = os.environ.get("RHUMBATRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Each environment's files (outbox, archive, pid and token files) sit in a folder of its own in
+# the checkout, removed with the environment: never in the developer's own state dir.
+TEST_STATE = ROOT / ".local" / "test-state"
 
 
 def make_settings(**overrides: object) -> Settings:
@@ -30,6 +34,7 @@ def make_settings(**overrides: object) -> Settings:
         "connect_timeout_s": 10.0,
     }
     values.update(overrides)
+    values.setdefault("state_dir", TEST_STATE / str(values["env"]))
     return Settings(**values)  # type: ignore[arg-type]
 
 
@@ -54,6 +59,8 @@ def cleanup_environment(s: Settings) -> None:
             client.delete(key)
     except Exception:
         pass
+    if s.state_dir.parent == TEST_STATE:
+        shutil.rmtree(s.state_dir, ignore_errors=True)
 
 
 def subprocess_env(s: Settings, **extra: str) -> dict[str, str]:
