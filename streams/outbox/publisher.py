@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from streams import failpoints
 from streams.clock import Clock, SystemClock
+from streams.log_context import log_fields
 from streams.outbox.dispatch import Dispatch, Window
 from streams.outbox.sender import EventSender, SenderFactory
 from streams.outbox.states import (
@@ -41,6 +42,21 @@ from streams.outbox.store import OutboxRow, OutboxStore, RowState, RowUpdate
 
 log = logging.getLogger("rhumbatron.outbox.publisher")
 tracer = trace.get_tracer(__name__)
+meter = metrics.get_meter("rhumbatron.outbox")
+# Seconds from a row's commit in the outbox to Kafka's acknowledgement of it: a healthy publisher
+# is in the first buckets, one that waited out an outage in the last.
+PUBLISH_LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0
+)  # fmt: skip
+publish_latency = meter.create_histogram(
+    "rhumbatron_publish_latency",
+    unit="s",
+    description="outbox commit to broker acknowledgement, per published row",
+    explicit_bucket_boundaries_advisory=list(PUBLISH_LATENCY_BUCKETS_S),
+)
+outbox_published = meter.create_counter(
+    "rhumbatron_outbox_published", unit="", description="outbox rows published"
+)
 
 AFTER_ACK = "publisher.after_ack"
 
@@ -174,12 +190,21 @@ class Publisher:
         ]
         self._store.apply(updates)
         self._count(outcomes.values(), updates, dispatch.order_violations)
+        self._observe(by_id, outcomes, done)
         if sender.broken or dispatch.lost_reports:
             sender.close()
             self._sender = None
             self.totals.producers_replaced += 1
         published = sum(1 for u in updates if u.state is RowState.PUBLISHED)
         return PassReport(len(outcomes), published)
+
+    @staticmethod
+    def _observe(rows: dict[str, OutboxRow], outcomes: dict[str, Outcome], acked: float) -> None:
+        published = [event_id for event_id, o in outcomes.items() if isinstance(o, Published)]
+        for event_id in published:
+            publish_latency.record(max(acked - rows[event_id].created_at, 0.0))
+        if published:
+            outbox_published.add(len(published))
 
     def _count(
         self, outcomes: Iterable[Outcome], updates: list[RowUpdate], violations: int
@@ -213,20 +238,22 @@ class Publisher:
         """Publish until ``stop`` is set (or, with ``until_empty``, until :meth:`drained`)."""
         stop = stop or threading.Event()
         last_progress = self._clock.monotonic()
-        while not stop.is_set():
-            generation = self._store.commits.generation
-            report = self.run_pass()
-            if progress and self._clock.monotonic() - last_progress >= progress_interval_s:
-                progress(self.totals)
-                last_progress = self._clock.monotonic()
-            if not report.idle:
-                continue
-            if until_empty and self.drained():
-                break
-            wait = self._policy.poll_interval_s
-            due = self._store.next_due_at()
-            if due is not None:
-                wait = min(wait, max(due - self._clock.now().timestamp(), 0.0))
-            if wait > 0:
-                self._store.commits.wait(generation, wait)
+        # On every record the publisher logs (the location names no password).
+        with log_fields(outbox=self._store.location):
+            while not stop.is_set():
+                generation = self._store.commits.generation
+                report = self.run_pass()
+                if progress and self._clock.monotonic() - last_progress >= progress_interval_s:
+                    progress(self.totals)
+                    last_progress = self._clock.monotonic()
+                if not report.idle:
+                    continue
+                if until_empty and self.drained():
+                    break
+                wait = self._policy.poll_interval_s
+                due = self._store.next_due_at()
+                if due is not None:
+                    wait = min(wait, max(due - self._clock.now().timestamp(), 0.0))
+                if wait > 0:
+                    self._store.commits.wait(generation, wait)
         return self.totals
