@@ -4,20 +4,21 @@ for its process role, and its own metrics and health endpoint when one is config
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from router.settings import Settings
-from router.wiring import probes, telemetry
+from router.wiring import metrics, probes, telemetry
 
 
 @contextmanager
 def observed(settings: Settings, role: str) -> Iterator[probes.Health]:
-    installed = telemetry.start(settings, role)
-    health = probes.Health()
-    endpoint = probes.serve(settings, health, role)
-    try:
-        yield health
-    finally:
+    with ExitStack() as stack:
+        installed = telemetry.start(settings, role)
+        stack.callback(installed.shutdown)
+        measured = metrics.start(settings, role)
+        stack.callback(measured.close)
+        health = probes.Health(settings.health_stale_s)
+        endpoint = probes.serve(settings, health, role, measured.registry)
         if endpoint is not None:
-            endpoint.close()
-        installed.shutdown()
+            stack.callback(endpoint.close)
+        yield health

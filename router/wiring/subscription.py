@@ -23,7 +23,9 @@ from consumers.runtime.producer_lease import ProducerLease
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
+from consumers.subscriptions.causal_router.processor import CausalRouter
 from router.settings import Settings
+from router.wiring.metrics import router_instruments
 from router.wiring.provisioning import check_subscription, require_topics, subscription_topics
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
@@ -192,6 +194,8 @@ def open_subscription(
     require_topics(settings, subscription_topics(topology, name))
     client = redis_client(settings)
     processor = processor or processor_for(settings, slug, client, clock)
+    if isinstance(processor, CausalRouter):
+        router_instruments().watch(processor.stats)
     base = settings.kafka_config()
     lease = None
     output = None

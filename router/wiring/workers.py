@@ -16,6 +16,7 @@ from consumers.runtime.dead_letters import LetterKind
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
 from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
+from router.wiring.metrics import worker_instruments
 from router.wiring.provisioning import require_topics, worker_topics
 from router.wiring.subscription import dead_letters, redis_client
 from router.workers.dead_letter_consumer import DeadLetterRecorder
@@ -144,6 +145,7 @@ def open_worker(
         metrics=RedisWorkerMetrics(client, env=settings.env),
     )
     worker.start()
+    worker_instruments().watch(purpose, worker.stats)
     return WorkerProcess(worker, client, lease)
 
 
