@@ -30,11 +30,13 @@ from urllib.parse import urlsplit
 import redis
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from consumers.redis_conn import address_of
+from router.operator.metrics import registry_for, render
 from router.operator.models import (
     NAME_PATTERN,
     QUEUE_PATTERN,
@@ -412,12 +414,12 @@ def create_app(service: OperatorService) -> FastAPI:
         """Projects whose next row failed to publish, in every configured outbox."""
         return service.held_projects()
 
-    @app.get("/metrics", include_in_schema=False)
-    def metrics() -> PlainTextResponse:
-        """Prometheus scrape: lag, outbox depth and held projects, dead letters, workers."""
-        from router.operator.metrics import render
+    scrape = registry_for(service)
 
-        return PlainTextResponse(render(service), media_type="text/plain; version=0.0.4")
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """Prometheus scrape: lag, outbox depth and held projects, dead letters, workers."""
+        return Response(render(scrape), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/lag", tags=["consumers"], responses=_ERRORS, dependencies=[Authorized])
     def lag() -> LagReport:
