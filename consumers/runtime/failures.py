@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, batch_letter_id
-from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
+from consumers.runtime.runner_base import Outcome, PartitionState
 from consumers.runtime.store import Commit
+from consumers.runtime.tracing import TracingMixin
 from consumers.runtime.types import (
     TP,
     EffectKind,
@@ -19,7 +20,7 @@ from streams.errors import EnvelopeError, Fenced
 log = logging.getLogger("rhumbatron.runtime")
 
 
-class FailureMixin(RunnerBase):
+class FailureMixin(TracingMixin):
     def _handle_failure(self, part: PartitionState, outcome: Outcome) -> None:
         # Only the owner counts and dead-letters: a files batch reaches here without a store
         # commit, so nothing has checked the epoch yet (and a fenced owner must not act).
@@ -53,6 +54,7 @@ class FailureMixin(RunnerBase):
             self._schedule_retry(part, resume_at, attempts)
             return
         self.stats.dead_lettered += 1
+        self._traces_dead_lettered([r for r, _, _ in outcome.failed], letter.id)
         new = Progress.from_fields(part.progress.as_fields())
         redelivered = [r for r, _, _ in outcome.failed if self._is_redelivery(r)]
         stream_failed = [r.offset for r, _, _ in outcome.failed if not self._is_redelivery(r)]

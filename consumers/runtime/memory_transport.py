@@ -141,6 +141,11 @@ class MemoryTransport:
         # default (share the dict with a MemoryReader to keep both views consistent).
         self.retention_start: dict[TP, int] = log.start
 
+    @property
+    def group_id(self) -> str:
+        """The group's name, as KafkaTransport.group_id (the runtime's spans name it)."""
+        return self.group
+
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
     ) -> None:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from opentelemetry import trace
-
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
@@ -37,6 +35,7 @@ from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
 from consumers.runtime.store import Commit, Store
+from consumers.runtime.tracing import BatchTraces
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
@@ -57,8 +56,6 @@ from streams.envelopes import Event, decode_event
 from streams.errors import EnvelopeError, Fenced, ProcessorError
 
 log = logging.getLogger("rhumbatron.runtime")
-
-tracer = trace.get_tracer("rhumbatron.runtime")
 
 __all__ = ["Runner", "RuntimePolicy", "Stats"]
 
@@ -194,14 +191,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 self._defer(part)
                 continue
             by_tp.setdefault(origin, []).append(record)
-        with tracer.start_as_current_span(
-            f"{self.processor.slug} batch", attributes={"records": len(records)}
-        ):
+        try:
             outcomes = []
             for tp, recs in by_tp.items():
                 part = self.parts[tp]
+                traces = self._traces(recs)
                 try:
-                    outcome = self._process_partition(part, recs)
+                    with self._batch_span(tp, traces, len(recs)):
+                        outcome = self._process_partition(part, recs, traces)
                 except Fenced as exc:
                     self.stats.fenced += 1
                     log.warning("%s: %s", self.processor.slug, exc)
@@ -210,6 +207,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 if outcome is not None:
                     outcomes.append(outcome)
             self._commit(outcomes)
+        finally:
+            self._close_traces()  # the failed applies' spans, once their failures are handled
         self._commit_read_through()
         return len(records)
 
@@ -238,7 +237,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 break
         return self.stats
 
-    def _process_partition(self, part: PartitionState, records: list[Record]) -> Outcome | None:
+    def _process_partition(
+        self, part: PartitionState, records: list[Record], traces: BatchTraces | None = None
+    ) -> Outcome | None:
         proc = self.processor
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
@@ -275,6 +276,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
 
         letters = [self._poison_letter(part.tp, r, exc) for r, exc in poison]
         self.stats.poison += len(poison)
+        if traces is not None:
+            for r, problem in poison:
+                offset = self._origin_offset(r)
+                traces.skipped(
+                    proc.slug, r, None, "dead-lettered", offset=offset, error=str(problem)
+                )
         done: set[int] = {id(r) for r, _ in poison}
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []
@@ -311,10 +318,15 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             ):
                 done.add(rid)
                 self.stats.duplicates += 1
+                if traces is not None:
+                    offset = self._origin_offset(record)
+                    traces.skipped(proc.slug, record, event, "duplicate", offset=offset)
                 continue
             if event.project_id in held:
                 continue
             delivery = self._delivery(part, record, high, owner_check)
+            if traces is not None:  # current while the processor runs
+                traces.start(proc.slug, record, event, offset=delivery.offset)
             try:
                 state = (
                     changed[event.project_id]
@@ -332,6 +344,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 except Exception as exc:
                     raise ProcessorError("process", exc) from exc
             except ProcessorError as exc:
+                if traces is not None:
+                    traces.fail(record, exc.cause)
                 failed.append((record, event, exc.cause))
                 held.add(event.project_id)
                 log.warning(
@@ -347,7 +361,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             seen_ids.add(event.event_id)
             claims.append(event.event_id)
             ops.extend(effects.redis)
-            out.extend(effects.records)
+            out.extend(self._traced_effects(traces, effects.records))
+            if traces is not None:
+                traces.applied()
             ts = int(event.timestamp.timestamp() * 1000)
             lines.extend(Line(record.offset, ts, data) for data in effects.lines)
             applied_ms.append(ts)
