@@ -49,11 +49,11 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from consumers.subscriptions.causal_router.processor import RouterStats
 from router.settings import Settings
+from router.wiring.telemetry import resource
 from router.workers.worker import WorkerStats
 from streams.errors import ConfigurationError
 
@@ -144,18 +144,6 @@ def exporters(settings: Settings, environ: Mapping[str, str] | None = None) -> t
     return (("prometheus",) if settings.metrics_port is not None else ()) + chosen
 
 
-def resource(settings: Settings, role: str) -> Resource:
-    """``service.name`` = ``rhumbatron-<role>`` over ``OTEL_RESOURCE_ATTRIBUTES`` (which cannot
-    rename the service: each role keeps its own name)."""
-    return Resource.create(
-        {
-            "service.name": f"rhumbatron-{role}",
-            "service.namespace": "rhumbatron",
-            "deployment.environment.name": settings.env,
-        }
-    )
-
-
 def _reader(name: str, env: Mapping[str, str]) -> MetricReader:
     if name == "console":
         return PeriodicExportingMetricReader(ConsoleMetricExporter(out=sys.stderr))
@@ -196,6 +184,7 @@ def start(
     if isinstance(current, MeterProvider):
         provider = current
     else:
+        # The tracer provider's resource (router/wiring/telemetry.py): one service, one name.
         provider = MeterProvider(resource=resource(settings, role), shutdown_on_exit=False)
         metrics.set_meter_provider(provider)
     for reader in readers:
