@@ -61,6 +61,9 @@ log = logging.getLogger("rhumbatron.metrics")
 
 EXPORTERS = ("otlp", "console", "prometheus", "none")
 OTLP_PROTOCOL = "http/protobuf"
+# How long a stopping process waits for its last metrics to reach the collector: it must not hang
+# on one that is gone (the exporter's own timeout, OTEL_EXPORTER_OTLP_TIMEOUT, is 10 s).
+FLUSH_TIMEOUT_S = 5.0
 
 # A worker's outcomes (router/workers/worker.py and the handlers' own labels) as attempts.
 RETRIED = frozenset({"retried"})
@@ -102,7 +105,10 @@ class ProcessMetrics:
             return
         for reader in self.readers:
             try:
-                provider.remove_metric_reader(reader)  # a periodic reader exports once more
+                if isinstance(reader, PeriodicExportingMetricReader):
+                    # The last figures go out now: once removed, the reader has nothing to read.
+                    reader.force_flush(timeout_millis=FLUSH_TIMEOUT_S * 1000)
+                provider.remove_metric_reader(reader)
             except Exception as exc:  # a collector gone at shutdown must not fail the command
                 log.warning("metrics: reader %s did not stop cleanly: %s", reader, exc)
 
