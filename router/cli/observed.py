@@ -11,13 +11,13 @@ from router.wiring import metrics, probes, telemetry
 
 
 @contextmanager
-def observed(settings: Settings, role: str) -> Iterator[probes.Health]:
+def observed(settings: Settings, role: str) -> Iterator[probes.ProcessHealth]:
     with ExitStack() as stack:
         installed = telemetry.start(settings, role)
         stack.callback(installed.shutdown)
         measured = metrics.start(settings, role)
         stack.callback(measured.close)
-        health = probes.Health(settings.health_stale_s)
+        health = probes.ProcessHealth(settings.health_stale_s)
         endpoint = probes.serve(settings, health, role, measured.registry)
         if endpoint is not None:
             stack.callback(endpoint.close)

@@ -2,10 +2,10 @@
 
 - ``/metrics``: the process's own metrics in the Prometheus text format (the registry its
   Prometheus reader collects into, router/wiring/metrics.py);
-- ``/healthz`` (liveness): 200 while the process's main loop has come round (``Health.beat``)
+- ``/healthz`` (liveness): 200 while the process's main loop has come round (``ProcessHealth.beat``)
   within ``health_stale_s``; 503 with a JSON reason once it has not (a loop stuck in a call that
   never returns);
-- ``/readyz`` (readiness): 200 once the command says it does its work (``Health.ready``:
+- ``/readyz`` (readiness): 200 once the command says it does its work (``ProcessHealth.ready``:
   subscribed, connected), 503 before.
 
 It listens on ``metrics_host:metrics_port`` (0: any free port; the bound address is printed at
@@ -35,7 +35,7 @@ log = logging.getLogger("rhumbatron.probes")
 PATHS = ("/metrics", "/healthz", "/readyz")
 
 
-class Health:
+class ProcessHealth:
     """What the process says of itself: ``beat()`` from its main loop (live), ``ready`` once it
     does its work (subscribed, connected). A process counts as live from its start until
     ``stale_after_s`` passes without a beat."""
@@ -91,7 +91,9 @@ class Endpoint:
         self._thread.join()
 
 
-def _handler(health: Health, registry: CollectorRegistry | None) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    health: ProcessHealth, registry: CollectorRegistry | None
+) -> type[BaseHTTPRequestHandler]:
     # One scrape at a time: collecting runs every observable callback and empties the exporter's
     # queue of collected data; two at once would split it between them.
     scraping = threading.Lock()
@@ -124,7 +126,7 @@ def _handler(health: Health, registry: CollectorRegistry | None) -> type[BaseHTT
 
 
 def serve(
-    settings: Settings, health: Health, role: str, registry: CollectorRegistry | None = None
+    settings: Settings, health: ProcessHealth, role: str, registry: CollectorRegistry | None = None
 ) -> Endpoint | None:
     """Start the endpoint when ``settings.metrics_port`` is set; None when it is not. A port
     that cannot be listened on is refused naming the setting."""

@@ -47,7 +47,7 @@ def test_the_endpoint_serves_metrics_and_both_probes_on_a_free_port(
 ) -> None:
     registry = CollectorRegistry()
     clock = Clock()
-    health = probes.Health(stale_after_s=30, clock=clock)
+    health = probes.ProcessHealth(stale_after_s=30, clock=clock)
     endpoint = probes.serve(Settings(metrics_port=0), health, "test", registry)
     assert endpoint is not None
     try:
@@ -85,7 +85,7 @@ def test_the_endpoint_serves_metrics_and_both_probes_on_a_free_port(
 
 
 def test_no_port_no_endpoint() -> None:
-    assert probes.serve(Settings(), probes.Health(), "test") is None
+    assert probes.serve(Settings(), probes.ProcessHealth(), "test") is None
 
 
 def test_a_port_in_use_is_refused_naming_the_setting() -> None:
@@ -94,7 +94,7 @@ def test_a_port_in_use_is_refused_naming_the_setting() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigurationError) as refused:
-            probes.serve(Settings(metrics_port=port), probes.Health(), "test")
+            probes.serve(Settings(metrics_port=port), probes.ProcessHealth(), "test")
     text = str(refused.value)
     assert f"metrics_port={port}" in text and "metrics_host='127.0.0.1'" in text
     assert "RHUMBATRON_METRICS_PORT" in text and "0 for any" in text
@@ -103,7 +103,9 @@ def test_a_port_in_use_is_refused_naming_the_setting() -> None:
 def test_a_host_that_is_not_this_machines_is_refused_naming_the_setting() -> None:
     with pytest.raises(ConfigurationError, match=r"metrics_host='no-such-host\.invalid'"):
         probes.serve(
-            Settings(metrics_port=0, metrics_host="no-such-host.invalid"), probes.Health(), "t"
+            Settings(metrics_port=0, metrics_host="no-such-host.invalid"),
+            probes.ProcessHealth(),
+            "t",
         )
 
 
