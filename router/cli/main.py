@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import logging
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from router.cli import (
     archive_commands,
     config_commands,
     dead_letter_commands,
+    logs,
     outbox_commands,
     project_commands,
     serve_commands,
@@ -78,17 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not args.verbose:
-        # librdkafka reports every refused connection; our own errors say it once, better.
-        logging.getLogger("rhumbatron.librdkafka").setLevel(logging.CRITICAL)
+    log_handler = logs.configure(verbose=args.verbose)
     if args.config is not None:
         os.environ[CONFIG_VARIABLE] = args.config  # this command's children read it too
     try:
         settings = load_settings()
+        logs.use_format(log_handler, settings.log_format)
         handler: Handler = args.handler
         code = handler(settings, args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handling below
