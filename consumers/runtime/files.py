@@ -59,6 +59,8 @@ class FilesMixin(RunnerBase):
         if pending is not None:
             writer.store(pending[0].key, pending[0].value)
             self.stats.parts += 1
+            stamps = (line.timestamp_ms for line in open_part.lines)
+            self.instruments.committed(self.processor.slug, stamps, self.clock.now().timestamp())
             self.failpoint("runtime.after_part_write")
             self._clear_pending(part)
         self._commit_group_offsets([part])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore
@@ -25,6 +25,9 @@ from streams.envelopes import Event
 from streams.errors import CursorMoved, EnvelopeError, Fenced, PendingEffects
 from streams.headers import ORIGIN_OFFSET
 from streams.topology import redelivery_origin, redelivery_partition
+
+if TYPE_CHECKING:  # the metrics read this module's Stats
+    from consumers.runtime.metrics import RuntimeInstruments
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -119,6 +122,7 @@ class RunnerBase:
     controls: Controls | None
     failpoint: Callable[[str], None]
     stats: Stats
+    instruments: RuntimeInstruments
     parts: dict[TP, PartitionState]
 
     def _writer(self) -> PartWriter:

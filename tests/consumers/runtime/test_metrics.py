@@ -15,15 +15,19 @@ from opentelemetry.sdk.metrics.export import (
 
 from consumers.runtime.metrics import RuntimeInstruments
 from consumers.runtime.runner import Runner
+from consumers.runtime.types import Processor
+from tests.consumers.runtime.test_parts import Parts
 from tests.support.runtime_harness import World, event
 
 Points = dict[str, dict[tuple[tuple[str, str], ...], object]]
 
 
-def _instrumented(world: World) -> tuple[Runner, InMemoryMetricReader]:
+def _instrumented(
+    world: World, processor: Processor | None = None
+) -> tuple[Runner, InMemoryMetricReader]:
     reader = InMemoryMetricReader()
     instruments = RuntimeInstruments(MeterProvider([reader]).get_meter("test"))
-    runner = world.runner()
+    runner = world.runner(processor)
     runner.instruments = instruments  # in place of the process-wide ones the runner registered
     instruments.watch(runner.processor.slug, runner.stats)
     return runner, reader
@@ -87,3 +91,16 @@ def test_end_to_end_latency_is_one_sample_per_applied_event_from_its_timestamp()
     expected = [(now - ev.timestamp).total_seconds() for ev in events]
     assert abs(latency.sum - sum(expected)) < 1e-3
     assert latency.min >= 60
+
+
+def test_a_files_subscriptions_latency_is_measured_when_its_part_is_written() -> None:
+    world = World()
+    for n in range(1, 5):
+        world.publish(event("alpha", n))
+    processor = Parts(size=2)
+    runner, reader = _instrumented(world, processor)
+    world.drain(runner)
+
+    assert processor.writes >= 1
+    latency = _points(reader)["rhumbatron_end_to_end_latency"][(("subscription", "parts"),)]
+    assert isinstance(latency, HistogramDataPoint) and latency.count == 4
