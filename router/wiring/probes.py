@@ -2,11 +2,11 @@
 
 - ``/metrics``: the process's own metrics in the Prometheus text format (the registry its
   Prometheus reader collects into, router/wiring/metrics.py);
-- ``/healthz`` (liveness): 200 while the process's main loop has come round (``ProcessHealth.beat``)
-  within ``health_stale_s``; 503 with a JSON reason once it has not (a loop stuck in a call that
-  never returns);
-- ``/readyz`` (readiness): 200 once the command says it does its work (``ProcessHealth.ready``:
-  subscribed, connected), 503 before.
+- ``/healthz`` (liveness): 200 while the process's main loop has come round
+  (``ProcessHealth.beat``) within ``health_stale_s``; 503 with a JSON reason once it has not (a
+  loop stuck in a call that never returns);
+- ``/readyz`` (readiness): 200 once the command says it does its work
+  (``ProcessHealth.ready``: subscribed, connected), 503 before.
 
 It listens on ``metrics_host:metrics_port`` (0: any free port; the bound address is printed at
 start) in a daemon thread of its own, the standard library's HTTP server: three paths need no
