@@ -24,8 +24,9 @@ from typing import Any
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
+from streams import tracing
 from streams.envelopes import Command, Event, encode
 from streams.errors import DeliveryFailed, FailedRecord, TransactionFailed, Unreachable
 from streams.headers import COMMAND_ID, COMMAND_TYPE, EVENT_ID, EVENT_TYPE
@@ -129,6 +130,37 @@ def command_headers(command: Command) -> Headers:
     return headers
 
 
+def publish_span(
+    topic: str, key: str, message_id: str, own: Mapping[str, str]
+) -> trace.Span | None:
+    """The PRODUCER span ``publish <topic>`` of one record, a child of the current span; None
+    when tracing is off."""
+    if not tracing.active():
+        return None
+    return tracing.tracer(__name__).start_span(
+        f"publish {topic}",
+        kind=trace.SpanKind.PRODUCER,
+        attributes={
+            tracing.MESSAGING_SYSTEM: tracing.KAFKA,
+            tracing.OPERATION_TYPE: tracing.SEND,
+            tracing.OPERATION_NAME: "publish",
+            tracing.DESTINATION: topic,
+            tracing.MESSAGE_KEY: key,
+            tracing.MESSAGE_ID: message_id,
+            **own,
+        },
+    )
+
+
+def _end_publish(span: trace.Span, delivery: DeliveryReport) -> None:
+    if delivery.error is None:
+        span.set_attribute(tracing.PARTITION, str(delivery.partition))
+        span.set_attribute(tracing.OFFSET, delivery.offset)
+    else:
+        span.set_status(trace.StatusCode.ERROR, delivery.describe_error())
+    span.end()
+
+
 class Producer:
     def __init__(
         self,
@@ -173,7 +205,11 @@ class Producer:
         headers: Headers | None = None,
         partition: int | None = None,
         on_delivery: DeliveryCallback | None = None,
+        span: trace.Span | None = None,
     ) -> None:
+        """Send one record. ``span``: its PRODUCER span (:func:`publish_span`), ended when the
+        broker has answered."""
+
         def report(err: KafkaError | None, msg: Any) -> None:
             delivery = DeliveryReport(
                 topic=msg.topic() if msg is not None else topic,
@@ -182,6 +218,8 @@ class Producer:
                 key=key,
                 error=err,
             )
+            if span is not None:
+                _end_publish(span, delivery)
             if on_delivery is not None:
                 on_delivery(delivery)
             elif err is not None:
@@ -206,6 +244,9 @@ class Producer:
                 return
             except BufferError:
                 if time.monotonic() > deadline:
+                    if span is not None:
+                        span.set_status(trace.StatusCode.ERROR, "the local send queue stayed full")
+                        span.end()
                     raise Unreachable(
                         "Kafka",
                         self._bootstrap,
@@ -214,6 +255,8 @@ class Producer:
                 self.inner.poll(0.1)
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
+                if span is not None:
+                    _end_publish(span, DeliveryReport(topic, -1, -1, key, error))
                 if on_delivery is not None:
                     on_delivery(DeliveryReport(topic, -1, -1, key, error))
                     return
@@ -230,13 +273,24 @@ class Producer:
         on_delivery: DeliveryCallback | None = None,
         partition: int | None = None,
     ) -> None:
+        value = encode(event, max_bytes=max_bytes)
+        headers = event_headers(event)
+        span = publish_span(
+            topic,
+            event.project_id,
+            event.event_id,
+            {tracing.EVENT_ID: event.event_id, tracing.EVENT_TYPE: event.event_type},
+        )
+        if span is not None:
+            headers = list(tracing.with_context(headers, tracing.span_in(span)))
         self.produce(
             topic,
-            encode(event, max_bytes=max_bytes),
+            value,
             key=event.project_id,
-            headers=event_headers(event),
+            headers=headers,
             partition=partition,
             on_delivery=on_delivery,
+            span=span,
         )
 
     def produce_command(
@@ -248,12 +302,18 @@ class Producer:
         headers: Headers | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
-        self.produce(
+        value = encode(command, max_bytes=max_bytes)
+        sent = command_headers(command) + list(headers or [])
+        span = publish_span(
             topic,
-            encode(command, max_bytes=max_bytes),
-            key=command.project_id,
-            headers=command_headers(command) + list(headers or []),
-            on_delivery=on_delivery,
+            command.project_id,
+            command.command_id,
+            {tracing.COMMAND_ID: command.command_id, tracing.COMMAND_TYPE: command.command_type},
+        )
+        if span is not None:
+            sent = list(tracing.with_context(sent, tracing.span_in(span)))
+        self.produce(
+            topic, value, key=command.project_id, headers=sent, on_delivery=on_delivery, span=span
         )
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -343,9 +403,19 @@ def send_to_streams(
     """Send events to their projects' streams and wait for every acknowledgement. Returns the
     count per stream; raises DeliveryFailed if any record was not delivered."""
     counts: dict[str, int] = {}
+    # Traced, each event is sent inside a span of its own, as a service writing it would: its
+    # trace starts there (sampling is decided there), the PRODUCER span its child.
+    tracer = tracing.tracer(__name__) if tracing.active() else None
     for n, event in enumerate(events):
         topic = stream_for(event.project_id)
-        producer.produce_event(topic, event, max_bytes=max_bytes)
+        if tracer is None:
+            producer.produce_event(topic, event, max_bytes=max_bytes)
+        else:
+            with tracer.start_as_current_span(
+                f"produce {event.event_type}",
+                attributes={tracing.EVENT_ID: event.event_id, tracing.PROJECT: event.project_id},
+            ):
+                producer.produce_event(topic, event, max_bytes=max_bytes)
         counts[topic] = counts.get(topic, 0) + 1
         if n % DELIVERY_POLL_EVERY == DELIVERY_POLL_EVERY - 1:
             producer.poll(0)

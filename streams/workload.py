@@ -13,9 +13,11 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from streams import tracing
 from streams.envelopes import Draft, Event
 from streams.ids import stable_event_id
 from streams.outbox.store import OutboxStore
@@ -223,12 +225,24 @@ def write_workload(
     with store.transaction() as unit:
         unit.execute(WRITER_TABLE)
 
+    # Traced, each transaction runs inside a span of the writer's own, as a service's would: the
+    # events' trace starts there (sampling is decided there), the outbox write its child.
+    tracer = tracing.tracer(__name__) if tracing.active() else None
+
     def write(writer: int) -> tuple[int, int, int]:
         name = f"writer-{writer}"
         seen: dict[str, int] = {}
         writes = events = duplicates = 0
         for project_id, batch in _chunks(shares[writer], events_per_write):
-            with store.transaction() as unit:
+            span = (
+                tracer.start_as_current_span(
+                    f"write {project_id}",
+                    attributes={tracing.PROJECT: project_id, "rhumbatron.writer": name},
+                )
+                if tracer is not None
+                else nullcontext()
+            )
+            with span, store.transaction() as unit:
                 result = unit.append(
                     project_id, batch, tenant_id=tenant_id, seen_slot=seen.get(project_id)
                 )

@@ -37,6 +37,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from streams import tracing
 from streams.clock import Clock, SystemClock
 from streams.envelopes import decode_event, encode
 from streams.errors import (
@@ -59,7 +60,6 @@ from streams.outbox.store import (
 from streams.urls import masked
 
 log = logging.getLogger("rhumbatron.outbox.postgres")
-tracer = trace.get_tracer(__name__)
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = f"postgres_schema_v{SCHEMA_VERSION}.sql"
@@ -337,7 +337,9 @@ class PostgresOutbox:
             )
         self._local.open = True
         try:
-            with tracer.start_as_current_span("outbox.write", kind=trace.SpanKind.INTERNAL) as span:
+            with tracing.tracer(__name__).start_as_current_span(
+                "outbox.write", kind=trace.SpanKind.INTERNAL
+            ) as span:
                 try:
                     conn = self._pool.getconn()
                 except PoolTimeout as exc:

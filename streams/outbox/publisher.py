@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics
 
-from streams import failpoints
+from streams import failpoints, tracing
 from streams.clock import Clock, SystemClock
 from streams.log_context import log_fields
 from streams.outbox.dispatch import Dispatch, Window
@@ -41,7 +41,6 @@ from streams.outbox.states import (
 from streams.outbox.store import OutboxRow, OutboxStore, RowState, RowUpdate
 
 log = logging.getLogger("rhumbatron.outbox.publisher")
-tracer = trace.get_tracer(__name__)
 meter = metrics.get_meter("rhumbatron.outbox")
 # Seconds from a row's commit in the outbox to Kafka's acknowledgement of it: a healthy publisher
 # is in the first buckets, one that waited out an outage in the last.
@@ -172,7 +171,7 @@ class Publisher:
         capped = len(rows) >= self._policy.rows_per_pass
         self._after_project = windows[-1].project_id if capped else None
         sender = self._current_sender()
-        with tracer.start_as_current_span("outbox.publish_pass") as span:
+        with tracing.tracer(__name__).start_as_current_span("outbox.publish_pass") as span:
             dispatch = Dispatch(
                 sender,
                 ordering=self._policy.ordering,

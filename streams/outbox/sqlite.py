@@ -25,6 +25,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from streams import tracing
 from streams.clock import Clock, SystemClock
 from streams.errors import OutboxError, PublisherLocked
 from streams.files import create_private, open_private
@@ -47,8 +48,6 @@ from streams.outbox.store import (
     RowState,
     RowUpdate,
 )
-
-tracer = trace.get_tracer(__name__)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -201,7 +200,9 @@ class SqliteOutbox:
     @contextmanager
     def transaction(self) -> Iterator[SqliteUnitOfWork]:
         with (
-            tracer.start_as_current_span("outbox.write", kind=trace.SpanKind.INTERNAL) as span,
+            tracing.tracer(__name__).start_as_current_span(
+                "outbox.write", kind=trace.SpanKind.INTERNAL
+            ) as span,
             self._write("write") as conn,
         ):
             unit = SqliteUnitOfWork(

@@ -148,7 +148,13 @@ from tests.support.outbox import drafts
 
 settings = Settings()
 store = open_outbox(settings, Path(sys.argv[1]), create=True)
-with trace.get_tracer("writer").start_as_current_span("writer.decide") as span:
+from opentelemetry import propagate
+# The writer's caller sent a trace state along: it travels with the trace, into the records.
+caller = propagate.extract({
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "vendor=abc",
+})
+with trace.get_tracer("writer").start_as_current_span("writer.decide", context=caller) as span:
     with store.transaction() as unit:
         unit.append("proj-traced", drafts("proj-traced", 2), tenant_id="t")
     writer = span.get_span_context().trace_id
@@ -162,6 +168,8 @@ print(json.dumps({
             "trace": format(s.context.trace_id, "032x"),
             "span": format(s.context.span_id, "016x"),
             "parent": format(s.parent.span_id, "016x") if s.parent else None,
+            "kind": s.kind.name,
+            "attributes": dict(s.attributes or {}),
         }
         for s in exporter.get_finished_spans()
     ],
@@ -188,9 +196,17 @@ def test_the_publish_continues_the_writers_trace(settings: Settings, tmp_path: P
     [decide] = by_name["writer.decide"]
     [write] = by_name["outbox.write"]
     assert write["parent"] == decide["span"] and write["trace"] == found["writer"]
-    publishes = by_name["outbox.publish"]
+    publishes = [s for s in found["spans"] if s["name"].startswith("publish ")]
     assert len(publishes) == 2
     assert all(p["trace"] == found["writer"] and p["parent"] == write["span"] for p in publishes)
+    stream = settings.topology.stream_for("proj-traced")
+    for p in publishes:  # the messaging conventions' PRODUCER span of the send
+        assert p["name"] == f"publish {stream}" and p["kind"] == "PRODUCER"
+        attributes = p["attributes"]
+        assert attributes["messaging.system"] == "kafka"
+        assert attributes["messaging.destination.name"] == stream
+        assert attributes["messaging.kafka.message.key"] == "proj-traced"
+        assert isinstance(attributes["messaging.kafka.offset"], int)
 
     messages = read_all(settings.kafka_bootstrap, settings.topology.stream_names(), expect=2)
     for message in messages:
@@ -199,4 +215,5 @@ def test_the_publish_continues_the_writers_trace(settings: Settings, tmp_path: P
         traceparent = header.decode()
         _, trace_id, parent_span, _ = traceparent.split("-")
         assert trace_id == found["writer"]
-        assert spans[parent_span]["name"] == "outbox.publish"
+        assert spans[parent_span]["name"] == f"publish {stream}"
+        assert dict(message.headers() or [])["tracestate"] == b"vendor=abc"
