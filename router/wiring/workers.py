@@ -143,6 +143,7 @@ def open_worker(
         ),
         clock,
         metrics=RedisWorkerMetrics(client, env=settings.env),
+        group=group_id(slug, settings.env),
     )
     worker.start()
     worker_instruments().watch(purpose, worker.stats)

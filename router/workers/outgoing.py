@@ -35,9 +35,18 @@ def carried(record: Record) -> list[tuple[str, bytes]]:
     ]
 
 
+def _error_bytes(policy: WorkerPolicy, error: BaseException) -> bytes:
+    return str(error).encode("utf-8", "replace")[: policy.error_max_bytes]
+
+
 def error_headers(policy: WorkerPolicy, error: BaseException) -> list[tuple[str, bytes]]:
-    text = str(error).encode("utf-8", "replace")[: policy.error_max_bytes]
-    return [(ERROR, text), (ERROR_TYPE, type(error).__name__.encode())]
+    return [(ERROR, _error_bytes(policy, error)), (ERROR_TYPE, type(error).__name__.encode())]
+
+
+def error_text(policy: WorkerPolicy, error: BaseException) -> str:
+    """The error's text as its retry or dead letter carries it (``rh.error``), read back as the
+    dead-letter consumer reads it."""
+    return _error_bytes(policy, error).decode("utf-8", "replace")
 
 
 def retry_record(

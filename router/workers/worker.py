@@ -46,9 +46,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from consumers.runtime.transport import Output, Transport
 from consumers.runtime.types import TP, OutRecord, Record
+from router.workers import tracing
 from router.workers.model import (
     REASON_EXPIRED,
     REASON_FAILED,
@@ -57,15 +62,46 @@ from router.workers.model import (
     CommandHandler,
     WorkerPolicy,
 )
-from router.workers.outgoing import dead_letter_record, next_delivery, retry_record
+from router.workers.outgoing import dead_letter_record, error_text, next_delivery, retry_record
 from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
 from streams.errors import CommandExpired, EnvelopeError, MoreWork
 from streams.headers import ATTEMPT, DUE_MS, header_dict, header_int
+from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.worker")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _logged_with_command(
+    handle: Callable[Concatenate[Worker, Record, Command | EnvelopeError, _P], _R],
+) -> Callable[Concatenate[Worker, Record, Command | EnvelopeError, _P], _R]:
+    """Every record logged while one command is handled (by the worker or by its handler) names
+    the queue, the record's topic, partition and offset, and the command; in a pool thread too,
+    which starts with no fields of its own."""
+
+    def handling(
+        self: Worker,
+        record: Record,
+        command: Command | EnvelopeError,
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _R:
+        with log_fields(
+            queue=self.policy.purpose,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            command_id=command.command_id if isinstance(command, Command) else None,
+        ):
+            return handle(self, record, command, *args, **kwargs)
+
+    return handling
 
 
 @dataclass
@@ -91,6 +127,9 @@ class _Settled:
     send: list[OutRecord] = field(default_factory=list)
     done: str | None = None  # a command id that completed
     failed: bool = False  # the handler raised (an attempt failed)
+    error: BaseException | None = None  # why this attempt failed, or the record was given up
+    error_text: str | None = None  # the reason its retry or dead letter carries
+    spans: list[Span] = field(default_factory=list)  # its handling's, then its sends'; traced only
 
 
 class Worker:
@@ -105,6 +144,7 @@ class Worker:
         *,
         metrics: WorkerMetrics | None = None,
         failpoint: Callable[[str], None] = failpoints.hit,
+        group: str | None = None,
     ) -> None:
         self.policy = policy
         self.handler = handler
@@ -114,6 +154,7 @@ class Worker:
         self.clock = clock
         self.metrics = metrics
         self.failpoint = failpoint
+        self.group = group  # the consumer group's id, named on the spans
         self.stats = WorkerStats()
         self._waiting: dict[TP, deque[Record]] = {}
         self._paused: set[TP] = set()
@@ -164,19 +205,20 @@ class Worker:
         """Work until ``should_stop()``, or until nothing arrived and nothing waited for
         ``until_idle_s`` (counted from the first assignment), every partition read to its end."""
         idle_since = self.clock.monotonic()
-        while not should_stop():
-            tick()
-            handled = self.step()
-            now = self.clock.monotonic()
-            if (
-                handled
-                or self._waiting
-                or not self._ever_assigned
-                or not self.transport.caught_up(self.transport.assignment())
-            ):
-                idle_since = now
-            elif until_idle_s is not None and now - idle_since >= until_idle_s:
-                break
+        with log_fields(queue=self.policy.purpose):  # on every record the loop logs
+            while not should_stop():
+                tick()
+                handled = self.step()
+                now = self.clock.monotonic()
+                if (
+                    handled
+                    or self._waiting
+                    or not self._ever_assigned
+                    or not self.transport.caught_up(self.transport.assignment())
+                ):
+                    idle_since = now
+                elif until_idle_s is not None and now - idle_since >= until_idle_s:
+                    break
         return self.stats
 
     def step(self) -> int:
@@ -308,6 +350,7 @@ class Worker:
         pairs: list[tuple[Record, Command | EnvelopeError]] = []
         settled: list[_Settled] = []
         seen: set[str] = set()
+        tracer = tracing.tracer()
         for record, command in zip(chunk, decoded, strict=True):
             if isinstance(command, Command) and command.command_id in seen:
                 # A second copy in one batch: the first copy's fate (done, retry or dead letter)
@@ -319,7 +362,9 @@ class Worker:
             pairs.append((record, command))
         try:
             if self._pool is not None:
-                futures = [self._pool.submit(self._one, r, c, done_before) for r, c in pairs]
+                futures = [
+                    self._pool.submit(self._one, r, c, done_before, tracer) for r, c in pairs
+                ]
                 # Every thread is waited for before the first error is raised: a command that
                 # completed beside a failing one is recorded done like the others.
                 error: BaseException | None = None
@@ -332,7 +377,10 @@ class Worker:
                     raise error
             else:
                 for record, command in pairs:
-                    settled.append(self._one(record, command, done_before))
+                    settled.append(self._one(record, command, done_before, tracer))
+        except BaseException:
+            tracing.end((span for s in settled for span in s.spans), committed=False)
+            raise
         finally:
             # What completed is recorded even if a later record's hook raised: its redelivery
             # must find it done.
@@ -363,7 +411,9 @@ class Worker:
                 len(chunk),
                 exc,
             )
+            tracing.end((span for s in settled for span in s.spans), committed=False)
             return False
+        tracing.end((span for s in settled for span in s.spans), committed=True)
         self.failpoint("worker.after_transaction_commit")
         self._committed.update(offsets)
         self.stats.transactions += 1
@@ -392,8 +442,40 @@ class Worker:
             self.transport.seek(tp, offset)
 
     # -- one record ------------------------------------------------------------------------------
-    def _one(self, record: Record, command: Command | EnvelopeError, done: set[str]) -> _Settled:
+    @_logged_with_command
+    def _one(
+        self,
+        record: Record,
+        command: Command | EnvelopeError,
+        done: set[str],
+        tracer: trace.Tracer | None,
+    ) -> _Settled:
         attempt = header_int(record.headers, ATTEMPT, 1)
+        if tracer is None:
+            return self._handle(record, command, done, attempt)
+        span = tracing.process_span(tracer, record, self.policy, self.group, attempt)
+        if isinstance(command, Command):
+            tracing.describe(span, command)
+        try:
+            # Current while the handler runs: what it writes (the dead-letter consumer's task
+            # events, through the outbox) goes on in this trace.
+            with trace.use_span(
+                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+            ):
+                settled = self._handle(record, command, done, attempt)
+        except BaseException as exc:
+            tracing.failed(span, exc, f"{type(exc).__name__}: {exc}")
+            span.end()
+            raise
+        settled.send, sends = tracing.settle(
+            tracer, span, settled.outcome, settled.send, settled.error, settled.error_text
+        )
+        settled.spans = [span, *sends]
+        return settled
+
+    def _handle(
+        self, record: Record, command: Command | EnvelopeError, done: set[str], attempt: int
+    ) -> _Settled:
         if isinstance(command, EnvelopeError):
             return self._undecodable(record, command, attempt)
         if self.handler.dedupe and command.command_id in done:
@@ -427,7 +509,8 @@ class Worker:
         except Exception as exc:
             if attempt < self.policy.attempts:
                 retry = retry_record(self.policy, record, command, attempt + 1, exc, self._now_ms())
-                return _Settled(record, "retried", [retry], failed=True)
+                text = error_text(self.policy, exc)
+                return _Settled(record, "retried", [retry], failed=True, error=exc, error_text=text)
             settled = self._exhausted(record, command, ctx, exc, expired=False)
             settled.failed = True
             return settled
@@ -442,28 +525,33 @@ class Worker:
         *,
         expired: bool,
     ) -> _Settled:
-        if self.handler.on_exhausted(command, ctx, error):
-            return _Settled(record, "expired_recorded" if expired else "exhausted_recorded")
         reason = REASON_EXPIRED if expired else REASON_FAILED
+        # The letter's own wording (the dead-letter consumer records "<reason>: <rh.error>").
+        text = f"{reason}: {error_text(self.policy, error)}"
+        if self.handler.on_exhausted(command, ctx, error):
+            outcome = "expired_recorded" if expired else "exhausted_recorded"
+            return _Settled(record, outcome, error=error, error_text=text)
         if self.policy.dead_letter_topic is not None:
             letter = dead_letter_record(
                 self.policy, record, command.project_id, ctx.attempt, error, reason
             )
-            return _Settled(record, "expired" if expired else "dead_lettered", [letter])
+            outcome = "expired" if expired else "dead_lettered"
+            return _Settled(record, outcome, [letter], error=error, error_text=text)
         self._drop(record, f"command {command.command_id} ({command.command_type})", error, ctx)
-        return _Settled(record, "dropped")
+        return _Settled(record, "dropped", error=error, error_text=text)
 
     def _undecodable(self, record: Record, error: EnvelopeError, attempt: int) -> _Settled:
+        text = f"{REASON_UNDECODABLE}: {error_text(self.policy, error)}"
         if self.handler.on_undecodable(record, error):
-            return _Settled(record, "undecodable_recorded")
+            return _Settled(record, "undecodable_recorded", error=error, error_text=text)
         if self.policy.dead_letter_topic is not None:
             key = record.key.decode("utf-8", "replace") if record.key else ""
             letter = dead_letter_record(
                 self.policy, record, key, attempt, error, REASON_UNDECODABLE
             )
-            return _Settled(record, "undecodable", [letter])
+            return _Settled(record, "undecodable", [letter], error=error, error_text=text)
         self._drop(record, "a record that is not a command", error, None)
-        return _Settled(record, "dropped")
+        return _Settled(record, "dropped", error=error, error_text=text)
 
     def _drop(
         self, record: Record, what: str, error: BaseException, ctx: CommandContext | None
