@@ -19,6 +19,10 @@ offset under ``exactly_once``:
   produced or read; a window expires a while after its end by wall-clock time (a setting).
 - A point that does not parse is counted per partition (``invalid``), logged with its offset and
   the reason, and shown by the status view; it is never folded into a window.
+- Traced (an SDK tracer provider installed), each point's fold is a CONSUMER span
+  ``process <points topic>`` parented on the context the point carries (the analytics
+  projector's apply of the event it counts), so the event's trace ends here; an invalid point's
+  span records the reason, status ERROR.
 
 faust's confluent-kafka driver does not work here (it never creates topics, and never polls before
 its first assignment, so it never learns its assignment); the app uses aiokafka (``kafka://``).
@@ -34,7 +38,8 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -48,8 +53,11 @@ from faust.types import EventT, StreamT
 from faust.types.auth import CredentialsT
 from faust.web import Request, Response, View
 from faust.web.exceptions import ServiceUnavailable
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
 
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
+from streams import tracing as t
 from streams.errors import ConfigurationError, PointError
 
 log = logging.getLogger("rhumbatron.analytics.rollup")
@@ -95,6 +103,42 @@ def _event_time(event: EventT[Any] | None) -> float:
     if event is None:
         raise RuntimeError("a window was touched outside stream processing")
     return parse_point(event.value).timestamp
+
+
+TRACER = "rhumbatron.analytics.rollup"
+METRIC = "rhumbatron.metric"
+COUNTED = "counted"
+INVALID = "invalid"
+
+
+@contextmanager
+def point_span(event: EventT[Any], group: str) -> Iterator[trace.Span | None]:
+    """The CONSUMER span of one point's fold, current inside; None when tracing is off."""
+    if not t.active():
+        yield None
+        return
+    message = event.message
+    raw = message.headers or ()
+    headers = list(raw.items() if isinstance(raw, Mapping) else raw)
+    key = message.key
+    attributes: dict[str, str | int] = {
+        t.MESSAGING_SYSTEM: t.KAFKA,
+        t.OPERATION_TYPE: t.PROCESS,
+        t.DESTINATION: message.topic,
+        t.PARTITION: str(message.partition),
+        t.OFFSET: message.offset,
+        t.CONSUMER_GROUP: group,
+    }
+    if isinstance(key, bytes):
+        attributes[t.MESSAGE_KEY] = key.decode("utf-8", "replace")
+    span = t.tracer(TRACER).start_span(
+        f"process {message.topic}",
+        context=t.context_of(headers),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    )
+    with trace.use_span(span, end_on_exit=True):
+        yield span
 
 
 def format_epoch(seconds: float) -> str:
@@ -322,23 +366,35 @@ def build_app(config: RollupConfig) -> faust.App:
     @app.agent(points, name="rollup")
     async def roll_points(stream: StreamT[bytes]) -> None:
         async for event in stream.events():
-            partition = event.message.partition
-            try:
-                point = parse_point(event.value)
-            except PointError as exc:
-                invalid[str(partition)] += 1
-                log.error(
-                    "invalid point at %s[%d]@%d, not counted: %s",
-                    event.message.topic,
-                    partition,
-                    event.message.offset,
-                    exc,
-                )
-                continue
-            current = dict(by_project[point.project_id].value())
-            current[point.metric] = current.get(point.metric, 0) + 1
-            by_project[point.project_id] = current
-            by_metric[metric_shard(point.metric, partition)] += 1
+            with point_span(event, config.app_id) as span:
+                fold(event, span)
+
+    def fold(event: EventT[Any], span: trace.Span | None) -> None:
+        partition = event.message.partition
+        try:
+            point = parse_point(event.value)
+        except PointError as exc:
+            invalid[str(partition)] += 1
+            log.error(
+                "invalid point at %s[%d]@%d, not counted: %s",
+                event.message.topic,
+                partition,
+                event.message.offset,
+                exc,
+            )
+            if span is not None:
+                span.set_attribute(t.OUTCOME, INVALID)
+                span.record_exception(exc)
+                span.set_status(StatusCode.ERROR, f"invalid point, not counted: {exc}")
+            return
+        current = dict(by_project[point.project_id].value())
+        current[point.metric] = current.get(point.metric, 0) + 1
+        by_project[point.project_id] = current
+        by_metric[metric_shard(point.metric, partition)] += 1
+        if span is not None:
+            span.set_attributes(
+                {t.OUTCOME: COUNTED, METRIC: point.metric, t.PROJECT: point.project_id}
+            )
 
     def local_partitions() -> list[int]:
         try:
