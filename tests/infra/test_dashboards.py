@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 from router.settings import Settings
+from streams.envelopes import Event
+from tests.support.causal_router import History
 from tests.support.environment import ROOT, subprocess_env
 from tests.support.prometheus import (
     ALERT_RULES,
@@ -206,7 +208,7 @@ PER_PROCESS = frozenset(
     }
 )
 # Catalog metrics no process produces yet: their panels stay, their queries are skipped here.
-NOT_YET_PRODUCED: frozenset[str] = PER_PROCESS
+NOT_YET_PRODUCED: frozenset[str] = frozenset()
 OPERATOR_TOKEN = "dashboards-test-token-0123456789abcdef"
 # What the run does, sized to give every panel a series: a workload through an outbox the
 # publisher sends, one drill record that fails every attempt and one that never decodes (the
@@ -246,6 +248,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     process on a metrics endpoint of its own. Everything runs until the module's tests are done:
     a process that stopped would leave stale series."""
     from tests.support.environment import cleanup_environment, run_cli
+    from tests.support.runtime_processes import publish
 
     tmp = tmp_path_factory.mktemp("dashboards")
     s = _metrics_settings(tmp)
@@ -258,6 +261,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 "--events", "3", check=True)  # fmt: skip
         for drill in ("fail", "garbage"):
             run_cli(s, "produce", "--drill", drill, check=True)
+        publish(s, _overlapping_intents(s.env))
         targets = [Target("rhumbatron-operator", f"127.0.0.1:{_serve(s, processes)}")]
         for role, args in (
             ("publisher", ["publish", "--outbox", str(tmp / "outbox.sqlite")]),
@@ -290,6 +294,23 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 proc.kill()
                 proc.communicate(timeout=30)
         cleanup_environment(s)
+
+
+def _overlapping_intents(env: str) -> list[Event]:
+    """Two agents of one change, the second holding a file under a directory the first declares
+    twice: a prefix overlap, which the causal router asks its classifier about (the workload has
+    none). With one call a day, the first question is answered and the second capped."""
+    history = History(project=f"proj-overlap-{env}")
+    for agent, task, paths in (
+        ("agent-a", "t1", ["src/own.py"]),
+        ("agent-b", "t2", ["src/api/routes.py"]),
+    ):
+        history.add("task.created", task=task, resources=paths)
+        history.add("task.ready", task=task)
+        history.add("task.started", task=task, agentId=agent)
+    for resources in (["src/api"], ["src"]):
+        history.add("intent.declared", task="t1", agentId="agent-a", resources=resources)
+    return history.events
 
 
 def _start(s: Settings, args: list[str], **env: str) -> subprocess.Popen[str]:
