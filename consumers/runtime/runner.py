@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Concatenate, ParamSpec, TypeVar
 
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetterStore
@@ -54,10 +55,29 @@ from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event
 from streams.errors import EnvelopeError, Fenced, ProcessorError
+from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.runtime")
 
 __all__ = ["Runner", "RuntimePolicy", "Stats"]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _logged_with_partition(
+    process: Callable[Concatenate[Runner, PartitionState, _P], _R],
+) -> Callable[Concatenate[Runner, PartitionState, _P], _R]:
+    """Every record logged while a partition's records are processed (by the runtime, or by the
+    processor itself) names that partition's topic and partition."""
+
+    def processing(
+        self: Runner, part: PartitionState, /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R:
+        with log_fields(topic=part.tp.topic, partition=part.tp.partition):
+            return process(self, part, *args, **kwargs)
+
+    return processing
 
 
 class Runner(FilesMixin, TransactionMixin, FailureMixin):
@@ -227,16 +247,18 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         tick: Callable[[], None] = lambda: None,
     ) -> Stats:
         quiet_since = self.clock.monotonic()
-        while not should_stop():
-            tick()
-            handled = self.run_once()
-            now = self.clock.monotonic()
-            if handled or not self.idle() or not self.parts:
-                quiet_since = now
-            elif until_idle_s is not None and now - quiet_since >= until_idle_s:
-                break
+        with log_fields(subscription=self.processor.slug):  # on every record the loop logs
+            while not should_stop():
+                tick()
+                handled = self.run_once()
+                now = self.clock.monotonic()
+                if handled or not self.idle() or not self.parts:
+                    quiet_since = now
+                elif until_idle_s is not None and now - quiet_since >= until_idle_s:
+                    break
         return self.stats
 
+    @_logged_with_partition
     def _process_partition(
         self, part: PartitionState, records: list[Record], traces: BatchTraces | None = None
     ) -> Outcome | None:
@@ -355,6 +377,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     part.tp,
                     record.offset,
                     exc,
+                    extra={"offset": record.offset},
                 )
                 continue
             done.add(rid)
