@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from router.settings import Settings
+from streams import tracing
 from streams.envelopes import Event
 from tests.support.causal_router import History
 from tests.support.environment import ROOT, subprocess_env
@@ -28,11 +29,44 @@ from tests.support.prometheus import (
     ALERT_RULES,
     DASHBOARDS,
     Prometheus,
+    QueryError,
     Target,
     free_port,
     promtool,
     running_prometheus,
     wait_for,
+)
+
+# The catalog's metrics each long-running process serves on its own endpoint (metrics_port).
+PER_PROCESS = frozenset(
+    {
+        "rhumbatron_events_applied_total",
+        "rhumbatron_events_duplicate_total",
+        "rhumbatron_events_filtered_total",
+        "rhumbatron_batch_failures_total",
+        "rhumbatron_dead_lettered_total",
+        "rhumbatron_fenced_total",
+        "rhumbatron_end_to_end_latency_seconds",
+        "rhumbatron_publish_latency_seconds",
+        "rhumbatron_outbox_published_total",
+        "rhumbatron_commands_total",
+        "rhumbatron_commands_capped_total",
+        "rhumbatron_classifier_calls_total",
+        "rhumbatron_worker_attempts_total",
+        "rhumbatron_false_wakeups_total",
+    }
+)
+# The operator server's fleet-wide ones (rhumbatron serve's /metrics).
+FLEET = frozenset(
+    {
+        "rhumbatron_consumer_lag",
+        "rhumbatron_outbox_rows",
+        "rhumbatron_outbox_held_projects",
+        "rhumbatron_outbox_oldest_pending_seconds",
+        "rhumbatron_dead_letters",
+        "rhumbatron_worker_total",
+        "rhumbatron_scrape_error",
+    }
 )
 
 METRICS_DASHBOARD = DASHBOARDS / "rhumbatron-metrics.json"
@@ -108,7 +142,8 @@ def alert_query(rule: dict[str, Any]) -> Query:
     )
 
 
-# -- promtool --------------------------------------------------------------------------------------
+# -- promtool (Debian's, which infra/local.sh installs: these run with the integration tests) ------
+@pytest.mark.integration
 def test_promtool_accepts_the_alert_rules_and_refuses_a_broken_copy(tmp_path: Path) -> None:
     checked = promtool("check", "rules", ALERT_RULES)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -123,6 +158,7 @@ def test_promtool_accepts_the_alert_rules_and_refuses_a_broken_copy(tmp_path: Pa
     assert "parse error" in refused.stdout + refused.stderr
 
 
+@pytest.mark.integration
 def test_promtool_accepts_the_shipped_prometheus_configuration() -> None:
     checked = promtool("check", "config", DASHBOARDS / "prometheus.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -159,8 +195,14 @@ def test_each_panel_legend_names_every_label_its_query_groups_by() -> None:
         assert "$" not in query.expr, query  # every Grafana variable is one the tests set
 
 
+def test_every_catalog_metric_has_a_panel_and_a_line_in_the_docs() -> None:
+    shown = set().union(*(q.metrics for q in panel_queries()))
+    assert shown >= PER_PROCESS | FLEET, sorted((PER_PROCESS | FLEET) - shown)
+    catalog = (ROOT / "docs" / "observability.md").read_text()
+    assert all(f"`{name}`" in catalog for name in PER_PROCESS | FLEET)
+
+
 def test_the_traces_dashboard_searches_by_the_attributes_the_spans_carry() -> None:
-    tracing = pytest.importorskip("streams.tracing")
     searched = " ".join(
         t["query"] for p in _panels(_dashboard(TRACES_DASHBOARD)) for t in p["targets"]
     )
@@ -178,6 +220,7 @@ def test_the_traces_dashboard_searches_by_the_attributes_the_spans_carry() -> No
 
 
 # -- every query parses in a real Prometheus -------------------------------------------------------
+@pytest.mark.integration
 def test_every_panel_query_and_alert_expression_parses_in_prometheus(tmp_path: Path) -> None:
     with running_prometheus(tmp_path / "prometheus") as prometheus:
         rules = prometheus.rules()
@@ -185,28 +228,11 @@ def test_every_panel_query_and_alert_expression_parses_in_prometheus(tmp_path: P
         assert all(rule["health"] != "err" for rule in rules), rules
         for query in panel_queries() + [alert_query(r) for r in rules]:
             prometheus.query(query.expr)  # a parse error is a QueryError naming the query
+        with pytest.raises(QueryError, match="bad_data: .*parse error"):
+            prometheus.query("sum by (outbox) (rhumbatron_outbox_rows")
 
 
 # -- against a real run ----------------------------------------------------------------------------
-# The catalog's metrics each long-running process serves on its own endpoint (metrics_port).
-PER_PROCESS = frozenset(
-    {
-        "rhumbatron_events_applied_total",
-        "rhumbatron_events_duplicate_total",
-        "rhumbatron_events_filtered_total",
-        "rhumbatron_batch_failures_total",
-        "rhumbatron_dead_lettered_total",
-        "rhumbatron_fenced_total",
-        "rhumbatron_end_to_end_latency_seconds",
-        "rhumbatron_publish_latency_seconds",
-        "rhumbatron_outbox_published_total",
-        "rhumbatron_commands_total",
-        "rhumbatron_commands_capped_total",
-        "rhumbatron_classifier_calls_total",
-        "rhumbatron_worker_attempts_total",
-        "rhumbatron_false_wakeups_total",
-    }
-)
 # Catalog metrics no process produces yet: their panels stay, their queries are skipped here.
 NOT_YET_PRODUCED: frozenset[str] = frozenset()
 OPERATOR_TOKEN = "dashboards-test-token-0123456789abcdef"
