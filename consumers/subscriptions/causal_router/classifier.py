@@ -42,12 +42,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import SecretStr
 
 from consumers.subscriptions.causal_router.budget import DailyCounter
 from streams.errors import ClassifierError, ClassifierTimeout
+from streams.urls import MASK, masked
 
 log = logging.getLogger("rhumbatron.causal_router.classifier")
 
@@ -129,6 +131,8 @@ class HttpClassifier:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"classifier_url must be an http(s) URL, got {url!r}")
         self.url = url
+        self.shown = masked(url)  # what a message names: the URL without its password, if any
+        self._password = _password_of(url)
         self._key = key
         self.timeout_s = timeout_s
         self.max_answer_bytes = max_answer_bytes
@@ -144,23 +148,37 @@ class HttpClassifier:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = response.read(self.max_answer_bytes + 1)
         except urllib.error.HTTPError as exc:
-            raise ClassifierError(f"{self.url} answered HTTP {exc.code}") from exc
+            raise ClassifierError(f"{self.shown} answered HTTP {exc.code}") from exc
         except TimeoutError as exc:
-            raise ClassifierTimeout(f"{self.url}: no answer within {self.timeout_s:g}s") from exc
+            raise ClassifierTimeout(f"{self.shown}: no answer within {self.timeout_s:g}s") from exc
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
                 raise ClassifierTimeout(
-                    f"{self.url}: no answer within {self.timeout_s:g}s"
+                    f"{self.shown}: no answer within {self.timeout_s:g}s"
                 ) from exc
-            raise ClassifierError(f"{self.url} unreachable: {exc.reason}") from exc
+            reason = self._scrubbed(str(exc.reason))
+            raise ClassifierError(f"{self.shown} unreachable: {reason}") from exc
         except (OSError, http.client.HTTPException) as exc:
-            raise ClassifierError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+            detail = self._scrubbed(str(exc))
+            raise ClassifierError(f"{self.shown}: {type(exc).__name__}: {detail}") from exc
         if len(body) > self.max_answer_bytes:
             raise ClassifierError(
-                f"{self.url} answered more than {self.max_answer_bytes} bytes "
+                f"{self.shown} answered more than {self.max_answer_bytes} bytes "
                 "(classifier_max_answer_bytes)"
             )
-        return parse_answer(body, self.url)
+        return parse_answer(body, self.shown)
+
+    def _scrubbed(self, text: str) -> str:
+        """A library's message about the URL (urllib quotes the host part it failed on, which
+        holds the password when the URL has one), without the password."""
+        return text.replace(self._password, MASK) if self._password else text
+
+
+def _password_of(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:  # too malformed to parse: masked() hides it all the same
+        return None
 
 
 def parse_answer(body: bytes, source: str) -> Answer:
