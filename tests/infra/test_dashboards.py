@@ -82,6 +82,7 @@ THRESHOLD = re.compile(r"\s*(?:==|!=|>=|<=|>|<)\s*-?[0-9][0-9.e+]*\b")
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 ANNOTATION_LABEL = re.compile(r"\$labels\.(\w+)")
 GROUPING = re.compile(r"\bby\s*\(([^)]*)\)")
+LABEL_VALUES = re.compile(r"label_values\((\w+),\s*(\w+)\)")
 
 
 @dataclass(frozen=True)
@@ -397,6 +398,17 @@ def test_every_panel_query_and_alert_expression_returns_series_with_the_labels_i
         queries = panel_queries() + [alert_query(rule) for rule in rules]
         assert len(queries) == len(panel_queries()) + ALERT_COUNT
         waiting = [q for q in queries if q.metrics & NOT_YET_PRODUCED]
+        (variable,) = _dashboard(METRICS_DASHBOARD)["templating"]["list"]
+        found = LABEL_VALUES.fullmatch(variable["definition"])
+        assert found, variable  # Grafana's label_values(metric, label)
+        metric, label = found.groups()
+        wait_for(
+            f"the {variable['name']} variable to list the run's subscriptions",
+            lambda: (
+                {"ledger", "causal-router"} <= set(prometheus.label_values(label, metric)) or None
+            ),
+            SERIES_TIMEOUT_S,
+        )
         for query in queries:
             if query in waiting:
                 continue

@@ -106,6 +106,11 @@ class Prometheus:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def label_values(self, label: str, match: str) -> list[str]:
+        """The values ``label`` takes on the series ``match`` selects (Grafana's label_values)."""
+        values: list[str] = self._data(f"/api/v1/label/{label}/values", **{"match[]": match})
+        return values
+
     def rules(self) -> list[dict[str, Any]]:
         return [rule for group in self._data("/api/v1/rules")["groups"] for rule in group["rules"]]
 
