@@ -14,6 +14,7 @@ import orjson
 
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
 from router.cli.common import parse_duration, print_json
+from router.cli.observed import observed
 from router.settings import Settings
 from router.wiring.analytics import (
     point_counts,
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 
 
 # -- the worker ----------------------------------------------------------------------------------
+# How often the rollup's worker beats (well inside the default health_stale_s of 60 s).
+BEAT_INTERVAL_S = 5.0
+
+
 def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
     try:
         from consumers.subscriptions.analytics.rollup import build_app, run_worker
@@ -49,7 +54,16 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    run_worker(build_app(config), loglevel=args.log_level)
+    with observed(settings, "analytics-rollup") as health:
+        app = build_app(config)
+
+        # The health beat from the worker's own event loop: a loop that hangs stops it.
+        @app.timer(interval=BEAT_INTERVAL_S)  # type: ignore[untyped-decorator]
+        async def beat() -> None:
+            health.beat()
+            health.ready = True  # the worker runs: its agents and web view are up
+
+        run_worker(app, loglevel=args.log_level)
     return 0
 
 

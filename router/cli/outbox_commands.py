@@ -13,6 +13,7 @@ import time
 from types import FrameType
 
 from router.cli.common import operator_name, parse_duration, print_json
+from router.cli.observed import observed
 from router.cli.progress import ProgressReporter, say, start_line
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, init_postgres_outbox, open_outbox
@@ -111,7 +112,11 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with build_publisher(settings, store) as publisher:
+        with (
+            observed(settings, "publisher") as health,
+            build_publisher(settings, store) as publisher,
+        ):
+            health.ready = True  # the outbox's lock is held: this is the one publisher
             # Said once the outbox's lock is held: a refusal before stays the one line it is.
             start_line(
                 f"publish {store.location}", settings, topics=settings.topology.stream_names()
@@ -127,6 +132,7 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
                     stop=stop,
                     progress=progress,
                     progress_interval_s=settings.progress_interval_s,
+                    tick=health.beat,
                 )
         stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
     finally:

@@ -17,6 +17,7 @@ from types import FrameType
 import uvicorn
 
 from router.cli.common import non_negative_int
+from router.cli.observed import observed
 from router.operator.pid_file import PidFile
 from router.operator.server import (
     Tls,
@@ -28,6 +29,7 @@ from router.operator.server import (
 )
 from router.operator.service import OperatorService
 from router.settings import Settings
+from router.wiring.probes import ProcessHealth
 from streams.errors import ConfigurationError
 
 
@@ -43,7 +45,8 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         try:
             sock = bind(settings.operator_host, port, allow_remote=args.allow_remote)
             try:
-                return _serve_on(settings, sock, tls, stop)
+                with observed(settings, "operator") as health:
+                    return _serve_on(settings, sock, tls, stop, health)
             finally:
                 sock.close()
         finally:
@@ -69,7 +72,9 @@ class _Stop:
             self.server.should_exit = True
 
 
-def _serve_on(settings: Settings, sock: socket.socket, tls: Tls | None, stop: _Stop) -> int:
+def _serve_on(
+    settings: Settings, sock: socket.socket, tls: Tls | None, stop: _Stop, health: ProcessHealth
+) -> int:
     service = OperatorService(settings)
     try:
         print(
@@ -87,10 +92,24 @@ def _serve_on(settings: Settings, sock: socket.socket, tls: Tls | None, stop: _S
             )
         stop.server = server(service, tls)
         stop.server.should_exit = stop.requested
+        _beat_on_ticks(stop.server, health)
         stop.server.run(sockets=[sock])
     finally:
         service.close()
     return 0
+
+
+def _beat_on_ticks(running: uvicorn.Server, health: ProcessHealth) -> None:
+    """The health beat from the server's own loop: uvicorn calls ``on_tick`` every tenth of a
+    second from its event loop, so a loop that hangs stops the beats; ready once it listens."""
+    ticked = running.on_tick
+
+    async def on_tick(counter: int) -> bool:
+        health.beat()
+        health.ready = running.started
+        return await ticked(counter)
+
+    running.on_tick = on_tick  # type: ignore[method-assign]
 
 
 def _access_note(settings: Settings) -> str:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from consumers.redis_conn import address_of
 from router.cli.common import non_negative_int, positive_int, print_json
+from router.cli.observed import observed
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.provisioning import (
@@ -69,16 +70,24 @@ def produce(settings: Settings, args: argparse.Namespace) -> int:
                 "produce --drill writes one record straight to a stream: it takes neither "
                 "--outbox nor --projects/--events"
             )
-        return produce_drill(settings, args)
-    if args.projects is None or args.events is None:
+    elif args.projects is None or args.events is None:
         raise ConfigurationError(
             "produce needs --projects N and --events M (or --drill fail|garbage for one drill "
             "record)"
         )
-    if args.outbox:
-        from router.cli.outbox_commands import produce_to_outbox
+    # Where traces start: each event (or the outbox's each transaction) in a span of its own.
+    with observed(settings, "producer") as health:
+        health.ready = True
+        if args.drill:
+            return produce_drill(settings, args)
+        if args.outbox:
+            from router.cli.outbox_commands import produce_to_outbox
 
-        return produce_to_outbox(settings, args)
+            return produce_to_outbox(settings, args)
+        return _produce_to_streams(settings, args)
+
+
+def _produce_to_streams(settings: Settings, args: argparse.Namespace) -> int:
     run = args.run or secrets.token_hex(4)
     base = settings.kafka_config()
     require_topics(settings, settings.topology.stream_names())
@@ -210,9 +219,15 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 def demo(settings: Settings, args: argparse.Namespace) -> int:
     from router.demo import run_demo
 
-    return run_demo(
-        settings, projects=args.projects, events=args.events, serve=args.serve, outbox=args.outbox
-    )
+    with observed(settings, "demo") as health:
+        health.ready = True  # its parts run as processes of their own, each observed
+        return run_demo(
+            settings,
+            projects=args.projects,
+            events=args.events,
+            serve=args.serve,
+            outbox=args.outbox,
+        )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,6 +15,7 @@ from router.cli.common import (
     print_json,
     stop_on_signals,
 )
+from router.cli.observed import observed
 from router.cli.progress import (
     LagProbe,
     ProgressReporter,
@@ -34,26 +35,32 @@ from streams.clock import SystemClock
 
 def consume(settings: Settings, args: argparse.Namespace) -> int:
     stop = stop_on_signals()
-    subscription = open_subscription(settings, args.subscription)
     slug = args.subscription
-    reads = settings.topology.subscription_reads(slug)
-    start_line(f"consume {slug}", settings, group=reads.group, topics=group_topics(reads))
-    stats = subscription.runner.stats
-    lag = LagProbe(settings, reads)
+    with observed(settings, slug) as health:
+        subscription = open_subscription(settings, slug)
+        reads = settings.topology.subscription_reads(slug)
+        start_line(f"consume {slug}", settings, group=reads.group, topics=group_topics(reads))
+        stats = subscription.runner.stats
+        lag = LagProbe(settings, reads)
 
-    def sample() -> str:
-        return (
-            f"consume {slug}: {stats.records} records, {stats.applied} applied, "
-            f"{stats.dead_lettered} dead-lettered, lag {lag()}"
-        )
-
-    try:
-        with ProgressReporter(sample, settings.progress_interval_s):
-            stats = subscription.runner.run(
-                until_idle_s=args.until_idle, should_stop=stop.is_set, tick=subscription.tick
+        def sample() -> str:
+            return (
+                f"consume {slug}: {stats.records} records, {stats.applied} applied, "
+                f"{stats.dead_lettered} dead-lettered, lag {lag()}"
             )
-    finally:
-        subscription.close()
+
+        def tick() -> None:
+            health.beat()
+            health.ready = True  # subscribed (its topics checked, its stores connected), polling
+            subscription.tick()
+
+        try:
+            with ProgressReporter(sample, settings.progress_interval_s):
+                stats = subscription.runner.run(
+                    until_idle_s=args.until_idle, should_stop=stop.is_set, tick=tick
+                )
+        finally:
+            subscription.close()
     print(consume_summary(slug, stats), file=sys.stderr)
     return 0
 

@@ -10,6 +10,7 @@ from collections import Counter
 import orjson
 
 from router.cli.common import non_negative_float, stop_on_signals
+from router.cli.observed import observed
 from router.cli.progress import (
     LagProbe,
     ProgressReporter,
@@ -17,6 +18,7 @@ from router.cli.progress import (
     start_line,
 )
 from router.settings import Settings
+from router.wiring.probes import ProcessHealth
 from router.wiring.subscription import redis_client
 from router.wiring.workers import (
     DEAD_LETTER_QUEUE,
@@ -39,6 +41,7 @@ def _run(
     purpose: str,
     until_idle: float | None,
     stop: threading.Event,
+    health: ProcessHealth,
 ) -> int:
     reads = settings.topology.worker_reads(worker_slug(purpose), purpose)
     start_line(name, settings, group=reads.group, topics=group_topics(reads))
@@ -48,11 +51,14 @@ def _run(
     def sample() -> str:
         return f"{name}: {stats.records} records, {_outcomes(stats.outcomes)}, lag {lag()}"
 
+    def tick() -> None:
+        health.beat()
+        health.ready = True  # subscribed to its queue (and retry topic), polling
+        process.tick()
+
     try:
         with ProgressReporter(sample, settings.progress_interval_s):
-            stats = process.worker.run(
-                until_idle_s=until_idle, should_stop=stop.is_set, tick=process.tick
-            )
+            stats = process.worker.run(until_idle_s=until_idle, should_stop=stop.is_set, tick=tick)
     finally:
         process.close()
     print(worker_summary(name, stats), file=sys.stderr)
@@ -98,18 +104,20 @@ def worker(settings: Settings, args: argparse.Namespace) -> int:
             f"unknown handler {name!r}; built-in handlers: {', '.join(sorted(HANDLERS))}"
         )
     stop = stop_on_signals()
-    client = redis_client(settings)
-    handler = HANDLERS[name](client, settings.env, args.queue)
-    process = open_worker(settings, args.queue, handler, client=client)
-    return _run(
-        settings, process, f"worker {args.queue} ({name})", args.queue, args.until_idle, stop
-    )
+    with observed(settings, f"worker-{args.queue}") as health:
+        client = redis_client(settings)
+        handler = HANDLERS[name](client, settings.env, args.queue)
+        process = open_worker(settings, args.queue, handler, client=client)
+        label = f"worker {args.queue} ({name})"
+        return _run(settings, process, label, args.queue, args.until_idle, stop, health)
 
 
 def dead_letter_consumer(settings: Settings, args: argparse.Namespace) -> int:
     stop = stop_on_signals()
-    process = open_dead_letter_consumer(settings)
-    return _run(settings, process, "dead-letter-consumer", DEAD_LETTER_QUEUE, args.until_idle, stop)
+    with observed(settings, "dead-letter-consumer") as health:
+        process = open_dead_letter_consumer(settings)
+        label = "dead-letter-consumer"
+        return _run(settings, process, label, DEAD_LETTER_QUEUE, args.until_idle, stop, health)
 
 
 def worker_stats(settings: Settings, args: argparse.Namespace) -> int:

@@ -233,13 +233,16 @@ class Publisher:
         stop: threading.Event | None = None,
         progress: Callable[[PublisherTotals], None] | None = None,
         progress_interval_s: float = 0.0,
+        tick: Callable[[], None] = lambda: None,
     ) -> PublisherTotals:
-        """Publish until ``stop`` is set (or, with ``until_empty``, until :meth:`drained`)."""
+        """Publish until ``stop`` is set (or, with ``until_empty``, until :meth:`drained`).
+        ``tick`` is called once each time round the loop (a health beat)."""
         stop = stop or threading.Event()
         last_progress = self._clock.monotonic()
         # On every record the publisher logs (the location names no password).
         with log_fields(outbox=self._store.location):
             while not stop.is_set():
+                tick()
                 generation = self._store.commits.generation
                 report = self.run_pass()
                 if progress and self._clock.monotonic() - last_progress >= progress_interval_s:
