@@ -202,6 +202,10 @@ def test_every_catalog_metric_has_a_panel_and_a_line_in_the_docs() -> None:
     assert shown >= PER_PROCESS | FLEET, sorted((PER_PROCESS | FLEET) - shown)
     catalog = (ROOT / "docs" / "observability.md").read_text()
     assert all(f"`{name}`" in catalog for name in PER_PROCESS | FLEET)
+    # The ports the shipped configuration scrapes are the ones the docs give each process.
+    ports = re.findall(r'"127\.0\.0\.1:(\d+)"', (DASHBOARDS / "prometheus.yml").read_text())
+    assert len(ports) == 12
+    assert all(re.search(rf"\b{port}\b", catalog) for port in ports), ports
 
 
 def test_the_traces_dashboard_searches_by_the_attributes_the_spans_carry() -> None:
