@@ -106,9 +106,11 @@ class ProcessMetrics:
         for reader in self.readers:
             try:
                 if isinstance(reader, PeriodicExportingMetricReader):
-                    # The last figures go out now: once removed, the reader has nothing to read.
-                    reader.force_flush(timeout_millis=FLUSH_TIMEOUT_S * 1000)
-                provider.remove_metric_reader(reader)
+                    # Stopped in place: its last export reads the provider on the way out (a
+                    # removed reader would have nothing to read); stopped, it reads no more.
+                    reader.shutdown(timeout_millis=FLUSH_TIMEOUT_S * 1000)
+                else:
+                    provider.remove_metric_reader(reader)
             except Exception as exc:  # a collector gone at shutdown must not fail the command
                 log.warning("metrics: reader %s did not stop cleanly: %s", reader, exc)
 
