@@ -43,7 +43,7 @@ from typing import Generic, TypeVar
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
     MetricReader,
@@ -193,7 +193,13 @@ def start(
         provider = current
     else:
         # The tracer provider's resource (router/wiring/telemetry.py): one service, one name.
-        provider = MeterProvider(resource=resource(settings, role), shutdown_on_exit=False)
+        # No exemplars unless OTEL_METRICS_EXEMPLAR_FILTER asks: the SDK's default filter looks
+        # up the current span on every measurement, nearly half the cost of a histogram sample
+        # (one per event applied), and our histograms record outside any span anyway.
+        exemplars = None if _env(env, "OTEL_METRICS_EXEMPLAR_FILTER") else AlwaysOffExemplarFilter()
+        provider = MeterProvider(
+            resource=resource(settings, role), shutdown_on_exit=False, exemplar_filter=exemplars
+        )
         metrics.set_meter_provider(provider)
     for reader in readers:
         provider.add_metric_reader(reader)
