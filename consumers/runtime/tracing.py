@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags
 
 from consumers.runtime.runner_base import RunnerBase
 from consumers.runtime.types import TP, EffectKind, OutRecord, Record
@@ -45,8 +46,14 @@ class BatchTraces:
 
     tracer: trace.Tracer
     contexts: dict[int, Context | None]
+    # Records whose producer's trace is not sampled, under a parent-based sampler: their applies
+    # would record nothing, so they get no span, only their trace context passed on as it came
+    # (the cost of a 1 % sample is then close to that of none).
+    unsampled: dict[int, tuple[tuple[str, bytes], ...]] = field(default_factory=dict)
     failing: dict[int, trace.Span] = field(default_factory=dict)
     _current: tuple[trace.Span, Token[Context]] | None = None
+    _passing: tuple[tuple[str, bytes], ...] | None = None  # an unsampled apply's own headers
+    _token: Token[Context] | None = None
 
     def apply_span(self, slug: str, record: Record, event: Event, *, offset: int) -> trace.Span:
         return self.tracer.start_span(
@@ -68,19 +75,43 @@ class BatchTraces:
             },
         )
 
-    def start(self, slug: str, record: Record, event: Event, *, offset: int) -> trace.Span:
-        """An event's apply begins: its span, current until :meth:`applied` or :meth:`fail`."""
+    def start(self, slug: str, record: Record, event: Event, *, offset: int) -> None:
+        """An event's apply begins: its span, current until :meth:`applied` or :meth:`fail`
+        (for an unsampled trace, its producer's context)."""
+        passing = self.unsampled.get(id(record))
+        if passing is not None:
+            self._passing = passing
+            remote = _remote(passing)
+            if remote is not None:
+                self._token = context.attach(remote)
+            return
         span = self.apply_span(slug, record, event, offset=offset)
         self._current = (span, context.attach(trace.set_span_in_context(span)))
-        return span
 
     def _leave(self) -> trace.Span | None:
+        self._passing = None
+        if self._token is not None:
+            token, self._token = self._token, None
+            context.detach(token)
         if self._current is None:
             return None
         span, token = self._current
         self._current = None
         context.detach(token)
         return span
+
+    def effects(self, records: list[OutRecord]) -> list[OutRecord]:
+        """The records the current apply produced, with its trace context in their headers."""
+        if self._current is not None:
+            return with_trace(records, self._current[0])
+        if self._passing is not None:
+            names = _FIELDS | {k for k, _ in self._passing}
+            passing = self._passing
+            return [
+                replace(r, headers=(*((k, v) for k, v in r.headers if k not in names), *passing))
+                for r in records
+            ]
+        return records
 
     def applied(self) -> None:
         span = self._leave()
@@ -106,6 +137,8 @@ class BatchTraces:
         error: str | None = None,
     ) -> None:
         """A span for an event not applied: a duplicate, or a poison record dead-lettered."""
+        if id(record) in self.unsampled:
+            return
         if event is not None:
             span = self.apply_span(slug, record, event, offset=offset)
         else:
@@ -150,6 +183,35 @@ class BatchTraces:
         self.failing.clear()
 
 
+_FIELDS = frozenset({t.TRACEPARENT, t.TRACESTATE})
+
+
+def _unsampled(traceparent: bytes) -> bool:
+    """A well-formed W3C traceparent (version-trace-span-flags) whose sampled flag is off."""
+    if len(traceparent) != 55 or traceparent[52:53] != b"-":
+        return False
+    try:
+        return not int(traceparent[53:55], 16) & 1
+    except ValueError:
+        return False
+
+
+def _remote(headers: tuple[tuple[str, bytes], ...]) -> Context | None:
+    """An unsampled producer's context, made current while its event applies (so what the
+    processor writes itself, an outbox row, carries it), without the propagator's full parse."""
+    for k, v in headers:
+        if k == t.TRACEPARENT:
+            try:
+                trace_id, span_id = int(v[3:35], 16), int(v[36:52], 16)
+            except ValueError:
+                return None
+            span = trace.NonRecordingSpan(
+                trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(0))
+            )
+            return trace.set_span_in_context(span)
+    return None
+
+
 def reason(error: BaseException) -> str:
     """The error as a batch's dead letter states it (consumers.runtime.failures)."""
     return f"{type(error).__name__}: {error}"
@@ -168,7 +230,16 @@ class TracingMixin(RunnerBase):
         """The tracing of one partition slice: None when tracing is off."""
         if not t.active():
             return None
-        found = BatchTraces(t.tracer(TRACER), {id(r): t.context_of(r.headers) for r in records})
+        provider = trace.get_tracer_provider()
+        parent_based = isinstance(getattr(provider, "sampler", None), ParentBased)
+        found = BatchTraces(t.tracer(TRACER), {})
+        for r in records:
+            if parent_based:
+                raw = r.header(t.TRACEPARENT)
+                if raw is not None and _unsampled(raw):
+                    found.unsampled[id(r)] = tuple((k, v) for k, v in r.headers if k in _FIELDS)
+                    continue
+            found.contexts[id(r)] = t.context_of(r.headers)
         if not hasattr(self, "_batch_traces"):
             self._batch_traces = []
         self._batch_traces.append(found)
@@ -213,11 +284,9 @@ class TracingMixin(RunnerBase):
         self, traces: BatchTraces | None, records: list[OutRecord]
     ) -> list[OutRecord]:
         """An applied event's Kafka records, with its apply's trace context in their headers."""
-        if traces is None or traces._current is None or not records:
+        if traces is None or not records or self.processor.effect_kind != EffectKind.KAFKA:
             return records
-        if self.processor.effect_kind != EffectKind.KAFKA:
-            return records
-        return with_trace(records, traces._current[0])
+        return traces.effects(records)
 
     def _traces_dead_lettered(self, records: Sequence[Record], letter_id: str) -> None:
         for traces in getattr(self, "_batch_traces", ()):

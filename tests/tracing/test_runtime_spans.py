@@ -9,13 +9,14 @@ from typing import ClassVar
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from consumers.runtime.types import JSON, Record
 from streams import tracing as t
 from streams.envelopes import Event, encode
 from tests.support.runtime_harness import LIMIT, OUT, Counter, World, event
-from tests.support.tracing import by_name, hex_id, no_provider
+from tests.support.tracing import by_name, hex_id, installed_provider, no_provider
 
 
 def _producer() -> trace.Tracer:
@@ -153,3 +154,20 @@ def test_with_tracing_off_no_trace_context_is_written_and_nothing_breaks() -> No
         world.drain(world.runner(Counter()))
         [record] = world.log.all(OUT)
         assert _traceparent(record) is None and record.header(t.TRACESTATE) is None
+
+
+def test_an_unsampled_trace_gets_no_spans_but_its_context_goes_on_into_the_commands() -> None:
+    # Sampling is decided at the root: a trace its producer did not sample stays unsampled.
+    with installed_provider(ParentBased(TraceIdRatioBased(0.0))) as spans:
+        world = World()
+        sent = [_send(world, event("alpha", n)) for n in (1, 2)]
+        assert not any(c.trace_flags.sampled for c, _ in sent)
+        world.drain(world.runner(Counter()))
+        assert not [s for s in spans.get_finished_spans() if s.name.startswith("apply ")]
+        out = world.log.all(OUT)
+        assert len(out) == 2
+        for record, (producer, _) in zip(out, sent, strict=True):
+            trace_id, span_id = hex_id(producer.trace_id, 32), hex_id(producer.span_id, 16)
+            assert (
+                _traceparent(record) == f"00-{trace_id}-{span_id}-{int(producer.trace_flags):02x}"
+            )
