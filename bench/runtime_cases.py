@@ -9,8 +9,8 @@ from bench import raw
 from bench.harness import BenchEnv, case
 from consumers.redis_conn import connect
 from router.settings import Settings
+from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import open_subscription
-from streams.admin import admin_client, provision
 from streams.producer import Producer, send_to_streams
 from streams.workload import slotted_events, workload
 
@@ -23,7 +23,7 @@ def _published(env: BenchEnv) -> None:
         **{**env.settings.model_dump(), "env": f"{env.settings.env}_{uuid.uuid4().hex[:6]}"}
     )
     base = s.kafka_config()
-    provision(admin_client(base), base, s.topology.all_specs(), topology=s.topology, timeout=30)
+    provision_environment(s)  # the subscriptions' redelivery topics too
     events = slotted_events(workload(uuid.uuid4().hex[:6], 500, env.size), tenant_id="tenant-bench")
     send_to_streams(
         Producer(base),
