@@ -41,6 +41,7 @@ CASE_MODULES = (
     "bench.cases",
     "bench.runtime_cases",
     "bench.projector_cases",
+    "bench.tracing_cases",
     "bench.archive_cases",
     "bench.router_cases",
     "bench.worker_cases",
@@ -124,6 +125,27 @@ def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     remove_run(env_name)
     return results
+
+
+def median_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case from several interleaved rounds: its median round by rate (the lower
+    middle one of an even count), the note naming every round's rate. A shared machine's load
+    moves from minute to minute; interleaving spreads it over the cases alike."""
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        rounds.setdefault(r["name"], []).append(r)
+    merged = []
+    for runs in rounds.values():
+        failed = [r for r in runs if "error" in r]
+        if failed or len(runs) == 1:
+            merged.append(failed[0] if failed else runs[0])
+            continue
+        by_rate = sorted(runs, key=lambda r: r["items"] / r["seconds"])
+        median = dict(by_rate[(len(by_rate) - 1) // 2])
+        rates = "/".join(f"{r['items'] / r['seconds']:.0f}" for r in runs)
+        median["note"] = f"{median.get('note', '')}; median of {len(runs)} rounds ({rates}/s)"
+        merged.append(median)
+    return merged
 
 
 def remove_run(env_name: str) -> None:
