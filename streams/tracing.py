@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
+from opentelemetry.sdk.trace.sampling import ParentBased
 
 # -- messaging semantic conventions (opentelemetry-semantic-conventions, messaging) --------------
 MESSAGING_SYSTEM = "messaging.system"
@@ -60,6 +61,24 @@ def active() -> bool:
     return not isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     )
+
+
+def parent_based() -> bool:
+    """Whether the installed provider samples by the parent (the default, router/wiring/
+    telemetry.py): a span under an unsampled parent then records nothing, and a caller may skip
+    making it (:func:`unsampled`)."""
+    return isinstance(getattr(trace.get_tracer_provider(), "sampler", None), ParentBased)
+
+
+def unsampled(traceparent: bytes | str) -> bool:
+    """A well-formed W3C traceparent (version-trace-span-flags) whose sampled flag is off."""
+    raw = traceparent.encode("latin-1") if isinstance(traceparent, str) else traceparent
+    if len(raw) != 55 or raw[52:53] != b"-":
+        return False
+    try:
+        return not int(raw[53:55], 16) & 1
+    except ValueError:
+        return False
 
 
 def tracer(name: str) -> trace.Tracer:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags
 
 from consumers.runtime.runner_base import RunnerBase
@@ -186,16 +185,6 @@ class BatchTraces:
 _FIELDS = frozenset({t.TRACEPARENT, t.TRACESTATE})
 
 
-def _unsampled(traceparent: bytes) -> bool:
-    """A well-formed W3C traceparent (version-trace-span-flags) whose sampled flag is off."""
-    if len(traceparent) != 55 or traceparent[52:53] != b"-":
-        return False
-    try:
-        return not int(traceparent[53:55], 16) & 1
-    except ValueError:
-        return False
-
-
 def _remote(headers: tuple[tuple[str, bytes], ...]) -> Context | None:
     """An unsampled producer's context, made current while its event applies (so what the
     processor writes itself, an outbox row, carries it), without the propagator's full parse."""
@@ -230,13 +219,12 @@ class TracingMixin(RunnerBase):
         """The tracing of one partition slice: None when tracing is off."""
         if not t.active():
             return None
-        provider = trace.get_tracer_provider()
-        parent_based = isinstance(getattr(provider, "sampler", None), ParentBased)
+        parent_based = t.parent_based()
         found = BatchTraces(t.tracer(TRACER), {})
         for r in records:
             if parent_based:
                 raw = r.header(t.TRACEPARENT)
-                if raw is not None and _unsampled(raw):
+                if raw is not None and t.unsampled(raw):
                     found.unsampled[id(r)] = tuple((k, v) for k, v in r.headers if k in _FIELDS)
                     continue
             found.contexts[id(r)] = t.context_of(r.headers)

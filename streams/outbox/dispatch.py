@@ -81,6 +81,7 @@ class Dispatch:
         # A span per row only when someone is tracing: the writer was (its context is stored
         # with the row) or this pass is. Untraced, it would cost a fifth of the publish rate.
         self._tracer = tracing.tracer(__name__) if tracing.active() else None
+        self._parent_based = self._tracer is not None and tracing.parent_based()
         self._traced = trace.get_current_span().is_recording()
 
     @property
@@ -154,7 +155,8 @@ class Dispatch:
             (CONTENT_TYPE_HEADER, CONTENT_TYPE),
         ]
         span: trace.Span | None = None
-        if self._tracer is not None and (row.trace_context or self._traced):
+        wanted = not self._unsampled(row) if row.trace_context else self._traced
+        if self._tracer is not None and wanted:
             # The PRODUCER span of the send, in the writer's trace: the record carries it.
             parent: Context | None = (
                 propagate.extract(row.trace_context) if row.trace_context else None
@@ -178,7 +180,8 @@ class Dispatch:
             )
             headers.extend(tracing.carrier(tracing.span_in(span)))
         elif row.trace_context:
-            # Untraced here, the writer's context still goes on: its trace stays one.
+            # Untraced here (or its writer's trace unsampled: a span would record nothing), the
+            # writer's context still goes on as it came: its trace stays one.
             headers.extend((k, v.encode()) for k, v in row.trace_context.items())
 
         def report(delivery: DeliveryReport) -> None:
@@ -206,6 +209,10 @@ class Dispatch:
         self._sender.produce(
             stream, row.envelope, key=row.project_id, headers=headers, on_delivery=report
         )
+
+    def _unsampled(self, row: OutboxRow) -> bool:
+        parent = row.trace_context.get(tracing.TRACEPARENT)
+        return self._parent_based and parent is not None and tracing.unsampled(parent)
 
     def _poll_once(self, timeout: float = POLL_SLICE_S) -> None:
         self._sender.poll(timeout)
