@@ -301,9 +301,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         if traces is not None:
             for r, problem in poison:
                 offset = self._origin_offset(r)
-                traces.skipped(
-                    proc.slug, r, None, "dead-lettered", offset=offset, error=str(problem)
-                )
+                traces.skipped(proc.slug, r, None, "dead-lettered", offset=offset, error=problem)
         done: set[int] = {id(r) for r, _ in poison}
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []

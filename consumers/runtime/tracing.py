@@ -67,6 +67,7 @@ class BatchTraces:
                 t.PARTITION: str(record.partition),
                 t.OFFSET: offset,
                 t.MESSAGE_ID: event.event_id,
+                t.MESSAGE_KEY: event.project_id,
                 t.SUBSCRIPTION: slug,
                 t.EVENT_ID: event.event_id,
                 t.EVENT_TYPE: event.event_type,
@@ -133,7 +134,7 @@ class BatchTraces:
         outcome: str,
         *,
         offset: int,
-        error: str | None = None,
+        error: BaseException | None = None,
     ) -> None:
         """A span for an event not applied: a duplicate, or a poison record dead-lettered."""
         if id(record) in self.unsampled:
@@ -154,8 +155,9 @@ class BatchTraces:
                 },
             )
         span.set_attribute(t.OUTCOME, outcome)
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, error))
+        if error is not None:  # a poison record: the text its dead letter carries
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, str(error)))
         span.end()
 
     def fail(self, record: Record, error: BaseException) -> None:

@@ -142,6 +142,9 @@ def test_a_poison_record_is_dead_lettered_on_its_producers_trace(
     assert poison.context.trace_id == producer.get_span_context().trace_id
     assert dict(poison.attributes or {})[t.OUTCOME] == "dead-lettered"
     assert poison.status.status_code is StatusCode.ERROR
+    [letter] = world.dead.list()
+    assert poison.status.description == letter.error
+    assert [e.name for e in poison.events] == ["exception"]
 
 
 def test_with_tracing_off_no_trace_context_is_written_and_nothing_breaks() -> None:
