@@ -15,7 +15,11 @@ span per partition names its destination and partition as the conventions ask.
 
 Tracing off (no SDK provider, :func:`streams.tracing.active`), :meth:`TracingMixin._traces`
 returns None once per partition slice and nothing below runs: no attributes, no context
-extraction, no headers.
+extraction, no headers. Tracing on under the default parent-based sampler, a record whose
+producer's trace is unsampled gets no span either (it would record nothing): its context is
+current while it applies and goes on as it came into the records it causes, so its trace stays
+unsampled all the way down; a batch links only the sampled producers (the others are never
+exported).
 """
 
 from __future__ import annotations
