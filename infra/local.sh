@@ -256,14 +256,24 @@ scram_stamp() {
 
 # A storage formatted before the secured listener existed (or material made anew) lacks the
 # users: create them against the running broker, through its PLAINTEXT listener, with Kafka's
-# ConfigCommand (one credential per request, which is all it takes; the four run side by side).
+# ConfigCommand (one credential per request, which is all it takes; they run side by side).
+# With the marker in place the users were made, but the broker may have lost some since: Kafka
+# 4.4's metadata snapshot keeps one SCRAM mechanism per user, so after a restart from a snapshot
+# the other is gone (seen: SCRAM-SHA-512 logins refused, SCRAM-SHA-256 still there). Each start
+# asks the broker which credentials it holds and makes the missing ones again.
 ensure_scram_users() {
-  local dir user mechanism stamp pids=() failed=0 pid
+  local dir user mechanism stamp held="" pids=() failed=0 pid made=()
   dir="$(node_dir single)"
   stamp="$(scram_stamp "$dir")"
-  if [ "$(cat "$dir/scram-users.stamp" 2>/dev/null || true)" = "$stamp" ]; then return; fi
+  if [ "$(cat "$dir/scram-users.stamp" 2>/dev/null || true)" = "$stamp" ]; then
+    held="$(kafka_java "$dir" org.apache.kafka.tools.ConfigCommand \
+      --bootstrap-server "127.0.0.1:$KAFKA_PORT" --describe --entity-type users 2>&1)" ||
+      fail "could not list the broker's SCRAM users with kafka's ConfigCommand: $held"
+  fi
   for user in $SECURED_USERS; do
     for mechanism in SCRAM-SHA-512 SCRAM-SHA-256; do
+      if grep -q "user-principal '$user' are .*$mechanism=" <<<"$held"; then continue; fi
+      made+=("$user/$mechanism")
       kafka_java "$dir" org.apache.kafka.tools.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
         --alter --entity-type users --entity-name "$user" \
         --add-config "$mechanism=[password=$(secret "$user.password")]" \
@@ -271,13 +281,18 @@ ensure_scram_users() {
       pids+=($!)
     done
   done
+  if [ "${#made[@]}" = 0 ]; then return; fi
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   if [ "$failed" = 1 ]; then
     fail "could not create the SCRAM users with kafka's ConfigCommand; see $SECURED/scram-users.*.log"
   fi
   rm -f "$SECURED"/scram-users.*.log
   echo "$stamp" >"$dir/scram-users.stamp"
-  say "SCRAM users $SECURED_USERS created on the running broker (its storage predates them)"
+  if [ -n "$held" ]; then
+    say "SCRAM credentials the broker had lost made again: ${made[*]}"
+  else
+    say "SCRAM users $SECURED_USERS created on the running broker (its storage predates them)"
+  fi
 }
 
 # Sets KAFKA_JAVA to the java command line for a node (an array, so the classpath glob stays
