@@ -1,7 +1,8 @@
 """One event's path on the real broker and Redis — outbox write, publish, the projector's and the
-causal router's applies, the command the router sends — is one trace: the publisher's PRODUCER
-spans carry it into the records' headers (read back from the topic), each subscription's batch
-links them, each apply continues them, and the command record carries the router's apply."""
+causal router's applies, the command the router sends, the command worker's handling — is one
+trace: the publisher's PRODUCER spans carry it into the records' headers (read back from the
+topic), each subscription's batch links them, each apply continues them, the command record
+carries the router's apply, and the worker's CONSUMER span continues that."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from router.settings import Settings
 from router.wiring.outbox import build_publisher, open_outbox
 from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import open_subscription
+from router.wiring.workers import open_worker
+from router.workers.drills import OkHandler
 from streams import tracing as t
 from streams.envelopes import Draft
 from streams.headers import header
-from streams.topology import group_id
+from streams.topology import QUEUE_PURPOSES, group_id, queue_name
 from tests.support.kafka import read_all
 from tests.support.runtime_processes import runtime_settings
 from tests.support.tracing import hex_id
@@ -70,7 +73,11 @@ def _attrs(span: ReadableSpan) -> dict[str, object]:
     return dict(span.attributes or {})
 
 
-def test_one_events_path_from_outbox_write_to_the_command_is_one_trace(
+def _started(span: ReadableSpan) -> int:
+    return span.start_time or 0
+
+
+def test_one_events_path_from_outbox_write_to_the_worker_is_one_trace(
     settings: Settings, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
     s = runtime_settings(settings, router_outbox_path=str(tmp_path / "router-outbox.sqlite"))
@@ -168,6 +175,39 @@ def test_one_events_path_from_outbox_write_to_the_command_is_one_trace(
         hex_id(router_apply.context.span_id, 16),
     )
 
-    # And every span of the path is of the one trace.
-    path = [write, *publishes.values(), router_apply]
-    assert {x.context.trace_id for x in path} == {trace_id}
+    # The command worker, in this process, handles that command in the same trace.
+    queue = commands[0].topic()
+    [purpose] = [p for p in QUEUE_PURPOSES if queue_name(p, s.env) == queue]
+    worker = open_worker(s, purpose, OkHandler())
+    try:
+        handled = worker.worker.run(until_idle_s=2.0, tick=worker.tick)
+    finally:
+        worker.close()
+    assert handled.outcomes["ok"] == 1, handled
+    finished = spans.get_finished_spans()
+    [process] = [x for x in finished if x.name == f"process {queue}"]
+    assert process.kind is SpanKind.CONSUMER
+    assert process.context.trace_id == trace_id
+    assert process.parent is not None and process.parent.span_id == router_apply.context.span_id
+    a = _attrs(process)
+    assert a[t.MESSAGING_SYSTEM] == "kafka" and a[t.DESTINATION] == queue
+    assert a[t.MESSAGE_KEY] == project and a[t.OFFSET] == commands[0].offset()
+    assert a[t.CONSUMER_GROUP] == group_id(f"worker-{purpose}", s.env)
+    assert a[t.OUTCOME] == "ok" and a[t.PROJECT] == project
+
+    # The whole trace, in the order its spans started: the service's transaction and its outbox
+    # write, the publishes, the projector's then the router's applies, the worker's handling. (The
+    # batch spans are roots of their own, linked to the publishes.)
+    path = sorted((x for x in finished if x.context.trace_id == trace_id), key=_started)
+    applies_of = [
+        (f"apply {d.event_type}", SpanKind.CONSUMER, slug)
+        for slug in (PROJECTOR, ROUTER)
+        for d in drafts
+    ]
+    assert [(x.name, x.kind, _attrs(x).get(t.SUBSCRIPTION)) for x in path] == [
+        ("complete task t1", SpanKind.INTERNAL, None),
+        ("outbox.write", SpanKind.INTERNAL, None),
+        *[(f"publish {stream}", SpanKind.PRODUCER, None)] * len(drafts),
+        *applies_of,
+        (f"process {queue}", SpanKind.CONSUMER, None),
+    ]
