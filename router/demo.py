@@ -10,7 +10,11 @@
 5. print the figures, and leave the operator page running with the dead letters to look at.
 
 Retry delays are shortened for the demo (a dead letter after seconds, not minutes); every other
-setting is the environment's.
+setting is the environment's, but for the metrics port. With ``metrics_port`` P (not 0) the demo
+serves its own endpoint on P and its children take P+1, P+2, … in the order of ``CHILD_ROLES``
+(the five subscriptions, the three workers, the dead-letter consumer, the operator server): fixed
+ports, so one scrape configuration fits every run. With 0 each child picks a free port; unset,
+none serves one. The demo prints each child's metrics URL as the child announces it.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from confluent_kafka import Message
@@ -57,6 +63,16 @@ SUBSCRIPTIONS = (
 )
 # The router's queues, each with the handler its demo worker runs.
 WORKERS = {"integration": "drill", "indexing": "ok", "agent-wakeups": "flaky"}
+# The demo's child processes, named by their process role, in the order they take metrics ports
+# after the demo's own: P+1, P+2, …
+CHILD_ROLES = (
+    *SUBSCRIPTIONS,
+    *(f"worker-{queue}" for queue in WORKERS),
+    "dead-letter-consumer",
+    "operator",
+)
+# What a process prints on stderr once its endpoint listens (router/wiring/probes.py).
+ENDPOINT_SAID = ": metrics endpoint "
 DRILL_EVENTS = 3
 IDLE_S = "5"
 RETRY_DELAY_S = 1.0
@@ -82,13 +98,48 @@ def demo_settings(settings: Settings) -> Settings:
     )
 
 
+def child_metrics_port(settings: Settings, role: str) -> int | None:
+    """The metrics port of the demo's child ``role``: P + 1 + its place in ``CHILD_ROLES`` when
+    ``metrics_port`` is P (not 0); 0 (any free port) when it is 0; None (no endpoint) unset."""
+    base = settings.metrics_port
+    if not base:
+        return base
+    port = base + 1 + CHILD_ROLES.index(role)
+    if port > 65535:
+        raise ConfigurationError(
+            f"metrics_port={base}: the demo's {len(CHILD_ROLES)} child processes take the ports "
+            f"after it, up to {base + len(CHILD_ROLES)}, past 65535; set RHUMBATRON_METRICS_PORT "
+            f"to at most {65535 - len(CHILD_ROLES)}, or 0 for free ports"
+        )
+    return port
+
+
+def child_environment(settings: Settings, role: str) -> dict[str, str]:
+    """The environment of the demo's child ``role``: this process's, less its ``RHUMBATRON_*``
+    variables, plus ``settings`` with the child's own metrics port (``child_metrics_port``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env.update(settings.as_environment())
+    port = child_metrics_port(settings, role)
+    if port is not None:
+        env["RHUMBATRON_METRICS_PORT"] = str(port)
+    return env
+
+
 def run_demo(
-    settings: Settings, *, projects: int, events: int, serve: bool = True, outbox: str | None = None
+    settings: Settings,
+    *,
+    projects: int,
+    events: int,
+    serve: bool = True,
+    outbox: str | None = None,
+    beat: Callable[[], None] = lambda: None,
 ) -> int:
     """``outbox``: the environment's outbox for this run (``demo --outbox``), a SQLite file or a
     ``postgresql://`` URL whose outbox schema is made if missing; the writers, the router and the
-    dead-letter consumer all write there, so each project keeps one slot sequence."""
+    dead-letter consumer all write there, so each project keeps one slot sequence. ``beat`` is
+    called while the demo waits (its health beat)."""
     settings = demo_settings(settings)
+    child_metrics_port(settings, CHILD_ROLES[-1])  # a base port too high is refused up front
     if outbox is not None:
         settings = settings.model_copy(update={"router_outbox_path": outbox})
     redis_client(settings).close()
@@ -99,12 +150,16 @@ def run_demo(
 
     run = secrets.token_hex(4)
     drafts = workload(run, projects, events) + drill_drafts(run)
-    produced, expected = publish_through_outbox(settings, run=run, drafts=drafts, projects=projects)
-    ordered = check_slot_order(settings, run=run, expected=expected, produced=produced)
+    produced, expected = publish_through_outbox(
+        settings, run=run, drafts=drafts, projects=projects, beat=beat
+    )
+    ordered = check_slot_order(settings, run=run, expected=expected, produced=produced, beat=beat)
 
     started = time.perf_counter()
     outcomes = run_all(
-        settings, [["consume", "--subscription", s, "--until-idle", IDLE_S] for s in SUBSCRIPTIONS]
+        settings,
+        [(s, ["consume", "--subscription", s, "--until-idle", IDLE_S]) for s in SUBSCRIPTIONS],
+        beat,
     )
     print(
         f"subscriptions: {len(SUBSCRIPTIONS)} consumer processes done in {time.perf_counter() - started:.1f}s"
@@ -115,10 +170,13 @@ def run_demo(
     send_drill_command(settings, run)
     started = time.perf_counter()
     worker_runs = [
-        ["worker", "--queue", q, "--handler", h, "--until-idle", IDLE_S] for q, h in WORKERS.items()
+        (f"worker-{q}", ["worker", "--queue", q, "--handler", h, "--until-idle", IDLE_S])
+        for q, h in WORKERS.items()
     ]
-    worker_outcomes = run_all(settings, worker_runs)
-    dlc = run_all(settings, [["dead-letter-consumer", "--until-idle", IDLE_S]])
+    worker_outcomes = run_all(settings, worker_runs, beat)
+    dlc = run_all(
+        settings, [("dead-letter-consumer", ["dead-letter-consumer", "--until-idle", IDLE_S])], beat
+    )
     print(
         f"command workers: {len(WORKERS)} workers and the dead-letter consumer done in {time.perf_counter() - started:.1f}s"
     )
@@ -152,7 +210,12 @@ def drill_drafts(run: str) -> list[Draft]:
 
 
 def publish_through_outbox(
-    settings: Settings, *, run: str, drafts: list[Draft], projects: int
+    settings: Settings,
+    *,
+    run: str,
+    drafts: list[Draft],
+    projects: int,
+    beat: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, int], int]:
     """Write the workload through an outbox with concurrent writers, then run the publisher until
     the outbox is empty. Prints the write and publish figures; returns the rows published per
@@ -173,7 +236,7 @@ def publish_through_outbox(
             f"{written.seconds:.2f}s"
         )
         with build_publisher(settings, store) as publisher:
-            totals = publisher.run(until_empty=True)
+            totals = publisher.run(until_empty=True, tick=beat)
         elapsed = max(time.monotonic() - totals.started, 1e-9)
         counts = store.counts()
         print(
@@ -189,7 +252,12 @@ def publish_through_outbox(
 
 
 def check_slot_order(
-    settings: Settings, *, run: str, expected: int, produced: dict[str, int]
+    settings: Settings,
+    *,
+    run: str,
+    expected: int,
+    produced: dict[str, int],
+    beat: Callable[[], None] = lambda: None,
 ) -> bool:
     """Read the run's events back from the streams and check every project's slots arrived
     complete and in order."""
@@ -206,6 +274,10 @@ def check_slot_order(
             consumed[message.topic() or "?"] += 1
             seen += 1
 
+    def read_enough() -> bool:
+        beat()  # drain asks once each time round its loop
+        return seen >= expected
+
     def reject(message: Message, error: EnvelopeError) -> None:
         rejected.append(f"{message.topic()}[{message.partition()}]@{message.offset()}: {error}")
 
@@ -220,7 +292,7 @@ def check_slot_order(
         max_envelope_bytes=settings.max_envelope_bytes,
         batch_size=settings.batch_size,
         until_idle_s=settings.demo_idle_s,
-        until=lambda: seen >= expected,
+        until=read_enough,
         max_wait_s=settings.demo_max_wait_s,
         join_timeout_s=settings.group_join_timeout_s,
     )
@@ -263,31 +335,71 @@ def send_drill_command(settings: Settings, run: str) -> None:
     producer.flush(settings.flush_timeout_s)
 
 
-def run_all(settings: Settings, commands: list[list[str]]) -> list[tuple[int, str]]:
-    """Run ``rhumbatron`` subcommands as parallel processes; return each exit code and the last
-    line it printed on stderr (its summary)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
-    env.update(settings.as_environment())
-    procs = [
-        subprocess.Popen(
+def run_all(
+    settings: Settings,
+    runs: list[tuple[str, list[str]]],
+    beat: Callable[[], None] = lambda: None,
+) -> list[tuple[int, str]]:
+    """Run ``rhumbatron`` subcommands, each ``(role, args)``, as parallel processes; return each
+    exit code and the last line it printed on stderr (its summary). A child's metrics URL is
+    printed as it announces it; ``beat`` is called every ``demo_beat_interval_s`` meanwhile."""
+    children = [_Child(role, args, child_environment(settings, role)) for role, args in runs]
+    out = []
+    for child in children:
+        while True:
+            try:
+                child.proc.wait(timeout=settings.demo_beat_interval_s)
+                break
+            except subprocess.TimeoutExpired:
+                beat()
+        out.append((child.proc.returncode, child.last_line()))
+    return out
+
+
+def print_metrics_url(role: str, said: str) -> None:
+    """One line naming a child's role and its metrics URL, from the line the child printed when
+    its endpoint started listening (nothing for any other line)."""
+    _, found, url = said.partition(ENDPOINT_SAID)
+    if found:
+        print(f"  metrics of {role:<24} {url.strip()}", flush=True)
+
+
+class _Child:
+    """One child process, its output read by threads as it comes (so a metrics URL is printed
+    while the child runs, and neither pipe fills up)."""
+
+    def __init__(self, role: str, args: list[str], env: dict[str, str]) -> None:
+        self.role = role
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "router.cli", *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for args in commands
-    ]
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate()
-        lines = [
-            line
-            for line in (stderr.strip().splitlines() + stdout.strip().splitlines())
-            if line.strip()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.stdout, False)),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.stderr, True)),
         ]
-        out.append((proc.returncode, lines[-1][:150] if lines else ""))
-    return out
+        for reader in self._readers:
+            reader.daemon = True
+            reader.start()
+
+    def _read(self, stream: IO[str], lines: list[str], announces: bool) -> None:
+        for line in stream:
+            lines.append(line)
+            if announces:
+                print_metrics_url(self.role, line)
+        stream.close()
+
+    def last_line(self) -> str:
+        for reader in self._readers:
+            reader.join()
+        lines = [line.strip() for line in self.stderr + self.stdout if line.strip()]
+        return lines[-1][:150] if lines else ""
 
 
 def print_figures(settings: Settings) -> None:
@@ -331,8 +443,7 @@ def serve_operator_page(settings: Settings) -> None:
         else secrets.token_urlsafe(32)
     )
     write_private(token_file, token + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
-    env.update(settings.as_environment())
+    env = child_environment(settings, "operator")
     env["RHUMBATRON_OPERATOR_TOKEN"] = token
     with open(open_private(log_path, os.O_WRONLY | os.O_TRUNC, tighten=True), "w") as log:
         proc = subprocess.Popen(
@@ -345,6 +456,9 @@ def serve_operator_page(settings: Settings) -> None:
     address = _operator_address(settings, proc, log_path)
     print(f"operator page: {address}  (the operator token is in {token_file}, mode 0600)")
     print(f"  stop it with: kill $(cat {pid_file})   log: {log_path}")
+    # Its endpoint announced itself before the page did: the line is in the log by now.
+    for line in log_path.read_text(errors="replace").splitlines():
+        print_metrics_url("operator", line)
 
 
 def stop_earlier_operator_server(pid_file: Path) -> None:

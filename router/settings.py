@@ -369,6 +369,12 @@ class Settings(BaseSettings):
     demo_max_wait_s: float = Field(
         300.0, gt=0, description="longest the demo reads the streams back before it reports"
     )
+    demo_beat_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often the demo, waiting on its child processes, beats its own /healthz "
+        "(keep it well under health_stale_s)",
+    )
     group_join_timeout_s: float = Field(
         30.0,
         gt=0,

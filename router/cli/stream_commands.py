@@ -227,6 +227,7 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
             events=args.events,
             serve=args.serve,
             outbox=args.outbox,
+            beat=health.beat,
         )
 
 

@@ -19,10 +19,17 @@ import orjson
 import psycopg
 import pytest
 
+from router.demo import (
+    CHILD_ROLES,
+    child_environment,
+    child_metrics_port,
+    run_all,
+    serve_operator_page,
+)
 from router.demo import DRILL_EVENTS as DRILL
-from router.demo import serve_operator_page
 from router.operator.pid_file import running_server
 from router.settings import Settings
+from router.wiring.provisioning import provision_environment
 from streams.errors import ConfigurationError
 from tests.support.environment import ROOT, make_settings, subprocess_env
 from tests.support.files import mode_of, umask
@@ -226,3 +233,73 @@ def test_the_demo_runs_on_a_postgresql_outbox(settings: Settings, tmp_path: Path
     slots = [slot for slot, _ in found]
     assert slots == list(range(1, len(slots) + 1))
     assert {kind for _, kind in found[5 + DRILL :]} & {"task.blocked", "task.failed"}, found
+
+
+# -- the children's metrics ports ----------------------------------------------------------------
+def test_each_child_gets_the_next_metrics_port_after_the_demos_in_a_fixed_order() -> None:
+    s = make_settings(metrics_port=9600)
+    ports = {role: child_environment(s, role)["RHUMBATRON_METRICS_PORT"] for role in CHILD_ROLES}
+    assert list(ports.values()) == [str(9601 + n) for n in range(len(CHILD_ROLES))]
+    assert ports["project-view-projector"] == "9601" and ports["causal-router"] == "9602"
+    assert ports["worker-integration"] == "9606" and ports["operator"] == "9610"
+    assert Settings(metrics_port=ports["ledger"]).metrics_port == 9605  # the child reads it back
+
+
+def test_port_0_gives_every_child_a_free_port_and_unset_gives_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    zero = make_settings(metrics_port=0)
+    assert {child_environment(zero, r)["RHUMBATRON_METRICS_PORT"] for r in CHILD_ROLES} == {"0"}
+    unset = make_settings()
+    monkeypatch.setenv("RHUMBATRON_METRICS_PORT", "9600")  # not the settings: never inherited
+    assert all("RHUMBATRON_METRICS_PORT" not in child_environment(unset, r) for r in CHILD_ROLES)
+
+
+def test_a_base_port_whose_children_pass_65535_is_refused_naming_the_limit() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        child_metrics_port(make_settings(metrics_port=65530), "worker-integration")
+    assert f"set RHUMBATRON_METRICS_PORT to at most {65535 - len(CHILD_ROLES)}" in str(
+        refused.value
+    )
+
+
+def _free_ports(count: int) -> int:
+    """A base port P with P+1 … P+count free just now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        try:
+            for port in range(base + 1, base + count + 1):
+                with socket.socket() as taken:
+                    taken.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no run of free ports")
+
+
+def test_children_run_together_each_serving_its_own_port_while_the_demo_beats(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _free_ports(len(CHILD_ROLES))
+    s = settings.model_copy(update={"metrics_port": base, "demo_beat_interval_s": 0.05})
+    provision_environment(s)
+    beats: list[None] = []
+
+    def beat() -> None:
+        beats.append(None)
+
+    runs = [
+        ("worker-indexing", ["worker", "--queue", "indexing", "--handler", "ok"]),
+        ("dead-letter-consumer", ["dead-letter-consumer"]),
+    ]
+    outcomes = run_all(s, [(role, [*args, "--until-idle", "1"]) for role, args in runs], beat)
+    assert [code for code, _ in outcomes] == [0, 0], outcomes
+    out = capsys.readouterr().out
+    for role, _ in runs:
+        port = base + 1 + CHILD_ROLES.index(role)
+        assert f"  metrics of {role:<24} http://127.0.0.1:{port}/metrics" in out.splitlines(), out
+    assert beats  # the demo's own /healthz stays fresh while it waits
