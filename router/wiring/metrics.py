@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry
 
 from consumers.subscriptions.causal_router.processor import RouterStats
 from router.settings import Settings
-from router.wiring.telemetry import resource
+from router.wiring.telemetry import named_exporters, resource
 from router.workers.worker import WorkerStats
 from streams.errors import ConfigurationError
 
@@ -125,26 +125,15 @@ def exporters(settings: Settings, environ: Mapping[str, str] | None = None) -> t
     env = os.environ if environ is None else environ
     if _env(env, "OTEL_SDK_DISABLED").lower() == "true":
         return ("prometheus",) if settings.metrics_port is not None else ()
-    named = _env(env, "OTEL_METRICS_EXPORTER")
+    named = named_exporters("OTEL_METRICS_EXPORTER", "metric", EXPORTERS, env)
     chosen: tuple[str, ...] = ()
-    if named:
-        chosen = tuple(dict.fromkeys(n.strip().lower() for n in named.split(",") if n.strip()))
-        unknown = [n for n in chosen if n not in EXPORTERS]
-        if unknown:
+    if named is not None:
+        if "prometheus" in named and settings.metrics_port is None:
             raise ConfigurationError(
-                f"OTEL_METRICS_EXPORTER={named!r}: unknown metric exporter "
-                f"{', '.join(map(repr, unknown))}; one of {', '.join(EXPORTERS)}"
+                f"OTEL_METRICS_EXPORTER={_env(env, 'OTEL_METRICS_EXPORTER')!r} names prometheus, "
+                "but no endpoint serves it: set RHUMBATRON_METRICS_PORT (0 for any free port)"
             )
-        if "none" in chosen and len(chosen) > 1:
-            raise ConfigurationError(
-                f"OTEL_METRICS_EXPORTER={named!r}: 'none' cannot be combined with an exporter"
-            )
-        if "prometheus" in chosen and settings.metrics_port is None:
-            raise ConfigurationError(
-                f"OTEL_METRICS_EXPORTER={named!r} names prometheus, but no endpoint serves it: "
-                "set RHUMBATRON_METRICS_PORT (0 for any free port)"
-            )
-        chosen = tuple(n for n in chosen if n not in ("none", "prometheus"))
+        chosen = tuple(n for n in named if n != "prometheus")
     elif _env(env, "OTEL_EXPORTER_OTLP_ENDPOINT") or _env(
         env, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
     ):

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -96,25 +97,37 @@ def _env(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+def named_exporters(
+    variable: str, kind: str, known: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[str, ...] | None:
+    """The exporters a standard ``OTEL_<SIGNAL>_EXPORTER`` variable names (comma-separated, each
+    once, in order; ``none`` alone means none: ``()``); None when the variable is unset, so the
+    caller's default applies. ``kind`` names the signal in the error (``trace``, ``metric``)."""
+    named = (os.environ if environ is None else environ).get(variable, "").strip()
+    if not named:
+        return None
+    chosen = tuple(dict.fromkeys(n.strip().lower() for n in named.split(",") if n.strip()))
+    unknown = [n for n in chosen if n not in known]
+    if unknown:
+        raise ConfigurationError(
+            f"{variable}={named!r}: unknown {kind} exporter "
+            f"{', '.join(map(repr, unknown))}; one of {', '.join(known)}"
+        )
+    if "none" in chosen:
+        if len(chosen) > 1:
+            raise ConfigurationError(
+                f"{variable}={named!r}: 'none' cannot be combined with an exporter"
+            )
+        return ()
+    return chosen
+
+
 def exporters() -> tuple[str, ...]:
     """The trace exporters the standard variables ask for; () for none."""
     if _env("OTEL_SDK_DISABLED").lower() == "true":
         return ()
-    named = _env("OTEL_TRACES_EXPORTER")
-    if named:
-        chosen = tuple(dict.fromkeys(n.strip().lower() for n in named.split(",") if n.strip()))
-        unknown = [n for n in chosen if n not in EXPORTERS]
-        if unknown:
-            raise ConfigurationError(
-                f"OTEL_TRACES_EXPORTER={named!r}: unknown trace exporter "
-                f"{', '.join(map(repr, unknown))}; this release ships {', '.join(EXPORTERS)}"
-            )
-        if "none" in chosen:
-            if len(chosen) > 1:
-                raise ConfigurationError(
-                    f"OTEL_TRACES_EXPORTER={named!r}: 'none' cannot be combined with an exporter"
-                )
-            return ()
+    chosen = named_exporters("OTEL_TRACES_EXPORTER", "trace", EXPORTERS)
+    if chosen is not None:
         return chosen
     if _env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         return ("otlp",)
