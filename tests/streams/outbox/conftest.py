@@ -21,3 +21,11 @@ def outbox_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[O
     backend = OutboxBackend(request.param, tmp_path)
     yield backend
     backend.close()
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
+    """A fresh PostgreSQL outbox schema, for the tests that are about PostgreSQL alone."""
+    backend = OutboxBackend("postgres", tmp_path)
+    yield backend
+    backend.close()

@@ -60,13 +60,6 @@ def crash_settings(request: pytest.FixtureRequest) -> Iterator[Settings]:
     cleanup_environment(s)
 
 
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
-    backend = OutboxBackend("postgres", tmp_path)
-    yield backend
-    backend.close()
-
-
 def _publish(s: Settings, url: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "router.cli", "publish", "--outbox", url, "--until-empty"],

@@ -9,8 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -21,13 +19,6 @@ from tests.support.environment import ROOT, run_cli
 from tests.support.outbox import OutboxBackend, cli_env, drafts
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
-    backend = OutboxBackend("postgres", tmp_path)
-    yield backend
-    backend.close()
 
 
 def _cli(s: Settings, *argv: str) -> subprocess.CompletedProcess[str]:

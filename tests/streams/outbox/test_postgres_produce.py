@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -27,13 +25,6 @@ from tests.support.kafka import events_of, read_all
 from tests.support.outbox import OutboxBackend, cli_env, records_in
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
-    backend = OutboxBackend("postgres", tmp_path)
-    yield backend
-    backend.close()
 
 
 def _cli(s: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
