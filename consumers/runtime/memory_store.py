@@ -141,6 +141,11 @@ class MemoryStore:
             tp, revision, event_ids, dead=True
         )
 
+    def decisions_many(
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
+    ) -> list[tuple[set[str], set[str]]]:
+        return [self.decisions(tp, revision, ids) for tp, revision, ids in asks]
+
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         with self._lock:
             stored = self._states.get(tp, {})
@@ -176,6 +181,17 @@ class MemoryStore:
                 (expected_acked if expected_acked is not None else found[0], expected_revision),
                 found,
             )
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        answers: list[Exception | None] = []
+        for commit in commits:
+            try:
+                self.commit(commit)
+            except (Fenced, CursorMoved, PendingEffects) as refused:
+                answers.append(refused)
+            else:
+                answers.append(None)
+        return answers
 
     def commit(self, commit: Commit) -> None:
         with self._lock:

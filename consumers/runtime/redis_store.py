@@ -260,6 +260,11 @@ class RedisStore:
             dead.update(e for e, hit in zip(event_ids, answers[n:], strict=True) if hit)
         return applied, dead
 
+    def decisions_many(
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
+    ) -> list[tuple[set[str], set[str]]]:
+        return [self.decisions(tp, revision, ids) for tp, revision, ids in asks]
+
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         projects = list(projects)
         if not projects:
@@ -329,6 +334,17 @@ class RedisStore:
         argv += [str(o) for o in commit.excluded_add]
         argv += [str(len(commit.excluded_remove)), *(str(o) for o in commit.excluded_remove)]
         self._raise_for(tp, commit, self._commit(keys=keys, args=argv))
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        answers: list[Exception | None] = []
+        for commit in commits:
+            try:
+                self.commit(commit)
+            except (Fenced, CursorMoved, PendingEffects) as refused:
+                answers.append(refused)
+            else:
+                answers.append(None)
+        return answers
 
     def _raise_for(self, tp: TP, commit: Commit | None, result: list[bytes]) -> None:
         status = result[0].decode()

@@ -64,6 +64,12 @@ class Store(Protocol):
         """(applied, dead-lettered) among these events at this revision, in one lookup: the
         live path asks it for every batch."""
 
+    def decisions_many(
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
+    ) -> list[tuple[set[str], set[str]]]:
+        """:meth:`decisions` for several (partition, revision, event ids) at once, answers in
+        the order asked: one round trip for every partition of a poll."""
+
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]: ...
 
     def all_states(self, tp: TP) -> dict[str, JSON]: ...
@@ -74,6 +80,12 @@ class Store(Protocol):
 
     def commit(self, commit: Commit) -> None:
         """Apply atomically; raise Fenced or CursorMoved and write nothing if not allowed."""
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        """:meth:`commit` for several partitions at once (at most one commit per partition),
+        each atomic on its own: per commit, in order, None if it applied or the Fenced,
+        CursorMoved or PendingEffects that refused it (having written nothing of it). One round
+        trip for every partition of a poll; an error reaching the store raises."""
 
     def pending(self, tp: TP) -> list[OutRecord]: ...
 
