@@ -46,4 +46,4 @@ check: venv
 	.venv/bin/mypy
 
 bench: up
-	$(PY) -m bench
+	.venv/bin/rhumbatron bench

@@ -1,7 +1,7 @@
-"""Benchmarks: ``make bench`` (``python -m bench``) prints one table, each row's rate beside the
-raw confluent-kafka rate for the same records measured in the same run.
+"""Benchmarks: ``make bench`` (``rhumbatron bench``, ``python -m bench``) prints one table, each row
+beside its baseline measured in the same run (docs/performance.md).
 
-Each case runs in its own subprocess so its peak RSS is its own. A case is a function in
-``bench.cases`` registered with ``@case(name, baseline=...)``; it receives a ``BenchEnv`` and
-returns the number of items it processed (the harness times it).
+A case is a function registered with ``@case(name, setup=...)`` (bench.harness); it receives a
+``BenchEnv``, does its own timing and returns the rows it measured (bench.rows). Each case runs
+in a child process of its own, once per round, so its peak RSS is its own.
 """

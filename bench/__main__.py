@@ -1,38 +1,42 @@
+"""``python -m bench``: the same command as ``rhumbatron bench`` (same options), and the child side
+of a run (``--child CASE``, what the harness starts once per case per round)."""
+
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from bench.harness import CASES, load_cases, median_rounds, run_all, run_one, table
+from bench.harness import DESCRIPTION, UnknownCase, add_arguments, run_command, run_one
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench")
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION)
+    add_arguments(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--env", help=argparse.SUPPRESS)
-    parser.add_argument("--size", type=int, default=50_000, help="events per case")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="run the cases this many times, interleaved; each row is a case's median round",
-    )
-    parser.add_argument("cases", nargs="*", help="case names (default: all)")
+    parser.add_argument("--round", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.child, args.env, args.size)))
-        return
-    load_cases()
-
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: at least 1")
-    names = args.cases or list(CASES)
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        parser.error(f"unknown case(s) {', '.join(map(repr, unknown))}; known: {', '.join(CASES)}")
-    results = run_all(names * args.rounds, args.size)
-    print(table(median_rounds(results)))
+        result = run_one(
+            args.child,
+            args.env,
+            args.size,
+            quick=args.quick,
+            run_dir=args.run_dir,
+            round_no=args.round,
+        )
+        print(json.dumps(result))
+        return 0
+    try:
+        return run_command(args)
+    except UnknownCase as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

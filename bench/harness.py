@@ -1,51 +1,106 @@
-"""The benchmark harness: registry, subprocess runner, table."""
+"""The benchmark harness: the case registry, the rounds (each case in a child process of its own,
+interleaved), the median and spread of every row, the table and the JSON.
+
+A case is ``fn(env) -> list[Row]`` registered with ``@case(name, setup=...)``; it times itself.
+The parent runs ``python -m bench --child CASE ...`` once per case per round (round 1 of every
+case, then round 2, ...), so a shared machine's load, which moves from minute to minute, falls on
+every case alike, and each child's peak RSS is that case's own."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import os
+import platform
+import re
 import resource
 import secrets
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from bench.rows import Row
 from router.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL_SIZE = 500_000
+QUICK_SIZE = 50_000
+DEFAULT_ROUNDS = 3
+# The subscriptions' streams are spread over this many partitions (the product's default is the
+# same order; four keeps one process busy on every poll).
+PARTITIONS = 4
 
 
 @dataclass
 class BenchEnv:
-    """What a case gets: settings for a private environment shared by the cases of one run, and
-    a scratch dict cases of the same run use to hand data to each other (via setup)."""
+    """What a case gets. ``settings``: the run's private environment (its topics and Redis keys
+    carry the run's name); ``size``: events for a throughput row; ``scratch``: what its setup hands
+    to the case; ``run_dir``: a folder of the run, the same for every child (to hand data across
+    children of the run, e.g. a marker that the shared workload is published); ``round``: 1, 2, ..."""
 
     settings: Settings
     size: int
+    quick: bool = False
     scratch: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    round: int = 1
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    fn: Callable[[BenchEnv], int]
-    baseline: str | None
+    fn: Callable[[BenchEnv], list[Row]]
     setup: Callable[[BenchEnv], None] | None
-    unit: str
 
 
 CASES: dict[str, Case] = {}
 
-# Modules whose import registers cases, in table order.
+# Modules whose import registers cases, in the order the cases run within a round.
 CASE_MODULES = (
     "bench.cases",
+    "bench.outbox_cases",
     "bench.runtime_cases",
     "bench.projector_cases",
-    "bench.tracing_cases",
-    "bench.archive_cases",
     "bench.router_cases",
-    "bench.worker_cases",
+    "bench.archive_cases",
     "bench.analytics_cases",
+    "bench.worker_cases",
+    "bench.faust_cases",
+    "bench.latency_cases",
+    "bench.scale_cases",
+)
+
+# The table's order. A row not named here goes after the last named row it shares the most
+# leading name parts with ("publisher-10-per-pass" after "publisher-postgres"), else at the end.
+ROW_ORDER = (
+    "raw-produce",
+    "raw-consume",
+    "publisher",
+    "publisher-postgres",
+    "ledger",
+    "projector",
+    "causal-router",
+    "archiver",
+    "analytics",
+    "raw-consume-queue",
+    "worker",
+    "worker-flaky",
+    "faust-agent",
+    "e2e-p50-ms",
+    "e2e-p99-ms",
+    "e2e-p999-ms",
+    "claim-bytes",
+    "rss-mb",
+    "scale-projects",
 )
 
 
@@ -61,96 +116,382 @@ def load_cases() -> None:
 
 
 def case(
-    name: str,
-    *,
-    baseline: str | None = None,
-    setup: Callable[[BenchEnv], None] | None = None,
-    unit: str = "events",
-) -> Callable[[Callable[[BenchEnv], int]], Callable[[BenchEnv], int]]:
-    def register(fn: Callable[[BenchEnv], int]) -> Callable[[BenchEnv], int]:
-        CASES[name] = Case(name, fn, baseline, setup, unit)
+    name: str, *, setup: Callable[[BenchEnv], None] | None = None
+) -> Callable[[Callable[[BenchEnv], list[Row]]], Callable[[BenchEnv], list[Row]]]:
+    def register(fn: Callable[[BenchEnv], list[Row]]) -> Callable[[BenchEnv], list[Row]]:
+        CASES[name] = Case(name, fn, setup)
         return fn
 
     return register
 
 
-def run_one(name: str, env_name: str, size: int) -> dict[str, Any]:
-    """Run one case in this process (the child side) and return its measurements."""
+# -- the child side --------------------------------------------------------------------------------
+def run_one(
+    name: str, env_name: str, size: int, *, quick: bool, run_dir: Path, round_no: int
+) -> dict[str, Any]:
+    """Run one case in this process and return what it measured and this process's peak RSS."""
     load_cases()
-
-    settings = Settings(env=env_name, partitions=4)
-    env = BenchEnv(settings=settings, size=size)
+    settings = Settings(env=env_name, partitions=PARTITIONS)
+    env = BenchEnv(settings=settings, size=size, quick=quick, run_dir=run_dir, round=round_no)
     spec = CASES[name]
     if spec.setup is not None:
         spec.setup(env)
-    started = time.perf_counter()
-    items = spec.fn(env)
-    seconds = time.perf_counter() - started
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rows = spec.fn(env)
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {
-        "name": name,
-        "items": items,
-        "seconds": seconds,
+        "case": name,
+        "round": round_no,
+        "rows": [dataclasses.asdict(r) for r in rows],
         "rss_mb": rss_kb / 1024,
-        "note": str(env.scratch.get("note", "")),
     }
 
 
-def run_all(names: list[str], size: int) -> list[dict[str, Any]]:
-    env_name = "bench" + secrets.token_hex(4)
-    results = []
-    for name in names:
-        print(f"  running {name} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench",
-                "--child",
-                name,
-                "--env",
-                env_name,
-                "--size",
-                str(size),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            results.append(
-                {"name": name, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-            )
+# -- rounds, median, spread, ratio -----------------------------------------------------------------
+def order_key(name: str) -> tuple[int, int]:
+    if name in ROW_ORDER:
+        return (ROW_ORDER.index(name), 0)
+    parts = name.split("-")
+    best, at = 0, len(ROW_ORDER)
+    for index, known in enumerate(ROW_ORDER):
+        shared = 0
+        for mine, theirs in zip(parts, known.split("-"), strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        if shared and shared >= best:
+            best, at = shared, index
+    return (at, 1)
+
+
+def spread_pct(values: Sequence[float]) -> float | None:
+    """Half the range of the rounds' values as a percentage of their median: ±spread %. None
+    for one round (no spread to tell) or a median of 0."""
+    median = statistics.median(values)
+    if len(values) < 2 or median == 0:
+        return None
+    return (max(values) - min(values)) / 2 / abs(median) * 100
+
+
+def aggregate(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per row name over every round: its median, its spread, its ratio to the median of
+    its ``vs`` row, the largest peak RSS of its case's processes; a FAILED row per failed case
+    (its error's last line); then ``rss-mb``, the largest peak RSS of any case. Sorted by
+    ROW_ORDER."""
+    values: dict[str, list[float]] = {}
+    first: dict[str, dict[str, Any]] = {}
+    rss: dict[str, float] = {}
+    failed: dict[str, dict[str, Any]] = {}
+    case_rss: dict[str, float] = {}
+    for result in results:
+        name = result["case"]
+        if "error" in result:
+            failed.setdefault(name, result)
             continue
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    remove_run(env_name)
+        case_rss[name] = max(case_rss.get(name, 0.0), result["rss_mb"])
+        for row in result["rows"]:
+            values.setdefault(row["name"], []).append(float(row["value"]))
+            first.setdefault(row["name"], {**row, "case": name})
+            rss[row["name"]] = max(rss.get(row["name"], 0.0), result["rss_mb"])
+    medians = {name: statistics.median(v) for name, v in values.items()}
+    out: list[dict[str, Any]] = []
+    for name, rounds in values.items():
+        row = first[name]
+        vs = row.get("vs")
+        base = medians.get(vs) if vs else None
+        out.append(
+            {
+                "name": name,
+                "value": medians[name],
+                "unit": row["unit"],
+                "vs": vs,
+                "ratio": medians[name] / base if base else None,
+                "spread": spread_pct(rounds),
+                "rounds": rounds,
+                "rss_mb": rss[name],
+                "note": row.get("note", ""),
+            }
+        )
+    for name, result in failed.items():
+        error = f"FAILED (round {result['round']}): {result['error']}"
+        partial = [r for r in out if first[r["name"]]["case"] == name]
+        for row in partial:  # failed in some rounds only: the others' median, and the error
+            row["note"] = f"{row['note']}; {error}" if row["note"] else error
+            row["error"] = result["error"]
+        if partial:
+            continue
+        out.append(
+            {
+                "name": name,
+                "value": None,
+                "unit": "",
+                "vs": None,
+                "ratio": None,
+                "spread": None,
+                "rss_mb": None,
+                "note": error,
+                "error": result["error"],
+                "failed": True,
+            }
+        )
+    if case_rss:
+        largest = max(case_rss, key=lambda n: case_rss[n])
+        out.append(
+            {
+                "name": "rss-mb",
+                "value": case_rss[largest],
+                "unit": "MB",
+                "vs": None,
+                "ratio": None,
+                "spread": None,
+                "rss_mb": case_rss[largest],
+                "note": f"the largest peak RSS of any case's process: {largest}",
+            }
+        )
+    order = {name: n for n, name in enumerate(r["name"] for r in out)}
+    return sorted(out, key=lambda r: (order_key(r["name"]), order[r["name"]]))
+
+
+def report(machine: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"machine": machine, "rows": rows}
+
+
+def _figure(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    header = ("row", "value", "unit", "vs", "ratio", "spread", "peak RSS MB", "note")
+    lines = [
+        (
+            r["name"],
+            "FAILED" if r.get("failed") else _figure(r["value"]),
+            r["unit"],
+            r["vs"] or "-",
+            f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-",
+            f"±{r['spread']:.1f}%" if r["spread"] is not None else "-",
+            f"{r['rss_mb']:.0f}" if r.get("rss_mb") is not None else "-",
+            r.get("note", ""),
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header) - 1)]
+    right = {1, 4, 5, 6}
+
+    def fmt(line: tuple[str, ...]) -> str:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(line[:-1])
+        ]
+        return "  ".join([*cells, line[-1]]).rstrip()
+
+    return "\n".join([fmt(header), *(fmt(line) for line in lines)])
+
+
+# -- the machine -----------------------------------------------------------------------------------
+def machine_info(settings: Settings) -> dict[str, Any]:
+    """What the figures were measured on. A service that does not answer is named as such."""
+    import confluent_kafka
+
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kafka": _kafka_version(),
+        "redis": None,
+        "postgresql": None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    try:
+        from consumers.redis_conn import connect
+
+        info["redis"] = connect(settings.redis_url, timeout=5).info("server")["redis_version"]
+    except Exception as exc:
+        info["redis"] = f"unreachable: {exc}"
+    try:
+        import psycopg
+
+        from bench.outbox_cases import postgres_url
+
+        with psycopg.connect(postgres_url(), connect_timeout=5) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            info["postgresql"] = row[0] if row else None
+    except Exception as exc:
+        info["postgresql"] = f"unreachable: {exc}"
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _kafka_version() -> str | None:
+    """The local broker's release, as infra/kafka/pom.xml pins it (the Kafka protocol does not
+    tell a client the broker's release)."""
+    try:
+        text = (ROOT / "infra" / "kafka" / "pom.xml").read_text()
+    except OSError:
+        return None
+    found = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", text)
+    return found.group(1) if found else None
+
+
+# -- the parent side -------------------------------------------------------------------------------
+class Progress:
+    """Which case of which round runs, and for how long: a live ``rich`` display on a terminal's
+    stderr, one plain line per case otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.live = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._rich: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._rich = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._rich.__enter__()
+            self._task = self._rich.add_task("starting", total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rich is not None:
+            self._rich.__exit__(None, None, None)
+
+    def say(self, text: str) -> None:
+        if self._rich is not None:
+            self._rich.console.print(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def begin(self, name: str, round_no: int, rounds: int) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, description=f"round {round_no}/{rounds} {name}")
+        else:
+            self.say(f"round {round_no}/{rounds} {name} ...")
+
+    def end(self, name: str, round_no: int, rounds: int, seconds: float, outcome: str) -> None:
+        total = time.monotonic() - self.started
+        line = (
+            f"round {round_no}/{rounds} {name}: {outcome} in {seconds:.1f} s ({total:.0f} s so far)"
+        )
+        if self._rich is not None:
+            self._rich.advance(self._task)
+        self.say(line)
+
+
+def child_environment() -> dict[str, str]:
+    """The children's environment: the caller's, without any OTEL_* variable (telemetry is off
+    for every measured row; the product starts an SDK only through its command line, and the
+    bench never does)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+
+
+def run_child(
+    name: str, env_name: str, size: int, *, quick: bool, run_dir: Path, round_no: int
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--child",
+        name,
+        "--env",
+        env_name,
+        "--size",
+        str(size),
+        "--round",
+        str(round_no),
+        "--run-dir",
+        str(run_dir),
+    ]
+    if quick:
+        command.append("--quick")
+    proc = subprocess.run(
+        command, cwd=ROOT, env=child_environment(), capture_output=True, text=True, check=False
+    )
+    if proc.returncode == 0:
+        try:
+            result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+            return result
+        except (IndexError, ValueError):
+            pass
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    error = lines[-1] if lines else f"exit code {proc.returncode}, no output"
+    return {"case": name, "round": round_no, "error": error}
+
+
+def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[dict[str, Any]]:
+    """Every case once per round, interleaved; the run's topics, groups, Redis keys and folder
+    are removed at the end, also when a case fails or the run is interrupted."""
+    env_name = "bench" + secrets.token_hex(4)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"rh-{env_name}-"))
+    results: list[dict[str, Any]] = []
+    try:
+        with Progress(len(names) * rounds) as progress:
+            progress.say(
+                f"bench run {env_name}: {len(names)} cases x {rounds} rounds, {size} events"
+            )
+            for round_no in range(1, rounds + 1):
+                for name in names:
+                    progress.begin(name, round_no, rounds)
+                    started = time.monotonic()
+                    result = run_child(
+                        name, env_name, size, quick=quick, run_dir=run_dir, round_no=round_no
+                    )
+                    outcome = f"FAILED: {result['error']}" if "error" in result else "done"
+                    progress.end(name, round_no, rounds, time.monotonic() - started, outcome)
+                    results.append(result)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_run(env_name)
     return results
 
 
-def median_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per case from several interleaved rounds: its median round by rate (the lower
-    middle one of an even count), the note naming every round's rate. A shared machine's load
-    moves from minute to minute; interleaving spreads it over the cases alike."""
-    rounds: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        rounds.setdefault(r["name"], []).append(r)
-    merged = []
-    for runs in rounds.values():
-        failed = [r for r in runs if "error" in r]
-        if failed or len(runs) == 1:
-            merged.append(failed[0] if failed else runs[0])
-            continue
-        by_rate = sorted(runs, key=lambda r: r["items"] / r["seconds"])
-        median = dict(by_rate[(len(by_rate) - 1) // 2])
-        rates = "/".join(f"{r['items'] / r['seconds']:.0f}" for r in runs)
-        median["note"] = f"{median.get('note', '')}; median of {len(runs)} rounds ({rates}/s)"
-        merged.append(median)
-    return merged
-
-
 def remove_run(env_name: str) -> None:
-    """Delete the run's topics and Redis keys (every case environment's name starts with the
-    run's), so repeated runs do not fill the local broker."""
+    """Delete the run's topics, consumer groups and Redis keys (every name a case makes carries
+    the run's name), so repeated runs do not fill the local services."""
     from consumers.redis_conn import connect
     from streams.admin import admin_client, delete_topics
 
@@ -159,38 +500,115 @@ def remove_run(env_name: str) -> None:
     admin = admin_client(base)
     topics = [t for t in admin.list_topics(timeout=10).topics if env_name in t]
     delete_topics(admin, base, topics, timeout=60)
+    groups = [
+        g.group_id
+        for g in admin.list_consumer_groups(request_timeout=10).result(timeout=15).valid
+        if env_name in g.group_id
+    ]
+    for future in (
+        admin.delete_consumer_groups(groups, request_timeout=15) if groups else {}
+    ).values():
+        try:
+            future.result(timeout=20)
+        except Exception as exc:  # a group still settling: say so, the topics are gone anyway
+            print(f"  could not delete a consumer group of the run: {exc}", file=sys.stderr)
     client = connect(s.redis_url, timeout=5)
     keys = list(client.scan_iter(match=f"*{env_name}*", count=1000))
     for start in range(0, len(keys), 1000):
         client.delete(*keys[start : start + 1000])
-    print(f"  removed the run's {len(topics)} topics and {len(keys)} Redis keys", file=sys.stderr)
+    print(
+        f"removed the run's {len(topics)} topics, {len(groups)} groups and {len(keys)} Redis keys",
+        file=sys.stderr,
+    )
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    by_name = {r["name"]: r for r in results}
-    lines = [
-        f"{'case':<56}{'items':>9}{'seconds':>9}{'items/s':>11}{'vs raw':>9}{'peak RSS MB':>13}  note"
-    ]
-    for r in results:
-        if "error" in r:
-            lines.append(f"{r['name']:<56}  FAILED: {r['error']}")
-            continue
-        rate = r["items"] / r["seconds"] if r["seconds"] else 0.0
-        spec = CASES.get(r["name"])
-        ratio = ""
-        if (
-            spec
-            and spec.baseline
-            and spec.baseline in by_name
-            and "error" not in by_name[spec.baseline]
-        ):
-            base = by_name[spec.baseline]
-            base_rate = base["items"] / base["seconds"]
-            ratio = f"{rate / base_rate:.2f}x"
-        elif spec and spec.baseline is None:
-            ratio = "raw"
-        lines.append(
-            f"{r['name']:<56}{r['items']:>9}{r['seconds']:>9.2f}{rate:>11.0f}{ratio:>9}{r['rss_mb']:>13.1f}"
-            f"  {r.get('note', '')}"
+# -- the command -----------------------------------------------------------------------------------
+DESCRIPTION = (
+    "Measure Rhumbatron beside the raw confluent-kafka client on the local services (Kafka, Redis, "
+    "PostgreSQL), in one run, and print one table on stdout. Every case runs in a child process "
+    "of its own, once per round, interleaved (round 1 of every case, then round 2, ...); a row "
+    "is the median of its rounds, its spread is half the range of the rounds as a percentage of "
+    "the median, its ratio is its median over the median of the row it is set beside (vs), "
+    "measured in the same run, and peak RSS is the largest of its case's processes. Throughput "
+    f"rows use {FULL_SIZE:,} events ({QUICK_SIZE:,} with --quick); the workload is published once "
+    "per run and read by raw-consume and every subscription with a fresh consumer group and "
+    "fresh Redis state each round. Telemetry is off. The run's topics, groups and Redis keys are "
+    "removed at the end, also when interrupted; a failed case shows as a FAILED row and the "
+    "others go on. Progress goes to stderr. See docs/performance.md."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_SIZE:,} events per throughput row instead of {FULL_SIZE:,} (minutes, not "
+        "most of an hour)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"machine": {...}, "rows": [{"name", "value", "unit", "vs", "ratio", '
+        '"spread", ...}]} instead of the table',
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help=f"run every case N times, interleaved (default {DEFAULT_ROUNDS}); each row is its "
+        "median",
+    )
+    parser.add_argument(
+        "cases",
+        nargs="*",
+        metavar="CASE",
+        help="the cases to run (default: all), by the name of the row they measure, e.g. "
+        "raw-consume projector; a case's baseline is not added for you",
+    )
+    # Undocumented: events per throughput row, for the bench's own tests.
+    parser.add_argument("--size", type=_rounds, default=None, help=argparse.SUPPRESS)
+
+
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
+
+
+class UnknownCase(ValueError):
+    pass
+
+
+def selected(names: Sequence[str]) -> list[str]:
+    """The cases to run, in the table's order; an unknown name is refused naming the known ones."""
+    load_cases()
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise UnknownCase(
+            f"unknown case {', '.join(map(repr, unknown))}; the cases: {', '.join(CASES)}"
         )
-    return "\n".join(lines)
+    wanted = set(names)
+    chosen = [n for n in CASES if not wanted or n in wanted]
+    return sorted(chosen, key=order_key)  # a round runs in the table's order
+
+
+def run_command(args: argparse.Namespace) -> int:
+    names = selected(args.cases)
+    size = args.size or (QUICK_SIZE if args.quick else FULL_SIZE)
+    settings = Settings()
+    machine = machine_info(settings)
+    results = run_all(names, rounds=args.rounds, size=size, quick=args.quick)
+    rows = aggregate(results)
+    if args.json:
+        print(json.dumps(report(machine, rows), indent=2))
+    else:
+        described = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
+        print(f"machine: {described}")
+        print(f"{args.rounds} rounds, {size:,} events per throughput row")
+        print(table(rows))
+    return 1 if any("error" in r for r in rows) else 0

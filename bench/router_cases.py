@@ -1,28 +1,25 @@
-"""causal-router on one process against a raw confluent-kafka consume of the same topics in the
-same run (the baseline case lives in bench.runtime_cases)."""
+"""``causal-router``: the causal-router subscription on one process over the run's shared workload,
+beside ``raw-consume`` of the same records (bench.runtime_cases)."""
 
 from __future__ import annotations
 
 from bench.harness import BenchEnv, case
-from bench.runtime_cases import _published
+from bench.rows import Row, rate
+from bench.runtime_cases import consume, subscription_setup
 from consumers.redis_conn import connect
 from consumers.subscriptions.causal_router.processor import read_router_metrics
-from router.wiring.subscription import open_subscription
+
+SLUG = "causal-router"
 
 
-@case(
-    "subscription: causal-router",
-    baseline="runtime: raw confluent-kafka consume",
-    setup=_published,
-)
-def causal_router(env: BenchEnv) -> int:
-    subscription = open_subscription(env.settings, "causal-router")
-    runner = subscription.runner
-    try:
-        runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
-    finally:
-        subscription.close()
+@case("causal-router", setup=subscription_setup(SLUG))
+def causal_router(env: BenchEnv) -> list[Row]:
+    run = consume(env, SLUG)
     metrics = read_router_metrics(connect(env.settings.redis_url, timeout=5), env.settings.env)
     sent = {k.split(":", 1)[1]: v for k, v in metrics.items() if k.startswith("commands_sent:")}
-    env.scratch["note"] = " ".join(f"{k}={v}" for k, v in sorted(sent.items()))
-    return runner.stats.records
+    note = "commands sent " + " ".join(f"{k}={v}" for k, v in sorted(sent.items()))
+    return [
+        rate(
+            "causal-router", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note
+        )
+    ]

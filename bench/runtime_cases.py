@@ -1,62 +1,147 @@
-"""Subscription runtime cases: the ``ledger`` subscription on one process against a raw
-confluent-kafka consume of the same topics in the same run; Redis bytes per claim."""
+"""The run's shared workload and the subscription cases' common part, the raw confluent-kafka
+consume of it (``raw-consume``, the limit every subscription row is set beside) and the ``ledger``
+subscription with ``claim-bytes``, the Redis bytes it keeps per claimed event.
+
+The workload is published once per run, into the run's own environment, by the first case that
+needs it (a marker file in the run's folder says it is there). Every subscription case reads it
+from the start: before each round its Redis keys and its consumer group are deleted, so a later
+round does not find its events already claimed. Subscriptions do not disturb each other: each
+has its own group and its own keys."""
 
 from __future__ import annotations
 
-import uuid
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException
 
 from bench import raw
 from bench.harness import BenchEnv, case
+from bench.rows import Row, rate
 from consumers.redis_conn import connect
+from consumers.runtime.runner_base import Stats
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import open_subscription
+from streams.admin import admin_client
 from streams.producer import Producer, send_to_streams
+from streams.topology import group_id
 from streams.workload import slotted_events, workload
 
+PROJECTS = 500
+PUBLISHED = "published"  # the marker file in the run's folder
 
-def _published(env: BenchEnv) -> None:
-    """A fresh set of streams holding env.size events. The case gets an environment of its own:
-    the run's shared one also holds what the produce and outbox cases sent (the same ids more
-    than once), which would make a subscription's figure partly a dedupe figure."""
-    s = env.settings = Settings(
-        **{**env.settings.model_dump(), "env": f"{env.settings.env}_{uuid.uuid4().hex[:6]}"}
-    )
-    base = s.kafka_config()
-    provision_environment(s)  # the subscriptions' redelivery topics too
-    events = slotted_events(workload(uuid.uuid4().hex[:6], 500, env.size), tenant_id="tenant-bench")
+
+def isolated(fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(*args)`` in a forked process and wait for it: what a setup builds there (a
+    workload of half a million events) does not count in the case's peak RSS."""
+    process = multiprocessing.get_context("fork").Process(target=fn, args=args)
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed (exit code {process.exitcode})")
+
+
+def _publish(settings: Settings, size: int) -> None:
+    provision_environment(settings)  # the subscriptions' redelivery topics too
+    events = slotted_events(workload(settings.env, PROJECTS, size), tenant_id="tenant-bench")
     send_to_streams(
-        Producer(base),
+        Producer(settings.kafka_config()),
         events,
-        stream_for=s.topology.stream_for,
-        max_bytes=s.max_envelope_bytes,
-        flush_timeout=120,
+        stream_for=settings.topology.stream_for,
+        max_bytes=settings.max_envelope_bytes,
+        flush_timeout=300,
     )
 
 
-@case("runtime: raw confluent-kafka consume", setup=_published)
-def raw_consume(env: BenchEnv) -> int:
+def published(env: BenchEnv) -> None:
+    """The run's streams hold env.size events of the workload (published by the first case of
+    the run that asks)."""
+    marker = env.run_dir / PUBLISHED
+    if marker.exists():
+        return
+    isolated(_publish, env.settings, env.size)
+    marker.write_text(str(env.size))
+
+
+def fresh_subscription(env: BenchEnv, slug: str) -> None:
+    """The shared workload, and none of ``slug``'s state of an earlier round: its Redis keys and
+    its consumer group deleted."""
+    published(env)
     s = env.settings
-    return raw.raw_consume(s.kafka_bootstrap, s.topology.stream_names(), env.size)
+    client = connect(s.redis_url, timeout=5)
+    patterns = (
+        f"rh:{s.env}:{{{slug}|*",
+        f"rh:{s.env}:{{slots}}:{slug}:*",
+        f"rh:{s.env}:{{audit}}:{slug}",
+        f"rh:{s.env}:{slug}:*",
+    )
+    for pattern in patterns:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+    admin = admin_client(s.kafka_config())
+    for future in admin.delete_consumer_groups([group_id(slug, s.env)]).values():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            if "GROUP_ID_NOT_FOUND" not in str(exc):
+                raise
 
 
-@case(
-    "runtime: ledger subscription (claims+effects+cursor)",
-    baseline="runtime: raw confluent-kafka consume",
-    setup=_published,
-)
-def ledger(env: BenchEnv) -> int:
-    subscription = open_subscription(env.settings, "ledger")
+@dataclass(frozen=True)
+class Consumed:
+    seconds: float
+    stats: Stats
+
+
+def consume(env: BenchEnv, slug: str, settings: Settings | None = None) -> Consumed:
+    """One process of ``slug`` over the shared workload until it has handled env.size records:
+    the time from opening it (its group join included, as in the raw consume) to the last."""
+    started = time.perf_counter()
+    subscription = open_subscription(settings or env.settings, slug)
     runner = subscription.runner
     try:
         runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
     finally:
         subscription.close()
+    return Consumed(time.perf_counter() - started, runner.stats)
+
+
+def subscription_setup(slug: str) -> Callable[[BenchEnv], None]:
+    def setup(env: BenchEnv) -> None:
+        fresh_subscription(env, slug)
+
+    return setup
+
+
+@case("raw-consume", setup=published)
+def raw_consume(env: BenchEnv) -> list[Row]:
+    s = env.settings
+    started = time.perf_counter()
+    seen = raw.raw_consume(s.kafka_bootstrap, s.topology.stream_names(), env.size)
+    seconds = time.perf_counter() - started
+    return [rate("raw-consume", seen, seconds, "events/s", note="confluent-kafka, no decoding")]
+
+
+@case("ledger", setup=subscription_setup("ledger"))
+def ledger(env: BenchEnv) -> list[Row]:
+    run = consume(env, "ledger")
     client = connect(env.settings.redis_url, timeout=5)
-    claims = 0
-    claim_bytes = 0
-    for key in client.scan_iter(match=f"rh:{env.settings.env}:{{ledger|*claims:*"):
-        claims += client.scard(key)
-        claim_bytes += client.memory_usage(key, samples=0) or 0
-    env.scratch["note"] = f"{claim_bytes / max(claims, 1):.0f} B/claim"
-    return runner.stats.records
+    claim_bytes = sum(
+        client.memory_usage(key, samples=0) or 0
+        for key in client.scan_iter(match=f"rh:{env.settings.env}:{{ledger|*}}:claims*", count=1000)
+    )
+    claimed = run.stats.applied
+    return [
+        rate("ledger", run.stats.records, run.seconds, "events/s", vs="raw-consume"),
+        Row(
+            "claim-bytes",
+            claim_bytes / max(claimed, 1),
+            "B",
+            note=f"MEMORY USAGE of the ledger's claim keys over its {claimed} applied events",
+        ),
+    ]

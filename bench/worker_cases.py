@@ -1,49 +1,52 @@
-"""Command worker cases: a worker with no failures and with 10 % of commands failing once, beside a
-raw confluent-kafka consume and a share-group consume (KIP-932, explicit ACCEPT) of the same
-number of commands on the same queue, in the same run. Each case fills its own environment's
-``agent-wakeups`` queue in its setup (not timed)."""
+"""The command worker: ``worker`` (commands/s of one queue worker, no failures) and
+``worker-flaky`` (10 % of the commands failing once, retried after a short delay), beside
+``raw-consume-queue``, the raw confluent-kafka consume of the same queue in the same run.
+
+Each round fills a queue of its own (untimed, in a forked process): the raw consume and the
+worker read the same one (each with its own group), the flaky worker another, so its retries are
+never read by the other cases."""
 
 from __future__ import annotations
 
-import uuid
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-
-import confluent_kafka
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from bench import raw
 from bench.harness import BenchEnv, case
+from bench.rows import Row, rate
+from bench.runtime_cases import isolated
 from router.settings import QueuePolicy, Settings
 from router.wiring.workers import open_worker, provision_queues
 from router.workers.drills import FlakyHandler, OkHandler
 from router.workers.model import QueueHandler
-from streams.admin import admin_client
 from streams.envelopes import Command, build
 from streams.producer import Producer
 from streams.topology import queue_name
 
 QUEUE = "agent-wakeups"
-RAW = "workers: raw confluent-kafka consume of a queue"
 # The flaky case's retry delay: short, so the figure is the runtime's cost, not the wait.
 FLAKY_DELAY_S = 1.0
 
 
-def _filled(env: BenchEnv) -> None:
+def _queue_settings(env: BenchEnv, suffix: str) -> Settings:
     base = env.settings
     queues = dict(base.queues)
     queues[QUEUE] = queues[QUEUE].model_copy(update={"retry_delay_s": FLAKY_DELAY_S})
-    s = Settings(
-        env=f"{base.env}_{uuid.uuid4().hex[:6]}",
+    return Settings(
+        env=f"{base.env}_{suffix}{env.round}",
         partitions=base.partitions,
         queue_partitions=4,
         queues={k: QueuePolicy.model_validate(v.model_dump()) for k, v in queues.items()},
     )
-    env.scratch["settings"] = s
+
+
+def _fill(s: Settings, size: int) -> None:
     provision_queues(s, [QUEUE])
     producer = Producer(s.kafka_config())
     now = datetime.now(UTC)
     topic = queue_name(QUEUE, s.env)
-    for i in range(env.size):
+    for i in range(size):
         command = build(
             Command,
             command_id=f"cmd_bench_{i:07d}",
@@ -57,7 +60,19 @@ def _filled(env: BenchEnv) -> None:
         producer.produce_command(topic, command, max_bytes=s.max_envelope_bytes)
         if i % 1000 == 999:
             producer.poll(0)
-    producer.flush(120)
+    producer.flush(300)  # raises for any command not acknowledged
+
+
+def _filled(suffix: str) -> Callable[[BenchEnv], None]:
+    def setup(env: BenchEnv) -> None:
+        s = _queue_settings(env, suffix)
+        marker = env.run_dir / f"queue-{s.env}"
+        if not marker.exists():
+            isolated(_fill, s, env.size)
+            marker.write_text(str(env.size))
+        env.scratch["settings"] = s
+
+    return setup
 
 
 def _settings(env: BenchEnv) -> Settings:
@@ -66,78 +81,45 @@ def _settings(env: BenchEnv) -> Settings:
     return s
 
 
-@case(RAW, setup=_filled, unit="commands")
-def raw_queue_consume(env: BenchEnv) -> int:
+@case("raw-consume-queue", setup=_filled("q"))
+def raw_consume_queue(env: BenchEnv) -> list[Row]:
     s = _settings(env)
-    return raw.raw_consume(s.kafka_bootstrap, [queue_name(QUEUE, s.env)], env.size)
+    started = time.perf_counter()
+    seen = raw.raw_consume(s.kafka_bootstrap, [queue_name(QUEUE, s.env)], env.size)
+    return [
+        rate(
+            "raw-consume-queue",
+            seen,
+            time.perf_counter() - started,
+            "commands/s",
+            note="confluent-kafka, no decoding",
+        )
+    ]
 
 
-@case("workers: share-group consume, explicit ACCEPT", baseline=RAW, setup=_filled, unit="commands")
-def share_group_consume(env: BenchEnv) -> int:
+def _through_worker(env: BenchEnv, name: str, handler: QueueHandler) -> list[Row]:
     s = _settings(env)
-    group = f"bench-share-{uuid.uuid4().hex}"
-    admin = admin_client(s.kafka_config())
-    resource = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(
-                "share.auto.offset.reset",
-                "earliest",
-                incremental_operation=AlterConfigOpType.SET,
-            )
-        ],
-    )
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result()
-    consumer = confluent_kafka.ShareConsumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": group,
-            "share.acknowledgement.mode": "explicit",
-        }
-    )
-    consumer.subscribe([queue_name(QUEUE, s.env)])
-    seen = 0
-    while seen < env.size:
-        messages = consumer.poll(1.0)
-        for m in messages:
-            if m.error() is None:
-                consumer.acknowledge(m, confluent_kafka.AcknowledgeType.ACCEPT)
-                seen += 1
-        if messages:
-            consumer.commit_async()
-    consumer.commit_sync()
-    consumer.close()
-    return seen
-
-
-def _through_worker(env: BenchEnv, handler: QueueHandler) -> int:
-    s = _settings(env)
+    started = time.perf_counter()
     process = open_worker(s, QUEUE, handler)
     worker = process.worker
     try:
         worker.run(should_stop=lambda: worker.stats.outcomes["ok"] >= env.size, tick=process.tick)
     finally:
         process.close()
+    seconds = time.perf_counter() - started
     outcomes = worker.stats.outcomes
-    env.scratch["note"] = (
+    note = (
         f"batch {worker.policy.batch}, {worker.stats.transactions} transactions, "
         f"{outcomes['retried']} retried"
     )
-    return outcomes["ok"]
+    return [rate(name, outcomes["ok"], seconds, "commands/s", vs="raw-consume-queue", note=note)]
 
 
-@case("workers: worker, no failures", baseline=RAW, setup=_filled, unit="commands")
-def worker_ok(env: BenchEnv) -> int:
-    return _through_worker(env, OkHandler())
+@case("worker", setup=_filled("q"))
+def worker_ok(env: BenchEnv) -> list[Row]:
+    return _through_worker(env, "worker", OkHandler())
 
 
-@case(
-    f"workers: worker, 10% failing once ({FLAKY_DELAY_S:g} s delay)",
-    baseline=RAW,
-    setup=_filled,
-    unit="commands",
-)
-def worker_flaky(env: BenchEnv) -> int:
-    return _through_worker(env, FlakyHandler())
+@case("worker-flaky", setup=_filled("qf"))
+def worker_flaky(env: BenchEnv) -> list[Row]:
+    return _through_worker(env, "worker-flaky", FlakyHandler())

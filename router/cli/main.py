@@ -15,6 +15,7 @@ from router.cli import (
     acl_commands,
     analytics_commands,
     archive_commands,
+    bench_commands,
     config_commands,
     dead_letter_commands,
     logs,
@@ -51,6 +52,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     worker_commands.register,
     config_commands.register,
     acl_commands.register,
+    bench_commands.register,
 )
 
 
