@@ -384,6 +384,14 @@ class Settings(BaseSettings):
 
     # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
+    batch_size_behind: int = Field(
+        5_000,
+        ge=1,
+        le=50_000,
+        description="records per poll of a subscription while it is behind (its last poll "
+        "brought a full batch_size): fewer, larger store round trips to catch up; at least "
+        "batch_size",
+    )
     max_batch_failures: int = Field(5, ge=1, description="failures of a batch before dead-letter")
     batch_retry_backoff_s: float = Field(1.0, gt=0)
     batch_retry_backoff_max_s: float = Field(60.0, gt=0)
@@ -989,6 +997,7 @@ class Settings(BaseSettings):
                 "librdkafka requires max.poll.interval.ms >= session.timeout.ms",
             ),
             ("streams", "max_streams_per_env", "the plan exceeds the limit per environment"),
+            ("batch_size", "batch_size_behind", "a poll that catches up takes the larger batch"),
         )
         for low, high, why in pairs:
             if getattr(self, low) > getattr(self, high):

@@ -9,6 +9,7 @@ both are incremental.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -30,11 +31,14 @@ log = logging.getLogger("rhumbatron.transport")
 BROKER_CALL_TIMEOUT_S = 10.0
 
 
-def _record(message: Message) -> Record:
+_NOTHING: set[TP] = set()
+
+
+def _record(message: Message, tp: TP | None = None) -> Record:
     timestamp = message.timestamp()
     return Record(
-        topic=message.topic() or "",
-        partition=message.partition() or 0,
+        topic=tp.topic if tp is not None else message.topic() or "",
+        partition=tp.partition if tp is not None else message.partition() or 0,
         offset=message.offset() or 0,
         key=message.key(),
         value=message.value(),
@@ -80,6 +84,7 @@ class KafkaTransport:
         # counts records fetched inside a poll that the caller has not been handed yet (the
         # rebalance callbacks run in the middle of one).
         self._position: dict[TP, int] = {}
+        self._moved: set[TP] = set()  # partitions assigned or revoked since a poll's first call
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -103,6 +108,7 @@ class KafkaTransport:
             consumer.resume(out)
             self._assigned.update(tps)
             self._at_end.difference_update(tps)
+            self._moved.update(tps)
             for tp in tps:
                 self._position.pop(tp, None)
 
@@ -113,6 +119,7 @@ class KafkaTransport:
             consumer.incremental_unassign(partitions)
             self._assigned.difference_update(tps)
             self._at_end.difference_update(tps)
+            self._moved.update(tps)
             for tp in tps:
                 self._seeks.pop(tp, None)
                 self._position.pop(tp, None)
@@ -120,34 +127,53 @@ class KafkaTransport:
         self.consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
+        """Waits up to ``timeout`` for the first record only, then takes what the client has
+        fetched already, up to ``max_records``, without waiting for more: a batch never waits
+        to fill up (at a steady trickle that wait would be each record's latency)."""
         self._apply_seeks()
-        try:
-            messages = self.consumer.consume(max_records, timeout=timeout)
-        except KafkaException as exc:
-            raise Unreachable("Kafka", self._bootstrap, exc.args[0].str()) from exc
-        out = []
+        deadline = time.monotonic() + timeout
+        out: list[Record] = []
+        while True:
+            try:
+                first = self.consumer.consume(1, timeout=max(deadline - time.monotonic(), 0))
+                self._moved.clear()
+                more = max_records - 1 if first else 0
+                rest = self.consumer.consume(more, timeout=0) if more > 0 else []
+            except KafkaException as exc:
+                raise Unreachable("Kafka", self._bootstrap, exc.args[0].str()) from exc
+            # A rebalance inside the second call: what the first brought of a partition assigned
+            # or revoked then belongs to the assignment before it, and is not handed over.
+            self._take(first, out, skip=self._moved)
+            self._take(rest, out, skip=_NOTHING)
+            # Only events (a partition's end) so far: wait on for a record, within the timeout.
+            if out or not first or time.monotonic() >= deadline:
+                return out
+
+    def _take(self, messages: list[Message], out: list[Record], *, skip: set[TP]) -> None:
+        seeks, assigned, position = self._seeks, self._assigned, self._position
         for message in messages:
             error = message.error()
             tp = TP(message.topic() or "", message.partition() or 0)
+            if tp in skip:
+                continue
             if error is not None:
                 if error.fatal():
                     raise KafkaException(error)
                 if error.code() == KafkaError._PARTITION_EOF:
-                    if tp not in self._seeks and tp in self._assigned:
+                    if tp not in seeks and tp in assigned:
                         self._at_end.add(tp)
                         end = message.offset()
                         if end is not None and end >= 0:
-                            self._position[tp] = max(end, self._position.get(tp, end))
+                            position[tp] = max(end, position.get(tp, end))
                 else:
                     log.warning("consumer error on %s: %s", message.topic(), error.str())
                 continue
-            if tp in self._seeks:
+            if tp in seeks:
                 continue  # fetched before a pending seek took effect; it will come again
             self._at_end.discard(tp)
-            record = _record(message)
-            self._position[tp] = record.offset + 1
+            record = _record(message, tp)
+            position[tp] = record.offset + 1
             out.append(record)
-        return out
 
     def _apply_seeks(self) -> None:
         for tp, offset in list(self._seeks.items()):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
 from consumers.runtime.controls import Controls
@@ -80,6 +81,22 @@ def _logged_with_partition(
     return processing
 
 
+@dataclass
+class _Slice:
+    """One partition's records of a poll, decoded, before the store is asked about them."""
+
+    part: PartitionState
+    records: list[Record]
+    progress: Progress  # the cursor they are judged against (an open part's, when one is open)
+    # Per record, in order: its event, or None when it is done already or poison.
+    events: list[Event | None] = field(default_factory=list)
+    poison: list[tuple[Record, EnvelopeError]] = field(default_factory=list)
+    candidates: list[tuple[Record, Event]] = field(default_factory=list)  # events consumed
+
+
+_NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
+
+
 class Runner(FilesMixin, TransactionMixin, FailureMixin):
     def __init__(
         self,
@@ -118,6 +135,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self.instruments.watch(processor.slug, self.stats)
         self.parts: dict[TP, PartitionState] = {}
         self._last_control_check = 0.0
+        self._behind = False  # the last poll brought a full batch: poll batch_size_behind
 
     def start(self, topics: list[str]) -> None:
         self.transport.subscribe(topics, self._on_assign, self._on_revoke)
@@ -189,7 +207,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self._refold()
         self._recover_pending()
         self._flush_due()
-        records = self.transport.poll(self.policy.batch_size, timeout)
+        records = self.transport.poll(self._poll_size(), timeout)
+        # Behind: the poll brought at least a normal batch, so more is waiting.
+        self._behind = len(records) >= self.policy.batch_size
         if self.redelivery is not None:
             records += self._redelivered(self.redelivery.poll(self.policy.batch_size))
         # Partitions assigned inside this poll: refold and finish their pending effects before any
@@ -211,26 +231,48 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 self._defer(part)
                 continue
             by_tp.setdefault(origin, []).append(record)
+        slices = [self._decoded(self.parts[tp], recs) for tp, recs in by_tp.items()]
+        decisions = self._decisions(slices)
         try:
             outcomes = []
-            for tp, recs in by_tp.items():
-                part = self.parts[tp]
-                traces = self._traces(recs)
+            for piece in slices:
+                part = piece.part
+                traces = self._traces(piece.records)
                 try:
-                    with self._batch_span(tp, traces, len(recs)):
-                        outcome = self._process_partition(part, recs, traces)
+                    with self._batch_span(part.tp, traces, len(piece.records)):
+                        outcome = self._process_partition(
+                            part, piece, decisions.get(part.tp, _NO_DECISIONS), traces
+                        )
                 except Fenced as exc:
                     self.stats.fenced += 1
                     log.warning("%s: %s", self.processor.slug, exc)
                     self._drop(part)
                     continue
-                if outcome is not None:
-                    outcomes.append(outcome)
+                outcomes.append(outcome)
             self._commit(outcomes)
         finally:
             self._close_traces()  # the failed applies' spans, once their failures are handled
         self._commit_read_through()
         return len(records)
+
+    def _poll_size(self) -> int:
+        """How many records the next poll may bring: ``batch_size_behind`` while the last poll
+        found a full normal batch waiting, else ``batch_size``."""
+        return self.policy.behind_batch_size() if self._behind else self.policy.batch_size
+
+    def _decisions(self, slices: list[_Slice]) -> dict[TP, tuple[set[str], set[str]]]:
+        """The claims of every partition's candidate events at their cursor revision, asked in
+        one lookup for the whole poll."""
+        asking = [s for s in slices if s.candidates]
+        if not asking:
+            return {}
+        answers = self.store.decisions_many(
+            [
+                (s.part.tp, s.progress.cursor_revision, [e.event_id for _, e in s.candidates])
+                for s in asking
+            ]
+        )
+        return {s.part.tp: answer for s, answer in zip(asking, answers, strict=True)}
 
     def idle(self) -> bool:
         """Nothing paused for a retry, nothing pending, and every partition read to its end (a
@@ -258,43 +300,57 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     break
         return self.stats
 
-    @_logged_with_partition
-    def _process_partition(
-        self, part: PartitionState, records: list[Record], traces: BatchTraces | None = None
-    ) -> Outcome | None:
-        proc = self.processor
+    def _decoded(self, part: PartitionState, records: list[Record]) -> _Slice:
+        """A partition's records of this poll decoded and sorted: done already per the cursor,
+        poison (undecodable), or events, of which those the processor consumes are candidates."""
+        consumes = self.processor.consumes
+        max_bytes = self.policy.max_envelope_bytes
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
-        fresh_candidates: list[tuple[Record, Event]] = []
-        poison: list[tuple[Record, EnvelopeError]] = []
-        decoded: dict[int, Event | None] = {}
+        piece = _Slice(part, records, progress)
         redelivered_max = progress.redelivered_next
         for record in records:
+            event: Event | None = None
             if self._is_redelivery(record):
                 if record.offset < redelivered_max:
-                    decoded[id(record)] = None
+                    piece.events.append(None)
                     continue
                 problem = self._redelivery_problem(record)
                 if problem is not None:
-                    poison.append((record, problem))
-                    decoded[id(record)] = None
+                    piece.poison.append((record, problem))
+                    piece.events.append(None)
                     continue
             elif progress.is_done(record.offset):
-                decoded[id(record)] = None
+                piece.events.append(None)
                 continue
             try:
-                event = decode_event(record.value, max_bytes=self.policy.max_envelope_bytes)
+                event = decode_event(record.value, max_bytes=max_bytes)
             except EnvelopeError as exc:
-                poison.append((record, exc))
-                decoded[id(record)] = None
+                piece.poison.append((record, exc))
+                piece.events.append(None)
                 continue
-            decoded[id(record)] = event
-            if proc.consumes is None or event.event_type in proc.consumes:
-                fresh_candidates.append((record, event))
-        applied, claimed, stale = self._claimed(part, progress, fresh_candidates)
+            piece.events.append(event)
+            if consumes is None or event.event_type in consumes:
+                piece.candidates.append((record, event))
+        return piece
+
+    @_logged_with_partition
+    def _process_partition(
+        self,
+        part: PartitionState,
+        piece: _Slice,
+        decisions: tuple[set[str], set[str]],
+        traces: BatchTraces | None = None,
+    ) -> Outcome:
+        proc = self.processor
+        consumes = proc.consumes
+        records, progress, poison = piece.records, piece.progress, piece.poison
+        fresh_candidates = piece.candidates
+        applied, claimed, stale = self._claimed(part, progress, fresh_candidates, decisions)
         if proc.reducer_version:
             missing = {e.project_id for _, e in fresh_candidates if e.project_id not in part.states}
-            part.states.update(self.store.states(part.tp, missing))
+            if missing:
+                part.states.update(self.store.states(part.tp, missing))
 
         letters = [self._poison_letter(part.tp, r, exc) for r, exc in poison]
         self.stats.poison += len(poison)
@@ -302,7 +358,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             for r, problem in poison:
                 offset = self._origin_offset(r)
                 traces.skipped(proc.slug, r, None, "dead-lettered", offset=offset, error=problem)
-        done: set[int] = {id(r) for r, _ in poison}
+        # Per record, in the order of ``records``: handled (applied, skipped, dead-lettered).
+        done = [False] * len(records)
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []
         claims: list[str] = []
@@ -313,20 +370,16 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
         readmitted: list[int] = []  # dead-lettered offsets applied now through a redelivery
-        high = self.transport.high_watermark(part.tp)
-        owner_check = self._owner_check(part)
-        for record in records:
-            rid = id(record)
-            maybe = decoded.get(rid)
-            if rid in done:
+        deliveries = self._deliveries(part)
+        for i, record in enumerate(records):
+            event = piece.events[i]
+            if event is None:  # done per the cursor, or poison
+                done[i] = True
                 continue
-            if maybe is None or (
-                proc.consumes is not None and maybe.event_type not in proc.consumes
-            ):
-                done.add(rid)
-                self.stats.filtered += maybe is not None
+            if consumes is not None and event.event_type not in consumes:
+                done[i] = True
+                self.stats.filtered += 1
                 continue
-            event = maybe
             # A redelivery (an operator's retry of a dead letter) is a duplicate only if the
             # event was applied since; a stream copy also if it was dead-lettered.
             redelivered = self._is_redelivery(record)
@@ -336,7 +389,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 or event.event_id in seen_ids
                 or (not redelivered and record.offset in stale)
             ):
-                done.add(rid)
+                done[i] = True
                 self.stats.duplicates += 1
                 if traces is not None:
                     offset = self._origin_offset(record)
@@ -344,7 +397,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 continue
             if event.project_id in held:
                 continue
-            delivery = self._delivery(part, record, high, owner_check)
+            delivery = deliveries(record, redelivered)
             if traces is not None:  # current while the processor runs
                 traces.start(proc.slug, record, event, offset=delivery.offset)
             try:
@@ -378,21 +431,24 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     extra={"offset": record.offset},
                 )
                 continue
-            done.add(rid)
+            done[i] = True
             seen_ids.add(event.event_id)
             claims.append(event.event_id)
-            ops.extend(effects.redis)
-            out.extend(self._traced_effects(traces, effects.records))
+            if effects.redis:
+                ops.extend(effects.redis)
+            if effects.records:
+                out.extend(self._traced_effects(traces, effects.records))
             if traces is not None:
                 traces.applied()
             ts = int(event.timestamp.timestamp() * 1000)
-            lines.extend(Line(record.offset, ts, data) for data in effects.lines)
+            if effects.lines:
+                lines.extend(Line(record.offset, ts, data) for data in effects.lines)
             applied_ms.append(ts)
             if proc.reducer_version:
                 changed[event.project_id] = new_state
-            if self._is_redelivery(record):
+            if redelivered:
                 self.stats.redelivered += 1
-                readmitted.append(self._origin_offset(record))
+                readmitted.append(delivery.offset)
         self.stats.applied += len(claims)
 
         # The new cursor: contiguous over done stream records; done ones past a hold-back are
@@ -402,12 +458,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         acked = progress.acked_through
         beyond = set(progress.applied_beyond)
         first_unapplied: int | None = None
-        for record in records:
+        for i, record in enumerate(records):
             if self._is_redelivery(record):
-                if id(record) in done and record.offset == new.redelivered_next:
+                if done[i] and record.offset == new.redelivered_next:
                     new.redelivered_next = record.offset + 1
                 continue
-            if id(record) in done:
+            if done[i]:
                 if first_unapplied is None:
                     acked = max(acked, record.offset)
                 else:
@@ -441,7 +497,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms)
 
     def _commit(self, outcomes: list[Outcome]) -> None:
-        committed: list[Outcome] = []
+        ready: list[Outcome] = []
         for outcome in outcomes:
             part = self.parts.get(outcome.commit.tp)
             if part is None:
@@ -470,7 +526,13 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 else:
                     self._fill_part(part, outcome)
                 continue
-            if not self._store_commit(part, outcome.commit):
+            ready.append(outcome)
+        # Every partition's commit in one store call, each atomic on its own.
+        accepted = self._store_commit_many([(self.parts[o.commit.tp], o.commit) for o in ready])
+        committed: list[Outcome] = []
+        for outcome, ok in zip(ready, accepted, strict=True):
+            part = self.parts.get(outcome.commit.tp)
+            if not ok or part is None:
                 continue
             part.progress = outcome.commit.progress
             part.states.update(outcome.commit.states)
@@ -518,7 +580,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._reload(part)
 
     def _claimed(
-        self, part: PartitionState, progress: Progress, candidates: list[tuple[Record, Event]]
+        self,
+        part: PartitionState,
+        progress: Progress,
+        candidates: list[tuple[Record, Event]],
+        decisions: tuple[set[str], set[str]],
     ) -> tuple[set[str], set[str], set[int]]:
         """(applied, duplicates, stale copies). ``applied``: the candidates' events applied at
         this revision. ``duplicates``: events a stream copy of would duplicate — applied or
@@ -526,10 +592,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         offset whose copies sit in the re-run range, which ``reprocess_from`` listed. ``stale
         copies``: offsets past the re-run range whose event was applied or dead-lettered at an
         earlier revision (its first copy came earlier). Together: the events a fold by id
-        takes once."""
+        takes once. ``decisions``: (applied, dead-lettered) among the candidates at this
+        revision, as the store answered for the whole poll."""
         revision = progress.cursor_revision
         ids = [e.event_id for _, e in candidates]
-        applied, dead_lettered = self.store.decisions(part.tp, revision, ids)
+        applied, dead_lettered = decisions
         claimed = applied | dead_lettered
         stale: set[int] = set()
         if revision == 0:
@@ -581,19 +648,25 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
 
         return check
 
-    def _delivery(
-        self, part: PartitionState, record: Record, high: int, owner_check: Callable[[], None]
-    ) -> Delivery:
-        offset = self._origin_offset(record)
-        return Delivery(
-            tp=part.tp,
-            offset=offset,
-            phase=Phase.LIVE if record.offset >= part.live_from else Phase.CATCHING_UP,
-            caught_up=record.offset + 1 >= high if high >= 0 else False,
-            cursor_revision=part.progress.cursor_revision,
-            redelivered=self._is_redelivery(record),
-            check_owner=owner_check,
-        )
+    def _deliveries(self, part: PartitionState) -> Callable[[Record, bool], Delivery]:
+        """What ``process`` learns of each record of one partition batch (the partition's end,
+        revision and ownership check read once for the batch)."""
+        high = self.transport.high_watermark(part.tp)
+        owner_check = self._owner_check(part)
+        tp, live_from, revision = part.tp, part.live_from, part.progress.cursor_revision
+
+        def delivery(record: Record, redelivered: bool) -> Delivery:
+            return Delivery(
+                tp=tp,
+                offset=self._origin_offset(record) if redelivered else record.offset,
+                phase=Phase.LIVE if record.offset >= live_from else Phase.CATCHING_UP,
+                caught_up=0 <= high <= record.offset + 1,
+                cursor_revision=revision,
+                redelivered=redelivered,
+                check_owner=owner_check,
+            )
+
+        return delivery
 
 
 def _passed_batches(old: Progress, new: Progress) -> list[str]:

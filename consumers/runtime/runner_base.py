@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -47,6 +47,12 @@ class RuntimePolicy:
     # The streams this subscription reads, for the redelivery mapping (streams.topology).
     streams: tuple[str, ...] = ()
     partitions_per_stream: int = 1
+    # Records per poll while the subscription is behind (its last poll found a full batch
+    # waiting); 0: batch_size always.
+    batch_size_behind: int = 0
+
+    def behind_batch_size(self) -> int:
+        return max(self.batch_size, self.batch_size_behind)
 
     def redelivery_partition(self, tp: TP) -> int | None:
         return redelivery_partition(
@@ -220,22 +226,44 @@ class RunnerBase:
         self.failpoint("runtime.before_store_commit")
         return self._commit_or_refuse(part, commit)
 
+    def _store_commit_many(self, commits: Sequence[tuple[PartitionState, Commit]]) -> list[bool]:
+        """:meth:`_store_commit` for every partition of a poll in one store call: per commit, in
+        order, whether it applied (a refused one's partition is handled as there)."""
+        if not commits:
+            return []
+        for _ in commits:
+            self.failpoint("runtime.before_store_commit")
+        refusals = self.store.commit_many([commit for _, commit in commits])
+        accepted = []
+        for (part, _), refusal in zip(commits, refusals, strict=True):
+            if refusal is not None:
+                self._refused(part, refusal)
+            accepted.append(refusal is None)
+        return accepted
+
     def _commit_or_refuse(self, part: PartitionState, commit: Commit) -> bool:
         """The store commit and what a refusal means for the partition, shared by the batch's
         commit and the failure path's dead-letter commit."""
         try:
             self.store.commit(commit)
-        except Fenced as exc:
-            self.stats.fenced += 1
-            log.warning("%s: %s", self.processor.slug, exc)
-            self._drop(part)
-            return False
-        except (CursorMoved, PendingEffects) as exc:
-            log.warning("%s: %s; reloading", self.processor.slug, exc)
-            self._reload(part)
-            part.needs_recovery = part.progress.pending_effects
+        except (Fenced, CursorMoved, PendingEffects) as exc:
+            self._refused(part, exc)
             return False
         return True
+
+    def _refused(self, part: PartitionState, refusal: Exception) -> None:
+        """A store commit of this partition was refused: fenced (the partition is dropped) or
+        the cursor moved under us (reloaded; pending effects recovered first)."""
+        if isinstance(refusal, Fenced):
+            self.stats.fenced += 1
+            log.warning("%s: %s", self.processor.slug, refusal)
+            self._drop(part)
+        elif isinstance(refusal, (CursorMoved, PendingEffects)):
+            log.warning("%s: %s; reloading", self.processor.slug, refusal)
+            self._reload(part)
+            part.needs_recovery = part.progress.pending_effects
+        else:
+            raise refusal
 
     def _drop(self, part: PartitionState) -> None:
         """We were fenced: another process owns this partition now. Stop touching it; the group

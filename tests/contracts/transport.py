@@ -10,6 +10,7 @@ second member join (taking one partition away) and leave again (giving it back).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
@@ -265,6 +266,23 @@ class TransportContract:
         member.seek(tp0, 1)  # earlier: read again
         assert by_partition(drain(member, want=5)) == {0: [1, 2, 3, 4, 5]}
         assert member.poll(100, 0.5) == []
+        member.close()
+
+    def test_a_poll_hands_over_what_is_there_without_waiting_for_a_full_batch(
+        self, bench: Bench
+    ) -> None:
+        # A poll waits for the first record, not for max_records of them nor for its timeout:
+        # a trickle of events is handed over as it comes. The poll runs aside, bounded.
+        member = bench.member()
+        drain_quietly(member)
+        bench.append(0, b"alone")
+        got: list[Record] = []
+        polling = threading.Thread(target=lambda: got.extend(member.poll(1000, 3600.0)))
+        polling.daemon = True
+        polling.start()
+        polling.join(SETTLE_S)
+        assert not polling.is_alive(), "a poll with records there waited for more"
+        assert [r.value for r in got] == [b"alone"]
         member.close()
 
     def test_caught_up_is_what_the_polls_have_seen_of_the_end(self, bench: Bench) -> None:

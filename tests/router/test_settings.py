@@ -33,8 +33,12 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("group_join_timeout_s", 0, "greater than 0"),
         ("batch_failure_ttl_s", 59, "greater than or equal to 60"),
         ("claim_retention_margin_ms", -1, "greater than or equal to 0"),
+        ("claim_buckets", 0, "greater than or equal to 1"),
+        ("claim_buckets", 65_537, "less than or equal to 65536"),
         ("router_outbox_path", "", "at least 1 character"),
         ("command_error_max_bytes", 63, "greater than or equal to 64"),
+        ("batch_size_behind", 0, "greater than or equal to 1"),
+        ("batch_size_behind", 50_001, "less than or equal to 50000"),
         ("flush_timeout_s", "soon", "valid number"),
     ],
 )
@@ -156,6 +160,11 @@ def test_a_short_operator_token_is_refused_in_one_line_without_showing_it(
             {"RHUMBATRON_STREAMS": "30"},
             "RHUMBATRON_STREAMS=30",
             "RHUMBATRON_MAX_STREAMS_PER_ENV=20",
+        ),
+        (
+            {"RHUMBATRON_BATCH_SIZE": "800", "RHUMBATRON_BATCH_SIZE_BEHIND": "600"},
+            "RHUMBATRON_BATCH_SIZE=800",
+            "RHUMBATRON_BATCH_SIZE_BEHIND=600",
         ),
     ],
 )

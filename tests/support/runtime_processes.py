@@ -29,6 +29,9 @@ def runtime_settings(base: Settings, **overrides: Any) -> Settings:
         transaction_timeout_ms=8000,
     )
     values.update(overrides)
+    if "batch_size_behind" not in overrides:
+        # Polls of the size the test chose, behind or not (its failpoints count batches).
+        values["batch_size_behind"] = values["batch_size"]
     return Settings(**values)
 
 
