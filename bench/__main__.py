@@ -6,19 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.harness import DESCRIPTION, UnknownCase, add_arguments, run_command, run_one
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=DESCRIPTION)
     add_arguments(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--env", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         result = run_one(
             args.child,

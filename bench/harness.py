@@ -79,8 +79,8 @@ CASE_MODULES = (
     "bench.scale_cases",
 )
 
-# The table's order. A row not named here goes after the last named row it shares the most
-# leading name parts with ("publisher-10-per-pass" after "publisher-postgres"), else at the end.
+# The table's order (and a round's: its cases run in the order of their names here; see order_key
+# for a row not named here).
 ROW_ORDER = (
     "raw-produce",
     "raw-consume",
@@ -148,18 +148,16 @@ def run_one(
 
 # -- rounds, median, spread, ratio -----------------------------------------------------------------
 def order_key(name: str) -> tuple[int, int]:
+    """Where a row goes in the table: its place in ROW_ORDER; a row not named there goes after
+    the last named row of its group (the first part of its name: "e2e-5k-p99-ms" after
+    "e2e-p999-ms"), else at the end."""
     if name in ROW_ORDER:
         return (ROW_ORDER.index(name), 0)
-    parts = name.split("-")
-    best, at = 0, len(ROW_ORDER)
+    group = name.split("-", maxsplit=1)[0]
+    at = len(ROW_ORDER)
     for index, known in enumerate(ROW_ORDER):
-        shared = 0
-        for mine, theirs in zip(parts, known.split("-"), strict=False):
-            if mine != theirs:
-                break
-            shared += 1
-        if shared and shared >= best:
-            best, at = shared, index
+        if known.split("-")[0] == group:
+            at = index
     return (at, 1)
 
 
@@ -213,7 +211,7 @@ def aggregate(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     for name, result in failed.items():
         error = f"FAILED (round {result['round']}): {result['error']}"
-        partial = [r for r in out if first[r["name"]]["case"] == name]
+        partial = [r for r in out if r["name"] in first and first[r["name"]]["case"] == name]
         for row in partial:  # failed in some rounds only: the others' median, and the error
             row["note"] = f"{row['note']}; {error}" if row["note"] else error
             row["error"] = result["error"]

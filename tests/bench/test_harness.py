@@ -1,0 +1,120 @@
+"""The bench's arithmetic and shape, without a broker: a row is the median of its rounds, its
+spread half their range over the median, its ratio its median over its vs row's median of the
+same run; a failed case is a FAILED row; rows come in the table's order; the JSON has the
+machine and the six keys of every row."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from bench.harness import ROW_ORDER, aggregate, order_key, report, spread_pct, table
+
+
+def _result(
+    case: str, round_no: int, rss: float, *rows: tuple[str, float, str | None]
+) -> dict[str, Any]:
+    return {
+        "case": case,
+        "round": round_no,
+        "rss_mb": rss,
+        "rows": [
+            {"name": n, "value": v, "unit": "events/s", "vs": vs, "note": ""} for n, v, vs in rows
+        ],
+    }
+
+
+def _by_name(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in rows}
+
+
+def test_a_row_is_the_median_of_its_rounds_with_its_spread_and_ratio() -> None:
+    results = [
+        _result("raw-consume", 1, 80, ("raw-consume", 100_000, None)),
+        _result("projector", 1, 90, ("projector", 30_000, "raw-consume")),
+        _result("raw-consume", 2, 82, ("raw-consume", 120_000, None)),
+        _result("projector", 2, 95, ("projector", 20_000, "raw-consume")),
+        _result("raw-consume", 3, 81, ("raw-consume", 80_000, None)),
+        _result("projector", 3, 91, ("projector", 25_000, "raw-consume")),
+    ]
+    rows = _by_name(aggregate(results))
+    assert rows["raw-consume"]["value"] == 100_000
+    assert rows["raw-consume"]["spread"] == pytest.approx(20.0)  # (120k - 80k) / 2 / 100k
+    assert rows["projector"]["value"] == 25_000
+    assert rows["projector"]["ratio"] == pytest.approx(0.25)  # the medians, not one round's
+    assert rows["projector"]["spread"] == pytest.approx(20.0)
+    assert rows["projector"]["rss_mb"] == 95
+    assert rows["projector"]["rounds"] == [30_000, 20_000, 25_000]
+    assert rows["rss-mb"]["value"] == 95
+    assert "projector" in rows["rss-mb"]["note"]
+
+
+def test_one_round_has_no_spread_and_a_missing_baseline_no_ratio() -> None:
+    rows = _by_name(aggregate([_result("ledger", 1, 70, ("ledger", 5_000, "raw-consume"))]))
+    assert rows["ledger"]["spread"] is None
+    assert rows["ledger"]["ratio"] is None
+    assert spread_pct([10.0, 10.0]) == 0.0
+    assert spread_pct([0.0, 0.0]) is None
+
+
+def test_a_failed_case_is_a_failed_row_and_a_partial_failure_keeps_its_other_rounds() -> None:
+    results = [
+        _result("raw-consume", 1, 80, ("raw-consume", 100_000, None)),
+        {"case": "ledger", "round": 1, "error": "RuntimeError: Redis went away"},
+        _result("projector", 1, 90, ("projector", 30_000, "raw-consume")),
+        {"case": "projector", "round": 2, "error": "ValueError: bad"},
+    ]
+    rows = _by_name(aggregate(results))
+    assert rows["ledger"]["failed"] is True
+    assert rows["ledger"]["value"] is None
+    assert "RuntimeError: Redis went away" in rows["ledger"]["note"]
+    assert rows["projector"]["value"] == 30_000
+    assert "FAILED (round 2): ValueError: bad" in rows["projector"]["note"]
+    text = table(list(rows.values()))
+    assert (
+        "FAILED"
+        in text.splitlines()[[line.split()[0] for line in text.splitlines()].index("ledger")]
+    )
+
+
+def test_rows_come_in_the_table_order_whatever_order_they_were_measured_in() -> None:
+    names = [n for n in ROW_ORDER if n != "rss-mb"] + [
+        "publisher-10-per-pass",
+        "e2e-5k-p50-ms",
+        "zzz",
+    ]
+    shuffled = names[:]
+    random.Random(3).shuffle(shuffled)
+    results = [_result(n, 1, 10, (n, 1.0, None)) for n in shuffled]
+    got = [r["name"] for r in aggregate(results)]
+    assert got[: ROW_ORDER.index("publisher-postgres") + 2] == [
+        "raw-produce",
+        "raw-consume",
+        "publisher",
+        "publisher-postgres",
+        "publisher-10-per-pass",
+    ]
+    assert got.index("e2e-5k-p50-ms") == got.index("e2e-p999-ms") + 1
+    assert got.index("worker-flaky") < got.index("faust-agent") < got.index("e2e-p50-ms")
+    assert got.index("e2e-p999-ms") < got.index("claim-bytes") < got.index("rss-mb")
+    assert got.index("rss-mb") < got.index("scale-projects") < got.index("zzz") == len(got) - 1
+    assert order_key("raw-consume-queue") < order_key("worker")
+
+
+def test_the_json_has_the_machine_and_the_six_keys_of_every_row() -> None:
+    rows = aggregate(
+        [
+            _result("raw-consume", 1, 80, ("raw-consume", 100_000, None)),
+            _result("ledger", 1, 80, ("ledger", 40_000, "raw-consume")),
+            {"case": "projector", "round": 1, "error": "boom"},
+        ]
+    )
+    shaped = json.loads(json.dumps(report({"cpu": "x", "cores": 2}, rows)))
+    assert set(shaped) == {"machine", "rows"}
+    assert shaped["machine"] == {"cpu": "x", "cores": 2}
+    for row in shaped["rows"]:
+        assert {"name", "value", "unit", "vs", "ratio", "spread"} <= set(row)
+    assert _by_name(shaped["rows"])["ledger"]["ratio"] == pytest.approx(0.4)
