@@ -1,0 +1,183 @@
+"""The envelope codec's fast paths against the plain forms they replace: ``format_time`` without
+strftime for a UTC time, and ``decode`` calling the model's validator directly. Each property
+compares with the earlier form, written out here, so a fast path that wrote or refused anything
+differently would fail."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from streams.envelopes import (
+    Command,
+    Event,
+    _Envelope,
+    _translate,
+    decode,
+    decode_command,
+    decode_event,
+    format_time,
+)
+from streams.errors import EnvelopeError
+
+MAX_BYTES = 4096
+
+
+def strftime_form(value: datetime) -> str:
+    """The canonical time as it was first written: strftime, then the milliseconds."""
+    return (
+        value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    )
+
+
+def validated_form(model: type[_Envelope], data: bytes | str | None) -> _Envelope:
+    """``decode`` as it was first written: model_validate on the parsed object."""
+    kind = model.__name__
+    if data is None:
+        raise EnvelopeError(kind, "<envelope>", None, "record has no value")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeError(kind, "<envelope>", raw[:60], f"not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise EnvelopeError(kind, "<envelope>", parsed, "must be a JSON object")
+    try:
+        return model.model_validate(parsed, by_alias=True)
+    except ValidationError as exc:
+        raise _translate(model, exc) from exc
+
+
+def outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except EnvelopeError as exc:
+        return "error", (type(exc), str(exc), exc.field, repr(exc.value), exc.reason)
+
+
+offsets = st.one_of(
+    st.just(UTC),
+    st.timedeltas(min_value=timedelta(hours=-23), max_value=timedelta(hours=23)).map(timezone),
+)
+times = st.datetimes(
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=offsets
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(times)
+def test_format_time_is_the_strftime_form(value: datetime) -> None:
+    assert format_time(value) == strftime_form(value)
+
+
+def test_format_time_keeps_the_strftime_form_of_early_years() -> None:
+    for year in (1, 9, 99, 999, 1000):
+        value = datetime(year, 5, 6, 7, 8, 9, 987654, tzinfo=UTC)
+        assert format_time(value) == strftime_form(value)
+
+
+BASE_EVENT: dict[str, Any] = {
+    "eventId": "evt_" + "0123456789abcdef" * 2,
+    "eventType": "task.started",
+    "eventVersion": 1,
+    "tenantId": "tenant-1",
+    "projectId": "proj-1",
+    "changeId": "chg-1",
+    "taskId": "task-1",
+    "actor": "agent:a",
+    "timestamp": "2026-03-01T12:00:00.123Z",
+    "payload": {"agentId": "a"},
+    "slot": 3,
+}
+BASE_COMMAND: dict[str, Any] = {
+    "commandId": "cmd_x-1",
+    "commandType": "agent.wake",
+    "projectId": "proj-1",
+    "attempt": 1,
+    "createdAt": "2026-03-01T12:00:00.123Z",
+    "deadline": "2026-03-01T13:00:00.123Z",
+    "payload": {},
+}
+
+# Values a field may be given: the right kinds and many wrong ones.
+values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "2026-03-01T12:00:00.123Z",
+            "2026-03-01T12:00:00Z",
+            "2026-02-30T12:00:00.123Z",
+            "2026-03-01T12:00:00.123+00:00",
+            "evt_" + "f" * 32,
+            "cmd_ok",
+            "a.b",
+            "A.b",
+            "x\x01y",
+            "",
+        ]
+    ),
+    st.lists(st.integers(-5, 5), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(-5, 5), max_size=2),
+)
+
+
+def mutated(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    names = sorted(base) + ["extraField", "event_id", "created_at"]
+    changes = st.dictionaries(st.sampled_from(names), st.one_of(st.just(...), values), max_size=3)
+
+    def apply(edits: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for name, value in edits.items():
+            if value is ...:
+                out.pop(name, None)
+            else:
+                out[name] = value
+        return out
+
+    return changes.map(apply)
+
+
+def wire(obj: object) -> bytes:
+    return orjson.dumps(obj)
+
+
+raw_records = st.one_of(
+    st.none(),
+    st.binary(max_size=20),
+    st.sampled_from(
+        [b"[]", b"1", b'"x"', b"{", b"null", b"{}", "{}", b'{"slot": 99999999999999999999999}']
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(mutated(BASE_EVENT).map(wire), raw_records))
+def test_decode_event_answers_as_model_validate(data: bytes | str | None) -> None:
+    assert outcome(lambda: decode_event(data, max_bytes=MAX_BYTES)) == outcome(
+        lambda: validated_form(Event, data)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(mutated(BASE_COMMAND).map(wire), raw_records))
+def test_decode_command_answers_as_model_validate(data: bytes | str | None) -> None:
+    assert outcome(lambda: decode_command(data, max_bytes=MAX_BYTES)) == outcome(
+        lambda: validated_form(Command, data)
+    )
+
+
+def test_the_generated_envelopes_reach_both_outcomes() -> None:
+    # The properties above mean something only if valid envelopes decode and mutated ones fail.
+    assert isinstance(decode(Event, wire(BASE_EVENT), max_bytes=MAX_BYTES), Event)
+    assert isinstance(decode(Command, wire(BASE_COMMAND), max_bytes=MAX_BYTES), Command)
+    refused = outcome(lambda: decode_event(wire({**BASE_EVENT, "slot": 0}), max_bytes=MAX_BYTES))
+    assert refused[0] == "error"
