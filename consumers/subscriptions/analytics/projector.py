@@ -54,6 +54,11 @@ METRICS: MappingProxyType[str, str] = MappingProxyType(
 
 METRIC_NAMES: frozenset[str] = frozenset(METRICS.values())
 
+# Each metric's record headers, made once rather than per point.
+_HEADERS: dict[str, tuple[tuple[str, bytes], ...]] = {
+    metric: ((METRIC, metric.encode()),) for metric in METRIC_NAMES
+}
+
 # The point's fields, in the order they are written.
 POINT_FIELDS = ("metric", "projectId", "changeId", "taskId", "eventId", "time", "value")
 
@@ -106,7 +111,7 @@ class AnalyticsProjector(BaseProcessor):
                     event.project_id,
                     orjson.dumps(point_of(event, metric)),
                     point_record_id(event.event_id, metric),
-                    ((METRIC, metric.encode()),),
+                    _HEADERS[metric],
                 )
             ]
         )

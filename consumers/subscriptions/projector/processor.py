@@ -163,9 +163,12 @@ def decode_state(value: int, names: Mapping[str, int]) -> tuple[int, str]:
     raise ValueError(f"stored state {value} has unknown code {code}")
 
 
+_MILLISECOND = timedelta(milliseconds=1)
+
+
 def event_ms(event: Event) -> int:
     # Integer arithmetic on the timedelta: float seconds * 1000 can land a millisecond short.
-    return (event.timestamp - EPOCH) // timedelta(milliseconds=1)
+    return (event.timestamp - EPOCH) // _MILLISECOND
 
 
 def feed_entry(event: Event) -> bytes:
@@ -284,49 +287,48 @@ class ProjectViewProjector(BaseProcessor):
         return {"high": max(high, event.slot), "gapBy": gap_by}
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
-        p = event.project_id
+        # Per event, so each key is the project's prefix plus its part (view_key(p, part)
+        # spelled once), and each state op is built inline rather than through a helper.
+        view = view_key(event.project_id, "")
         etype = event.event_type
-        meta = view_key(p, "meta")
+        slot = event.slot
+        meta = view + "meta"
         ops = [
-            RedisOp("HINCRBY", view_key(p, "counts"), (etype, 1)),
-            RedisOp("HMAX", meta, ("last_ms", event_ms(event))),
+            RedisOp("HINCRBY", view + "counts", (etype, 1)),
+            RedisOp("HMAX", meta, ("last_ms", (event.timestamp - EPOCH) // _MILLISECOND)),
         ]
         order = 0
-        if event.slot is not None:
-            order = event.slot
-            ops.append(
-                RedisOp("SLOT", meta, (view_key(p, "missing"), event.slot, self.missing_cap))
-            )
+        if slot is not None:
+            order = slot
+            ops.append(RedisOp("SLOT", meta, (view + "missing", slot, self.missing_cap)))
             if state is not None and state["gapBy"] == event.event_id:
                 ops.append(RedisOp("HINCRBY", meta, ("gaps_recorded", 1)))
                 ops.append(RedisOp("HINCRBY", metrics_key(), ("gaps_recorded", 1)))
         generation = canonical_generation(event)
         if generation is not None:
             ops.append(RedisOp("HMAX", meta, ("generation", generation)))
+        # The state of the highest order wins (HMAX); order 0 (no slot) overwrites (HSET).
+        ordered = "HMAX" if order else "HSET"
 
         if etype in TASK_STATES:
             task = _task_id(event)
             state_name = task_state(event)
-            ops.append(self._ordered(view_key(p, "tasks"), task, order, TASK_CODES[state_name]))
+            code = TASK_CODES[state_name]
+            ops.append(RedisOp(ordered, view + "tasks", (task, encode_state(order, code))))
             if state_name == BLOCKED:
                 # "" for a block that names no limit, so an older block's limit cannot show.
                 limit = blocked_limit(event) or ""
                 field = agent_field(order, task)
-                ops.append(RedisOp("HSET", view_key(p, "task_blocked"), (field, limit)))
-                at = view_key(p, "task_blocked_at")
-                ops.append(RedisOp("HMAX" if order else "HSET", at, (task, order)))
+                ops.append(RedisOp("HSET", view + "task_blocked", (field, limit)))
+                ops.append(RedisOp(ordered, view + "task_blocked_at", (task, order)))
             if etype == "task.created" and event.change_id is not None:
-                ops.append(RedisOp("HSET", view_key(p, "task_change"), (task, event.change_id)))
+                ops.append(RedisOp("HSET", view + "task_change", (task, event.change_id)))
             if etype in AGENT_EVENTS:
                 agent = _agent_id(event)
                 if agent is not None and etype == "task.started":
-                    ops.append(
-                        RedisOp(
-                            "HSET", view_key(p, "task_agent"), (agent_field(order, task), agent)
-                        )
-                    )
-                    at = view_key(p, "task_agent_at")
-                    ops.append(RedisOp("HMAX" if order else "HSET", at, (task, order)))
+                    field = agent_field(order, task)
+                    ops.append(RedisOp("HSET", view + "task_agent", (field, agent)))
+                    ops.append(RedisOp(ordered, view + "task_agent_at", (task, order)))
         if etype in CHANGE_STATES:
             if event.change_id is None:
                 if etype == "change.created":
@@ -335,16 +337,9 @@ class ProjectViewProjector(BaseProcessor):
                     )
             else:
                 code = CHANGE_CODES[CHANGE_STATES[etype]]
-                ops.append(self._ordered(view_key(p, "changes"), event.change_id, order, code))
+                state_value = encode_state(order, code)
+                ops.append(RedisOp(ordered, view + "changes", (event.change_id, state_value)))
 
-        ops.append(
-            RedisOp(
-                "LPUSHTRIM", view_key(p, "feed"), (feed_entry(event).decode(), self.feed_length)
-            )
-        )
+        entry = feed_entry(event).decode()
+        ops.append(RedisOp("LPUSHTRIM", view + "feed", (entry, self.feed_length)))
         return Effects(redis=ops)
-
-    @staticmethod
-    def _ordered(key: str, field: str, order: int, code: int) -> RedisOp:
-        """The state of the highest order wins (HMAX); order 0 (no slot) overwrites."""
-        return RedisOp("HMAX" if order else "HSET", key, (field, encode_state(order, code)))
