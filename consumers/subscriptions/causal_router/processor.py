@@ -167,8 +167,12 @@ class CausalRouter(BaseProcessor):
         drafts = self._stale_drafts(event, state)
         if (planned or drafts) and not declaring:
             delivery.check_owner()
-        now = self.clock.now()
-        records = self._admitted(event, planned, now, ops, delivery.cursor_revision)
+        # Most events plan no command: the clock and the day are read only for those that do.
+        records = (
+            self._admitted(event, planned, self.clock.now(), ops, delivery.cursor_revision)
+            if planned
+            else []
+        )
         if drafts:
             # Last: nothing that can still fail comes after it (a failure before it writes
             # nothing; a retry after it writes the same ids, which the outbox ignores).
