@@ -23,13 +23,14 @@ from consumers.subscriptions.archive.format import (
     PartKey,
     compress,
     decompress,
-    encode_line,
+    line_of,
     line_offsets,
+    line_prefix,
     part_key,
     stream_of,
 )
 from consumers.subscriptions.archive.store import ObjectStore
-from streams.envelopes import Event
+from streams.envelopes import Event, encode
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,18 @@ class AuditArchiver(BaseProcessor):
         self.streams = dict(streams)  # event stream name -> stream index (the NN of keys)
         self.max_envelope_bytes = max_envelope_bytes
         self.gzip_level = gzip_level
+        # Each partition's line_prefix, made on its first event (the topic checked then too).
+        self._prefixes: dict[TP, bytes] = {}
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         # delivery.tp/offset are the event's origin, also for an operator's redelivery.
-        stream_of(self.streams, delivery.tp.topic)  # only event streams are archived
-        return Effects(
-            lines=[
-                encode_line(delivery.tp, delivery.offset, event, max_bytes=self.max_envelope_bytes)
-            ]
-        )
+        tp = delivery.tp
+        prefix = self._prefixes.get(tp)
+        if prefix is None:
+            stream_of(self.streams, tp.topic)  # only event streams are archived
+            prefix = self._prefixes[tp] = line_prefix(tp)
+        envelope = encode(event, max_bytes=self.max_envelope_bytes)
+        return Effects(lines=[line_of(prefix, delivery.offset, envelope)])
 
     # -- PartWriter --------------------------------------------------------------------------------
     def should_close(self, lines: int, size: int, age_s: float) -> bool:

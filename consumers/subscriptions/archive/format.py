@@ -83,15 +83,18 @@ def parse_day(text: str) -> date:
 def encode_line(tp: TP, offset: int, event: Event, *, max_bytes: int) -> bytes:
     """One event's line (without the newline). The position comes first so a reader of raw
     parts sees it at a glance; the event is its canonical envelope."""
-    return b"".join(
-        (
-            b'{"topic":',
-            orjson.dumps(tp.topic),
-            b',"partition":%d,"offset":%d,"event":' % (tp.partition, offset),
-            encode(event, max_bytes=max_bytes),
-            b"}",
-        )
-    )
+    return line_of(line_prefix(tp), offset, encode(event, max_bytes=max_bytes))
+
+
+def line_prefix(tp: TP) -> bytes:
+    """What every line of ``tp`` starts with, up to its offset: the same for all of a
+    partition's lines, so the archiver makes it once per partition."""
+    return b'{"topic":%s,"partition":%d,"offset":' % (orjson.dumps(tp.topic), tp.partition)
+
+
+def line_of(prefix: bytes, offset: int, envelope: bytes) -> bytes:
+    """The line of the envelope at ``offset``, after its partition's ``line_prefix``."""
+    return b'%s%d,"event":%s}' % (prefix, offset, envelope)
 
 
 @dataclass(frozen=True, slots=True)

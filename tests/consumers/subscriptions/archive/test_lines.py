@@ -1,0 +1,86 @@
+"""The archiver's lines, made from a prefix kept per partition, against the line as it was first
+written (one join of its parts per event): the same bytes for any topic, partition, offset and
+event, and a topic that is not an event stream still refused on every event."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.runtime.types import TP, Delivery, Phase
+from consumers.subscriptions.archive.archiver import AuditArchiver, PartLimits
+from consumers.subscriptions.archive.format import decode_line, encode_line
+from streams.envelopes import Event, build, encode
+from streams.errors import ArchiveFormatError
+from tests.support.archive import MemoryObjects
+
+LIMIT = 4096
+
+
+def joined_line(tp: TP, offset: int, event: Event) -> bytes:
+    return b"".join(
+        (
+            b'{"topic":',
+            orjson.dumps(tp.topic),
+            b',"partition":%d,"offset":%d,"event":' % (tp.partition, offset),
+            encode(event, max_bytes=LIMIT),
+            b"}",
+        )
+    )
+
+
+def an_event(project: str, n: int) -> Event:
+    return build(
+        Event,
+        event_id=f"evt_{n:032x}",
+        event_type="task.created",
+        tenant_id="t",
+        project_id=project,
+        actor="a",
+        timestamp=datetime(2026, 1, 1, tzinfo=UTC),
+        payload={"n": n, "text": project},
+        slot=n + 1,
+    )
+
+
+def delivery(tp: TP, offset: int) -> Delivery:
+    return Delivery(tp, offset, Phase.LIVE, True, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    topic=st.text(min_size=1, max_size=30),
+    partition=st.integers(0, 10_000),
+    offsets=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=4),
+    project=st.text(alphabet=st.characters(min_codepoint=0x20), min_size=1, max_size=20),
+)
+def test_lines_are_the_joined_form(
+    topic: str, partition: int, offsets: list[int], project: str
+) -> None:
+    archiver = AuditArchiver(
+        MemoryObjects(), PartLimits(10, 1 << 20, 60.0), {topic: 3}, max_envelope_bytes=LIMIT
+    )
+    tp = TP(topic, partition)
+    for n, offset in enumerate(offsets):
+        event = an_event(project, n)
+        (line,) = archiver.process(event, None, delivery(tp, offset)).lines
+        assert (
+            line
+            == joined_line(tp, offset, event)
+            == encode_line(tp, offset, event, max_bytes=LIMIT)
+        )
+        assert decode_line(line, where="test").offset == offset
+
+
+def test_a_topic_that_is_no_event_stream_is_refused_every_time() -> None:
+    archiver = AuditArchiver(
+        MemoryObjects(), PartLimits(10, 1 << 20, 60.0), {"s0": 0}, max_envelope_bytes=LIMIT
+    )
+    archiver.process(an_event("p", 0), None, delivery(TP("s0", 0), 0))
+    for offset in (0, 1):
+        with pytest.raises(ArchiveFormatError, match="not an event stream"):
+            archiver.process(an_event("p", 1), None, delivery(TP("other", 0), offset))
