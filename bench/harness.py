@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE = 500_000
 QUICK_SIZE = 50_000
 DEFAULT_ROUNDS = 3
+# A traceback's last line: "psycopg.errors.UndefinedTable: relation ...", "AssertionError".
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failed)\b"
+)
 # The subscriptions' streams are spread over this many partitions (the product's default is the
 # same order; four keeps one process busy on every poll).
 PARTITIONS = 4
@@ -455,9 +459,17 @@ def run_child(
             return result
         except (IndexError, ValueError):
             pass
+    return {"case": name, "round": round_no, "error": last_error(proc)}
+
+
+def last_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """The line of a child's output that names its error: the last one that starts with an
+    exception's name (an error's message may go on over lines of its own), else its last line."""
     lines = (proc.stderr or proc.stdout).strip().splitlines()
-    error = lines[-1] if lines else f"exit code {proc.returncode}, no output"
-    return {"case": name, "round": round_no, "error": error}
+    named = [line for line in lines if EXCEPTION_LINE.match(line)]
+    if named:
+        return named[-1]
+    return lines[-1] if lines else f"exit code {proc.returncode}, no output"
 
 
 def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[dict[str, Any]]:
@@ -488,8 +500,8 @@ def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[di
 
 
 def remove_run(env_name: str) -> None:
-    """Delete the run's topics, consumer groups and Redis keys (every name a case makes carries
-    the run's name), so repeated runs do not fill the local services."""
+    """Delete the run's topics, consumer groups, Redis keys and PostgreSQL schemas (every name a
+    case makes carries the run's name), so repeated runs do not fill the local services."""
     from consumers.redis_conn import connect
     from streams.admin import admin_client, delete_topics
 
@@ -510,12 +522,20 @@ def remove_run(env_name: str) -> None:
             future.result(timeout=20)
         except Exception as exc:  # a group still settling: say so, the topics are gone anyway
             print(f"  could not delete a consumer group of the run: {exc}", file=sys.stderr)
+    try:
+        from bench.outbox_cases import drop_run_schemas
+
+        schemas = drop_run_schemas(env_name)
+    except Exception as exc:  # no PostgreSQL to reach: none of the run's schemas either
+        print(f"  could not drop the run's PostgreSQL schemas: {exc}", file=sys.stderr)
+        schemas = 0
     client = connect(s.redis_url, timeout=5)
     keys = list(client.scan_iter(match=f"*{env_name}*", count=1000))
     for start in range(0, len(keys), 1000):
         client.delete(*keys[start : start + 1000])
     print(
-        f"removed the run's {len(topics)} topics, {len(groups)} groups and {len(keys)} Redis keys",
+        f"removed the run's {len(topics)} topics, {len(groups)} groups, {len(keys)} Redis keys "
+        f"and {schemas} PostgreSQL schemas",
         file=sys.stderr,
     )
 
