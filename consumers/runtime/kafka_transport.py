@@ -85,6 +85,7 @@ class KafkaTransport:
         # rebalance callbacks run in the middle of one).
         self._position: dict[TP, int] = {}
         self._moved: set[TP] = set()  # partitions assigned or revoked since a poll's first call
+        self._tps: dict[tuple[str, int], TP] = {}  # one TP per topic partition read
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -150,11 +151,14 @@ class KafkaTransport:
                 return out
 
     def _take(self, messages: list[Message], out: list[Record], *, skip: set[TP]) -> None:
-        seeks, assigned, position = self._seeks, self._assigned, self._position
+        seeks, assigned, position, tps = self._seeks, self._assigned, self._position, self._tps
         for message in messages:
             error = message.error()
-            tp = TP(message.topic() or "", message.partition() or 0)
-            if tp in skip:
+            key = (message.topic() or "", message.partition() or 0)
+            tp = tps.get(key)
+            if tp is None:
+                tp = tps[key] = TP(*key)
+            if skip and tp in skip:
                 continue
             if error is not None:
                 if error.fatal():
@@ -168,9 +172,10 @@ class KafkaTransport:
                 else:
                     log.warning("consumer error on %s: %s", message.topic(), error.str())
                 continue
-            if tp in seeks:
+            if seeks and tp in seeks:
                 continue  # fetched before a pending seek took effect; it will come again
-            self._at_end.discard(tp)
+            if self._at_end:
+                self._at_end.discard(tp)
             record = _record(message, tp)
             position[tp] = record.offset + 1
             out.append(record)

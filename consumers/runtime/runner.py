@@ -221,16 +221,23 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
-        by_tp: dict[TP, list[Record]] = {}
+        read: dict[tuple[str, int], list[Record]] = {}  # by topic and partition, in order
         for record in records:
-            origin = self._origin_tp(record)
+            key = (record.topic, record.partition)
+            same = read.get(key)
+            if same is None:
+                read[key] = same = []
+            same.append(record)
+        by_tp: dict[TP, list[Record]] = {}
+        for same in read.values():
+            origin = self._origin_tp(same[0])  # one for every record of a topic partition
             part = self.parts.get(origin) if origin is not None else None
             if origin is None or part is None or part.retry_at is not None:
                 continue  # not ours any more, or waiting for its retry: it will come again
             if part.needs_recovery or part.needs_refold or part.needs_first_fold:
                 self._defer(part)
                 continue
-            by_tp.setdefault(origin, []).append(record)
+            by_tp.setdefault(origin, []).extend(same)
         slices = [self._decoded(self.parts[tp], recs) for tp, recs in by_tp.items()]
         decisions = self._decisions(slices)
         try:
