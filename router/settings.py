@@ -581,6 +581,22 @@ class Settings(BaseSettings):
     worker_poll_interval_s: float = Field(
         0.5, gt=0, description="longest a command worker waits in one poll when nothing is due"
     )
+    worker_transaction_max_commands: int = Field(
+        500,
+        ge=1,
+        le=100_000,
+        description="most commands a command worker settles in one Kafka transaction: it keeps "
+        "handling chunks of the queue's batch and commits when it holds this many, when "
+        "worker_transaction_max_ms has passed since its first chunk, or when a poll brings "
+        "nothing more (a transaction holds at least one whole chunk)",
+    )
+    worker_transaction_max_ms: int = Field(
+        100,
+        ge=1,
+        le=60_000,
+        description="longest a command worker holds settled commands before committing their "
+        "transaction (their retries, dead letters and offsets become visible then)",
+    )
     command_dedupe_margin_ms: int = Field(
         DAY_MS,
         ge=0,

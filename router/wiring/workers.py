@@ -51,6 +51,8 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         max_envelope_bytes=settings.max_envelope_bytes,
         poll_interval_s=settings.worker_poll_interval_s,
         error_max_bytes=settings.command_error_max_bytes,
+        transaction_max_commands=settings.worker_transaction_max_commands,
+        transaction_max_ms=settings.worker_transaction_max_ms,
     )
 
 

@@ -40,12 +40,15 @@ class WorkerPolicy:
     max_envelope_bytes: int
     poll_interval_s: float
     error_max_bytes: int
+    # One transaction holds chunks of ``batch`` up to this many commands, open at most this long.
+    transaction_max_commands: int
+    transaction_max_ms: int
 
     def __post_init__(self) -> None:
         queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it
         if self.dead_letter is not None:
             queue_name(self.dead_letter, self.env)
-        for name in ("batch", "concurrency", "max_deliveries"):
+        for name in ("batch", "concurrency", "max_deliveries", "transaction_max_commands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"queue {self.purpose}: {name} must be at least 1")
         if self.retries < 0 or self.retry_delay_s < 0:

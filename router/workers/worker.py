@@ -16,27 +16,40 @@ A worker is a member of the queue's consumer group reading two topics: the queue
   on a queue without one, to the handler's ``on_exhausted`` (the indexer records it with the
   project's index state) or — last resort — a loud log line naming the record.
 
-**Exact across crashes.** The records a batch sends (retries, dead letters, further deliveries)
-and the offsets it consumed commit in **one Kafka transaction** (transactional id per producer
-lease). A crash before the commit leaves neither: the batch is read again from the committed
-offsets, with the same attempt numbers, so an attempt is never counted twice nor skipped. A step
-settles what it holds in chunks of ``batch``, one transaction each; when one aborts, the step ends
-there and every partition of that chunk and of the chunks after it is rewound, so nothing behind an
-aborted record is committed before it and no due retry taken from its buffer is lost. A
-handler's own side effects are at least once: a completed command id is recorded in Redis before
-the transaction, so a redelivered batch skips what completed; a crash between the handler and
-that record re-runs the handler at the same attempt number.
+**Exact across crashes.** The records a transaction's commands send (retries, dead letters,
+further deliveries) and the offsets they consumed commit in **one Kafka transaction**
+(transactional id per producer lease). A crash before the commit leaves neither: its commands
+are read again from the committed offsets, with the same attempt numbers, so an attempt is never
+counted twice nor skipped.
+
+**What a transaction holds.** A step polls and hands the handler chunks of ``batch`` commands (its
+unit); several chunks share one transaction, which commits when it holds
+``transaction_max_commands`` (at least one whole chunk), when ``transaction_max_ms`` have passed
+since its first chunk, or when a poll brings nothing more: a step ends with nothing open. Its
+records are produced, and its offsets sent, when it commits. When one aborts, the step ends there
+and every partition of what it held and of the chunks after it is rewound, so nothing behind an
+aborted record is committed before it and no due retry taken from its buffer is lost. A second
+copy of a command in one transaction is a duplicate of the first whatever the first's fate, so
+one command never starts two retry chains.
+
+A handler's own side effects are at least once: the completed command ids of a transaction are
+recorded in Redis (one round trip) before it commits, so a redelivery skips what completed; a
+crash between the handler and that record re-runs the handler at the same attempt number. The
+ledger is asked once per poll which of its commands completed already.
 
 **Lag.** The offsets committed are past everything a partition was read through: when every
 record the consumer was handed of it is settled and nothing of it waits in a buffer, the
 consumer's position, which is past the transaction markers that end the producers'
 transactions (they take offsets but are never delivered); otherwise the next offset after the
 last record settled. A partition read on to its end after its last commit (the markers behind
-a batch that filled up) gets an offsets-only transaction, so a caught-up group reads lag 0.
+a transaction that filled up) gets an offsets-only transaction, so a caught-up group reads lag 0.
 
-**Rebalances.** A revoked partition's buffer is dropped (its records come again, from the
-committed offset, to the next owner, which pauses on its own), and every newly assigned partition
-is resumed explicitly, so nothing is left paused by an earlier owner.
+**Rebalances.** A revoke comes inside a poll, between chunks: the open transaction, whose chunks
+are all settled, commits first, while this member still owns the partitions. If that fails, the
+revoked partitions' records come again from the committed offsets to their next owner, and those
+of the partitions it keeps are rewound here. A revoked partition's buffer is dropped (its records
+come again, from the committed offset, to the next owner, which pauses on its own), and every
+newly assigned partition is resumed explicitly, so nothing is left paused by an earlier owner.
 """
 
 from __future__ import annotations
@@ -132,6 +145,20 @@ class _Settled:
     spans: list[Span] = field(default_factory=list)  # its handling's, then its sends'; traced only
 
 
+@dataclass
+class _Open:
+    """The transaction being filled: the chunks settled since the last commit, not yet sent."""
+
+    records: list[Record] = field(default_factory=list)
+    settled: list[_Settled] = field(default_factory=list)
+    ends: dict[TP, int] = field(default_factory=dict)  # positions read through (max per chunk)
+    seen: set[str] = field(default_factory=set)  # every command id it holds a copy of
+    since: float = 0.0  # monotonic time its first chunk was settled
+
+    def spans(self) -> Iterable[Span]:
+        return (span for s in self.settled for span in s.spans)
+
+
 class Worker:
     def __init__(
         self,
@@ -161,6 +188,7 @@ class Worker:
         self._fresh: set[TP] = set()
         self._committed: dict[TP, int] = {}  # the offset this member last committed, per partition
         self._ever_assigned = False
+        self._open = _Open()
         self._pool = (
             ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
             if policy.concurrency > 1
@@ -181,6 +209,13 @@ class Worker:
         return {}  # resume from the group's committed offsets
 
     def _on_revoke(self, tps: list[TP]) -> None:
+        # The open transaction's chunks are settled (a revoke comes inside a poll, between
+        # chunks): they commit now, while this member still owns the partitions; if that fails,
+        # the revoked ones come again from the committed offsets to their next owner and those
+        # it keeps are read again here.
+        if self._open.records and not self._commit():
+            gone = set(tps)
+            self._rewind(r for r in self._open_records_dropped() if r.tp not in gone)
         for tp in tps:
             self._waiting.pop(tp, None)
             self._paused.discard(tp)
@@ -222,37 +257,112 @@ class Worker:
         return self.stats
 
     def step(self) -> int:
-        """One poll; settles what arrived and what came due. Returns the records settled."""
-        records = self.transport.poll(self.policy.batch, self._poll_timeout())
+        """Polls and settles what arrived and what came due, in chunks of ``batch``, in one
+        transaction or more: the transaction is committed when it holds
+        ``transaction_max_commands`` commands, when ``transaction_max_ms`` have passed since its
+        first chunk, or when a poll brings nothing more. Returns the records committed."""
+        committed = 0
+        timeout = self._poll_timeout()
+        try:
+            while True:
+                room = max(self.policy.batch, self.policy.transaction_max_commands)
+                records = self.transport.poll(room - len(self._open.records), timeout)
+                timeout = 0.0  # the polls after the first take only what has arrived
+                ready = self._arrived(records)
+                done = self._settle_all(ready)
+                if done < 0:
+                    return committed
+                committed += done
+                if not records or self._full():
+                    break
+            held = len(self._open.records)
+            if held and not self._commit():
+                self._rewind(self._open_records_dropped())
+                return committed
+            committed += held
+        except BaseException:
+            self._give_up_open()
+            raise
+        self._commit_read_through()
+        return committed
+
+    def _arrived(self, records: list[Record]) -> list[Record]:
         if self._fresh:
             self.transport.resume(sorted(self._fresh))
             self._fresh.clear()
         ready: list[Record] = []
+        retry_topic = self.policy.retry_topic
         for record in records:
-            if record.topic == self.policy.retry_topic:
+            if record.topic == retry_topic:
                 self._waiting.setdefault(record.tp, deque()).append(record)
             else:
                 ready.append(record)
         ready.extend(self._due())
-        # Where each partition's last record of this step is: the chunk holding it settles
+        return ready
+
+    def _full(self, coming: int = 0) -> bool:
+        """Whether the open transaction must commit before ``coming`` more commands join it:
+        it would pass ``transaction_max_commands``, or it is ``transaction_max_ms`` old."""
+        held = len(self._open.records)
+        if not held:
+            return False
+        if held + max(coming, 1) > self.policy.transaction_max_commands:
+            return True
+        return (self.clock.monotonic() - self._open.since) * 1000 >= self.policy.transaction_max_ms
+
+    def _settle_all(self, ready: list[Record]) -> int:
+        """Settles ``ready`` chunk by chunk into the open transaction, committing it first when
+        it is full (``_full``) for the next chunk. Returns the records
+        committed, or -1 when a commit failed: then every partition of what that transaction
+        held and of the rest of ``ready`` is rewound, and the step ends."""
+        # Where each partition's last record of this poll is: the chunk holding it settles
         # everything the consumer was handed of that partition.
         last = {r.tp: i for i, r in enumerate(ready)}
-        settled = 0
-        for start in range(0, len(ready), self.policy.batch):
-            chunk = ready[start : start + self.policy.batch]
+        decoded = [self._decode(r) for r in ready]
+        done_before: set[str] = set()
+        if self.handler.dedupe:
+            done_before = self.ledger.done_among(
+                c.command_id
+                for c in decoded
+                if isinstance(c, Command) and c.command_id not in self._open.seen
+            )
+        committed = 0
+        batch = self.policy.batch
+        for start in range(0, len(ready), batch):
+            chunk = ready[start : start + batch]
+            held = len(self._open.records)
+            if self._full(len(chunk)):
+                if not self._commit():
+                    # Nothing after an aborted transaction may commit in this step: a later
+                    # chunk's offsets would pass the rewound records of a partition it shares
+                    # with it (read again, they would start a second retry chain), and the due
+                    # retries it holds were already taken from their buffer. All of it is read
+                    # again.
+                    self._rewind([*self._open_records_dropped(), *ready[start:]])
+                    return -1
+                committed += held
             ends = self._read_through(
                 tp for tp, i in last.items() if start <= i < start + len(chunk)
             )
-            if not self._settle(chunk, ends):
-                # Nothing after an aborted transaction may commit in this step: a later chunk's
-                # offsets would pass the rewound records of a partition it shares with this one
-                # (read again, they would start a second retry chain), and the due retries it
-                # holds were already taken from their buffer. All of the rest is read again.
-                self._rewind(ready[start:])
-                return settled
-            settled += len(chunk)
-        self._commit_read_through()
-        return settled
+            self._settle(chunk, decoded[start : start + batch], done_before, ends)
+        return committed
+
+    def _open_records_dropped(self) -> list[Record]:
+        """The records of a transaction that failed (already aborted), forgotten."""
+        records = self._open.records
+        self._open = _Open()
+        return records
+
+    def _give_up_open(self) -> None:
+        """A step dies with its transaction open (the process is going down): nothing of it is
+        committed, what completed in it is recorded, so that its redelivery finds it done, and
+        its partitions are rewound."""
+        held, self._open = self._open, _Open()
+        tracing.end(held.spans(), committed=False)
+        try:
+            self.ledger.mark_done(s.done for s in held.settled if s.done)
+        finally:
+            self._rewind(held.records)
 
     def close(self) -> None:
         try:
@@ -330,35 +440,36 @@ class Worker:
         return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
 
     # -- one batch -------------------------------------------------------------------------------
-    def _settle(self, chunk: list[Record], ends: dict[TP, int]) -> bool:
-        """Runs the chunk and commits it in one transaction; False when the transaction
-        failed (nothing of it is committed). ``ends``: the positions of the partitions the
-        chunk settles everything of (``_read_through``)."""
-        decoded: list[Command | EnvelopeError] = []
-        for record in chunk:
-            try:
-                decoded.append(
-                    decode_command(record.value, max_bytes=self.policy.max_envelope_bytes)
-                )
-            except EnvelopeError as exc:
-                decoded.append(exc)
-        done_before: set[str] = set()
-        if self.handler.dedupe:
-            done_before = self.ledger.done_among(
-                c.command_id for c in decoded if isinstance(c, Command)
-            )
+    def _decode(self, record: Record) -> Command | EnvelopeError:
+        try:
+            return decode_command(record.value, max_bytes=self.policy.max_envelope_bytes)
+        except EnvelopeError as exc:
+            return exc
+
+    def _settle(
+        self,
+        chunk: list[Record],
+        decoded: list[Command | EnvelopeError],
+        done_before: set[str],
+        ends: dict[TP, int],
+    ) -> None:
+        """Runs the chunk's handlers and adds what they settled to the open transaction.
+        ``ends``: the positions of the partitions the chunk settles everything of
+        (``_read_through``); ``done_before``: the ids the ledger knows completed."""
+        held = self._open
+        if not held.records:
+            held.since = self.clock.monotonic()
         pairs: list[tuple[Record, Command | EnvelopeError]] = []
         settled: list[_Settled] = []
-        seen: set[str] = set()
         tracer = tracing.tracer()
         for record, command in zip(chunk, decoded, strict=True):
-            if isinstance(command, Command) and command.command_id in seen:
-                # A second copy in one batch: the first copy's fate (done, retry or dead letter)
-                # stands for both, so one command never starts two retry chains.
+            if isinstance(command, Command) and command.command_id in held.seen:
+                # A second copy in one transaction: the first copy's fate (done, retry or dead
+                # letter) stands for both, so one command never starts two retry chains.
                 settled.append(_Settled(record, "duplicate"))
                 continue
             if isinstance(command, Command):
-                seen.add(command.command_id)
+                held.seen.add(command.command_id)
             pairs.append((record, command))
         try:
             if self._pool is not None:
@@ -378,25 +489,29 @@ class Worker:
             else:
                 for record, command in pairs:
                     settled.append(self._one(record, command, done_before, tracer))
-        except BaseException:
-            tracing.end((span for s in settled for span in s.spans), committed=False)
-            raise
         finally:
-            # What completed is recorded even if a later record's hook raised: its redelivery
-            # must find it done.
-            self.ledger.mark_done(s.done for s in settled if s.done)
-        return self._commit(chunk, settled, ends)
+            # Held even if a later record's hook raised: what completed is recorded done
+            # (``_give_up_open``) so that its redelivery finds it.
+            held.records.extend(chunk)
+            held.settled.extend(settled)
+            for tp, end in ends.items():
+                held.ends[tp] = max(held.ends.get(tp, end), end)
 
-    def _commit(self, chunk: list[Record], settled: list[_Settled], ends: dict[TP, int]) -> bool:
+    def _commit(self) -> bool:
+        """Commits the open transaction: the completed ids are recorded first, then its records
+        and offsets go in one Kafka transaction. False when that failed (it is aborted and
+        nothing of it is committed; the caller rewinds its partitions)."""
+        held = self._open
+        self.ledger.mark_done(s.done for s in held.settled if s.done)
         offsets: dict[TP, int] = {}
-        for record in chunk:
+        for record in held.records:
             offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
-        for tp, end in ends.items():
+        for tp, end in held.ends.items():
             if tp in offsets:
                 offsets[tp] = max(offsets[tp], end)
         try:
             self.output.begin()
-            for s in settled:
+            for s in held.settled:
                 for out in s.send:
                     self.output.produce(out)
             self.output.send_offsets(offsets, self.transport.group_metadata())
@@ -408,18 +523,19 @@ class Worker:
             log.warning(
                 "%s: the transaction of %d record(s) failed (%s); they will be read again",
                 self.policy.purpose,
-                len(chunk),
+                len(held.records),
                 exc,
             )
-            tracing.end((span for s in settled for span in s.spans), committed=False)
+            tracing.end(held.spans(), committed=False)
             return False
-        tracing.end((span for s in settled for span in s.spans), committed=True)
+        self._open = _Open()
+        tracing.end(held.spans(), committed=True)
         self.failpoint("worker.after_transaction_commit")
         self._committed.update(offsets)
         self.stats.transactions += 1
-        self.stats.records += len(chunk)
-        counts: Counter[str] = Counter(s.outcome for s in settled)
-        counts["failed"] = sum(1 for s in settled if s.failed)
+        self.stats.records += len(held.records)
+        counts: Counter[str] = Counter(s.outcome for s in held.settled)
+        counts["failed"] = sum(1 for s in held.settled if s.failed)
         self.stats.outcomes.update(counts)
         if self.metrics is not None:
             try:

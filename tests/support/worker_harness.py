@@ -12,6 +12,7 @@ from typing import ClassVar
 from consumers.runtime.dead_letters import MemoryDeadLetters
 from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTransport
 from consumers.runtime.types import Record
+from router.settings import Settings
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
 from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
@@ -24,6 +25,7 @@ from streams.topology import queue_name
 ENV = "unit"
 MAX = 256 * 1024
 Behaviour = Callable[[Command, CommandContext], str | None]
+DEFAULTS = Settings.model_fields
 
 
 class Scripted(QueueHandler):
@@ -69,6 +71,8 @@ def policy(purpose: str = "agent-wakeups", **overrides: object) -> WorkerPolicy:
         "max_envelope_bytes": MAX,
         "poll_interval_s": 0.5,
         "error_max_bytes": 1000,
+        "transaction_max_commands": DEFAULTS["worker_transaction_max_commands"].default,
+        "transaction_max_ms": DEFAULTS["worker_transaction_max_ms"].default,
     }
     values.update(overrides)
     return WorkerPolicy(**values)  # type: ignore[arg-type]

@@ -174,6 +174,7 @@ class Workload:
     retries: int
     deliveries: int
     concurrency: int
+    transaction_max_commands: int  # several chunks may share one transaction
     commands: tuple[Planned, ...]
     actions: tuple[tuple[str, int], ...]
     commit_fails: tuple[bool, ...]  # until healing, commit n fails if [n % len] is set
@@ -217,6 +218,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         retries=retries,
         deliveries=draw(st.integers(1, retries + 3)),
         concurrency=draw(st.sampled_from([1, 1, 2])),
+        transaction_max_commands=draw(st.sampled_from([1, 4, 7, 500])),
         commands=commands,
         actions=tuple(actions),
         commit_fails=tuple(draw(st.lists(st.booleans(), min_size=1, max_size=6))),
@@ -250,6 +252,8 @@ class Group:
             max_envelope_bytes=MAX,
             poll_interval_s=0.5,
             error_max_bytes=200,
+            transaction_max_commands=w.transaction_max_commands,
+            transaction_max_ms=100,
         )
         self.log = MemoryLog()
         self.clock = ManualClock()
@@ -542,6 +546,7 @@ DEFECT_7 = Workload(
     retries=1,
     deliveries=2,
     concurrency=1,
+    transaction_max_commands=4,
     commands=tuple(
         Planned(f"cmd_{i:02d}", (FAIL,) * failures, partition, "p1", 0)
         for i, (failures, partition) in enumerate(

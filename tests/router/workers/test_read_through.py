@@ -73,7 +73,7 @@ def test_a_retry_waiting_for_its_due_time_keeps_the_committed_offset_at_it() -> 
 
 
 def test_a_partition_read_in_several_batches_commits_past_its_marker_with_the_last() -> None:
-    world = World(policy(batch=2))
+    world = World(policy(batch=2, transaction_max_commands=2))  # one batch a step
     handler = Scripted(fail_for(), world.clock)
     worker = world.worker(handler)
     commands = [world.command(f"cmd_{i}") for i in range(5)]
@@ -107,7 +107,7 @@ def test_an_aborted_chunk_is_read_again_and_its_partition_then_commits_past_the_
 
 
 def test_an_idle_worker_commits_the_markers_it_reads_after_its_last_batch_once() -> None:
-    world = World(policy(batch=1))
+    world = World(policy(batch=1, transaction_max_commands=1))  # one batch a step
     handler = Scripted(fail_for(), world.clock)
     worker: Worker = world.worker(handler)
     send_in_transaction(world, 0, world.command("cmd_1"))

@@ -340,8 +340,9 @@ def test_policies_come_from_settings_and_bad_names_are_refused_by_name() -> None
 def test_an_aborted_transaction_ends_the_step_so_no_command_starts_a_second_retry_chain() -> None:
     # Defect 7 of issue 9: a step settles its records in chunks of ``batch``; when one chunk's
     # transaction aborted, later chunks of the same step went on and committed offsets past the
-    # rewound records, which were then read and retried a second time.
-    world = World(policy(batch=3))
+    # rewound records, which were then read and retried a second time. Here each chunk has a
+    # transaction of its own.
+    world = World(policy(batch=3, transaction_max_commands=3))
     handler = Scripted(fail_for("cmd_a", "cmd_b", "cmd_c"), world.clock)
     worker = world.worker(handler)
     output = worker.output
