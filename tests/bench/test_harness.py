@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 from typing import Any
 
 import pytest
 
-from bench.harness import ROW_ORDER, aggregate, order_key, report, spread_pct, table
+from bench.harness import (
+    ROW_ORDER,
+    aggregate,
+    last_error,
+    order_key,
+    report,
+    spread_pct,
+    table,
+)
 
 
 def _result(
@@ -118,3 +127,17 @@ def test_the_json_has_the_machine_and_the_six_keys_of_every_row() -> None:
     for row in shaped["rows"]:
         assert {"name", "value", "unit", "vs", "ratio", "spread"} <= set(row)
     assert _by_name(shaped["rows"])["ledger"]["ratio"] == pytest.approx(0.4)
+
+
+def test_a_failed_childs_error_is_the_line_naming_its_exception() -> None:
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        'psycopg.errors.UndefinedTable: relation "t" does not exist\n'
+        'LINE 1: SELECT 1 FROM "t"\n'
+        "                      ^\n"
+    )
+    failed = subprocess.CompletedProcess(["x"], 1, stdout="", stderr=stderr)
+    assert last_error(failed) == 'psycopg.errors.UndefinedTable: relation "t" does not exist'
+    bare = subprocess.CompletedProcess(["x"], 1, stdout="", stderr="killed\n")
+    assert last_error(bare) == "killed"
