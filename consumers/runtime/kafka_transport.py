@@ -9,7 +9,6 @@ both are incremental.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -128,27 +127,24 @@ class KafkaTransport:
         self.consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
-        """Waits up to ``timeout`` for the first record only, then takes what the client has
-        fetched already, up to ``max_records``, without waiting for more: a batch never waits
-        to fill up (at a steady trickle that wait would be each record's latency)."""
+        """Waits up to ``timeout`` for the first message only (a record, or a partition's end),
+        then takes what the client has fetched already, up to ``max_records``, without waiting
+        for more: a batch never waits to fill up (at a steady trickle that wait would be each
+        record's latency)."""
         self._apply_seeks()
-        deadline = time.monotonic() + timeout
+        try:
+            first = self.consumer.consume(1, timeout=timeout)
+            self._moved.clear()
+            more = max_records - 1 if first else 0
+            rest = self.consumer.consume(more, timeout=0) if more > 0 else []
+        except KafkaException as exc:
+            raise Unreachable("Kafka", self._bootstrap, exc.args[0].str()) from exc
         out: list[Record] = []
-        while True:
-            try:
-                first = self.consumer.consume(1, timeout=max(deadline - time.monotonic(), 0))
-                self._moved.clear()
-                more = max_records - 1 if first else 0
-                rest = self.consumer.consume(more, timeout=0) if more > 0 else []
-            except KafkaException as exc:
-                raise Unreachable("Kafka", self._bootstrap, exc.args[0].str()) from exc
-            # A rebalance inside the second call: what the first brought of a partition assigned
-            # or revoked then belongs to the assignment before it, and is not handed over.
-            self._take(first, out, skip=self._moved)
-            self._take(rest, out, skip=_NOTHING)
-            # Only events (a partition's end) so far: wait on for a record, within the timeout.
-            if out or not first or time.monotonic() >= deadline:
-                return out
+        # A rebalance inside the second call: what the first brought of a partition assigned or
+        # revoked then belongs to the assignment before it, and is not handed over.
+        self._take(first, out, skip=self._moved)
+        self._take(rest, out, skip=_NOTHING)
+        return out
 
     def _take(self, messages: list[Message], out: list[Record], *, skip: set[TP]) -> None:
         seeks, assigned, position, tps = self._seeks, self._assigned, self._position, self._tps
