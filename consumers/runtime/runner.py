@@ -1,5 +1,10 @@
 """The consume loop of one subscription process: poll a batch → decode → claim → apply → commit.
 
+The store is asked twice per poll, whatever the number of partitions in it: one claim lookup
+(``Store.decisions_many``) for every partition's decoded events, then one ``Store.commit_many``
+carrying each partition's atomic commit (each fenced and compare-and-set on its own; a refused
+one is handled for its partition alone).
+
 Per partition of a batch, in offset order:
 
 - a record that does not decode is a *poison* record: dead-lettered at once with its raw bytes and
