@@ -288,7 +288,18 @@ class Settings(BaseSettings):
     outbox_max_row_attempts: int = Field(10, ge=1)
     outbox_backoff_initial_s: float = Field(1.0, gt=0)
     outbox_backoff_max_s: float = Field(300.0, gt=0)
-    outbox_poll_interval_s: float = Field(0.5, gt=0)
+    outbox_poll_interval_s: float = Field(
+        0.5, gt=0, description="longest the publisher waits between passes over an idle outbox"
+    )
+    outbox_poll_min_interval_s: float = Field(
+        0.005,
+        gt=0,
+        le=60,
+        description="the publisher's wait after a pass that sent rows: each idle pass doubles "
+        "it up to outbox_poll_interval_s, so a steady stream of writes from other processes is "
+        "picked up within a few milliseconds and an idle outbox is polled as before; at most "
+        "outbox_poll_interval_s",
+    )
     outbox_ordering: Literal["serial", "pipelined"] = Field(
         "pipelined",
         description="per-project order on Kafka: one row in flight per project (serial), or a "

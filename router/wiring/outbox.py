@@ -103,4 +103,5 @@ def build_publisher(
         senders or kafka_senders(settings, policy),
         stream_for=settings.topology.stream_for,
         policy=policy,
+        poll_min_s=settings.outbox_poll_min_interval_s,
     )

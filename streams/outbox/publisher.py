@@ -9,9 +9,15 @@ The fail-point ``publisher.after_ack`` sits between Kafka's acknowledgements and
 that marks the rows published: a crash there re-sends those rows on restart (duplicates the
 consumers absorb by event id), never loses them.
 
-Waiting: a writer committing in the same process wakes the publisher at once
-(:class:`~streams.outbox.store.CommitSignal`); otherwise it polls every ``poll_interval_s``, or
-sleeps until the next retry is due if that is sooner.
+Waiting: a pass that sent rows is followed by another at once. A writer committing in the same
+process wakes the publisher at once (:class:`~streams.outbox.store.CommitSignal`); writers in other
+processes are only seen by polling, so an idle publisher polls with a wait that starts at
+``poll_min_s`` after a pass that sent rows and doubles on each idle pass up to ``poll_interval_s``
+(:class:`IdleWait`): a steady stream of writes is picked up within milliseconds, an outbox left
+idle is polled as seldom as before. It never sleeps past the next due retry.
+
+A pass takes the outbox's write lock only when it has something to write: retries are released
+only when one is due (so an idle pass is reads only and does not queue the writers behind it).
 """
 
 from __future__ import annotations
@@ -100,6 +106,31 @@ class PassReport:
         return self.sent == 0
 
 
+class IdleWait:
+    """How long an idle publisher waits before its next pass: ``shortest`` after a pass that sent
+    rows, twice the last wait after each idle pass, never more than ``longest``."""
+
+    def __init__(self, shortest: float, longest: float) -> None:
+        if not 0 < shortest <= longest:
+            raise ValueError(
+                f"outbox_poll_min_interval_s ({shortest}) must be more than 0 and at most "
+                f"outbox_poll_interval_s ({longest})"
+            )
+        self.shortest = shortest
+        self.longest = longest
+        self._next = longest  # nothing was sent yet: a fresh publisher polls as an idle one
+
+    def sent(self) -> None:
+        """A pass sent rows: more are likely soon."""
+        self._next = self.shortest
+
+    def idle(self) -> float:
+        """A pass found nothing: the wait before the next one."""
+        wait = self._next
+        self._next = min(wait * 2, self.longest)
+        return wait
+
+
 def select_windows(rows: list[OutboxRow], stream_for: Callable[[str], str]) -> list[Window]:
     """Group sendable rows (slot order per project) into windows: each project's leading run of
     pending rows. The run stops at the first row that is not pending, so nothing is ever sent
@@ -128,7 +159,12 @@ class Publisher:
         stream_for: Callable[[str], str],
         policy: PublisherPolicy,
         clock: Clock | None = None,
+        poll_min_s: float | None = None,
     ) -> None:
+        # Built before the lease is taken: a refused setting leaves nothing held.
+        self._idle_wait = IdleWait(
+            policy.poll_interval_s if poll_min_s is None else poll_min_s, policy.poll_interval_s
+        )
         self._store = store
         self._factory = sender_factory
         self._stream_for = stream_for
@@ -159,7 +195,9 @@ class Publisher:
 
     def run_pass(self) -> PassReport:
         now = self._clock.now().timestamp()
-        self._store.release_due(now)
+        due = self._store.next_due_at()
+        if due is not None and due <= now:
+            self._store.release_due(now)
         rows = self._store.sendable(
             self._policy.rows_per_project, self._policy.rows_per_pass, self._after_project
         )
@@ -249,10 +287,11 @@ class Publisher:
                     progress(self.totals)
                     last_progress = self._clock.monotonic()
                 if not report.idle:
+                    self._idle_wait.sent()
                     continue
                 if until_empty and self.drained():
                     break
-                wait = self._policy.poll_interval_s
+                wait = self._idle_wait.idle()
                 due = self._store.next_due_at()
                 if due is not None:
                     wait = min(wait, max(due - self._clock.now().timestamp(), 0.0))
