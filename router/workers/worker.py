@@ -29,8 +29,9 @@ since its first chunk, or when a poll brings nothing more: a step ends with noth
 records are produced, and its offsets sent, when it commits. When one aborts, the step ends there
 and every partition of what it held and of the chunks after it is rewound, so nothing behind an
 aborted record is committed before it and no due retry taken from its buffer is lost. A second
-copy of a command in one transaction is a duplicate of the first whatever the first's fate, so
-one command never starts two retry chains.
+copy of a command in one step is a duplicate of the first whatever the first's fate, so one
+command never starts two retry chains (after an abort, nothing counts as a copy of what is read
+again).
 
 A handler's own side effects are at least once: the completed command ids of a transaction are
 recorded in Redis (one round trip) before it commits, so a redelivery skips what completed; a
@@ -152,7 +153,6 @@ class _Open:
     records: list[Record] = field(default_factory=list)
     settled: list[_Settled] = field(default_factory=list)
     ends: dict[TP, int] = field(default_factory=dict)  # positions read through (max per chunk)
-    seen: set[str] = field(default_factory=set)  # every command id it holds a copy of
     since: float = 0.0  # monotonic time its first chunk was settled
 
     def spans(self) -> Iterable[Span]:
@@ -189,6 +189,8 @@ class Worker:
         self._committed: dict[TP, int] = {}  # the offset this member last committed, per partition
         self._ever_assigned = False
         self._open = _Open()
+        # Every command id this step took a copy of, in the open transaction or one it committed.
+        self._seen: set[str] = set()
         self._pool = (
             ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
             if policy.concurrency > 1
@@ -263,6 +265,7 @@ class Worker:
         first chunk, or when a poll brings nothing more. Returns the records committed."""
         committed = 0
         timeout = self._poll_timeout()
+        self._seen = set()
         try:
             while True:
                 room = max(self.policy.batch, self.policy.transaction_max_commands)
@@ -324,7 +327,7 @@ class Worker:
             done_before = self.ledger.done_among(
                 c.command_id
                 for c in decoded
-                if isinstance(c, Command) and c.command_id not in self._open.seen
+                if isinstance(c, Command) and c.command_id not in self._seen
             )
         committed = 0
         batch = self.policy.batch
@@ -348,9 +351,11 @@ class Worker:
         return committed
 
     def _open_records_dropped(self) -> list[Record]:
-        """The records of a transaction that failed (already aborted), forgotten."""
+        """The records of a transaction that failed (already aborted), forgotten. Read again,
+        none of them may count as a second copy of itself."""
         records = self._open.records
         self._open = _Open()
+        self._seen = set()
         return records
 
     def _give_up_open(self) -> None:
@@ -462,14 +467,16 @@ class Worker:
         pairs: list[tuple[Record, Command | EnvelopeError]] = []
         settled: list[_Settled] = []
         tracer = tracing.tracer()
+        seen = self._seen
         for record, command in zip(chunk, decoded, strict=True):
-            if isinstance(command, Command) and command.command_id in held.seen:
-                # A second copy in one transaction: the first copy's fate (done, retry or dead
-                # letter) stands for both, so one command never starts two retry chains.
+            if isinstance(command, Command) and command.command_id in seen:
+                # A second copy in one step: the first copy's fate (done, retry or dead letter)
+                # stands for both, so one command never starts two retry chains (nor runs twice
+                # when the first completed in a transaction the step already committed).
                 settled.append(_Settled(record, "duplicate"))
                 continue
             if isinstance(command, Command):
-                held.seen.add(command.command_id)
+                seen.add(command.command_id)
             pairs.append((record, command))
         try:
             if self._pool is not None:

@@ -74,6 +74,21 @@ def test_a_transaction_commits_once_it_is_open_for_its_bound_of_time() -> None:
     assert worker.stats.transactions == 3 and worker.stats.records == 5
 
 
+def test_a_second_copy_after_a_commit_of_the_same_step_is_a_duplicate_not_a_second_run() -> None:
+    world = World(policy(batch=1, transaction_max_commands=100, transaction_max_ms=100))
+
+    def slow(command: Command, ctx: CommandContext) -> str | None:
+        world.clock.advance(0.06)
+        return None
+
+    handler = Scripted(slow, world.clock)
+    worker = world.worker(handler)
+    world.send(*(world.command(c) for c in ("cmd_x", "cmd_y", "cmd_z", "cmd_x")))
+    worker.step()  # [cmd_x, cmd_y] commit at the time bound, then [cmd_z, cmd_x], one poll
+    assert worker.stats.transactions == 2
+    assert handler.attempts_of("cmd_x") == [1] and worker.stats.outcomes["duplicate"] == 1
+
+
 def test_an_abort_of_a_transaction_of_several_chunks_rewinds_them_all_nothing_lost_or_doubled() -> (
     None
 ):
