@@ -411,6 +411,17 @@ class Settings(BaseSettings):
         ge=0,
         description="claims are kept the stream's retention plus this (see claim_ttl_ms)",
     )
+    claim_buckets: int = Field(
+        1024,
+        ge=1,
+        le=65_536,
+        description="small Redis hashes each partition's claims of one day are spread over; "
+        "each stays compact (a listpack, about 23 bytes a claim) up to Redis's "
+        "hash-max-listpack-entries (512 by default) claims, so the default keeps 10,000 to about "
+        "400,000 events a partition a day under 32 bytes a claim; past that claims stay correct "
+        "but more of the hashes turn into hashtables (more bytes a claim: raise it), below it "
+        "the keys themselves weigh more per claim",
+    )
     batch_failure_ttl_s: int = Field(
         7 * 86_400,
         ge=60,

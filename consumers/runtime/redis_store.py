@@ -4,148 +4,262 @@ compare-and-setting the cursor.
 
 Every key of one (subscription, partition) carries the same hash tag,
 ``rh:<env>:{<slug>|<topic>|<partition>}:…``, so a script never spans hash slots and Redis can be
-sharded by partition.
+sharded by partition. The scripts are given the partition's key prefix and name the claim, effect
+and failure keys under it themselves: they all share the hash tag (and so the slot) of the
+progress key each script is declared with.
 
-Claims are set members ``<16 raw id bytes><cursor revision>`` in one set per day, expiring a day
-after the stream's retention plus a margin (Redis 7.0 has no per-field TTL, so whole buckets
-expire); a claim check looks in every live bucket.
+One poll, one round trip each way: :meth:`RedisStore.decisions_many` sends one read-only lookup
+script per partition and :meth:`RedisStore.commit_many` one commit script per partition, in one
+pipeline without a transaction (each script is atomic on its own). A commit travels as a single
+msgpack argument the script unpacks with ``cmsgpack``; its effect ops are coalesced first
+(:func:`coalesce`) where the end state is exactly the one of the ops applied one by one.
+
+Claims: Redis 7.0 has no per-field TTL, so claims live in day buckets that expire whole (a day
+after the stream's retention plus a margin). Each day of a partition is split into
+``claim_buckets`` small hashes, ``…:claims:<day>:<n>``, the bucket picked from random bits of the
+event id: a small hash stays a listpack, about 20 bytes a claim where a set of binary strings is a
+hashtable at 70 and more. A field is the event's 16 id bytes, its value the cursor revisions it
+was claimed at (``3``, ``3d`` for dead-lettered, ``3,5d`` for several). Before this layout a day
+was one set, ``…:claims:<day>`` of members ``<id bytes><revision>[d]``: lookups still check those
+sets (until they expire), writes go to the hashes only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
+import zlib
 from collections.abc import Iterable, Sequence
 
+import msgpack  # type: ignore[import-untyped]
 import orjson
 import redis
 
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
-from consumers.runtime.types import JSON, TP, OutRecord, Progress
+from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
 from streams.errors import CursorMoved, Fenced, PendingEffects
 
 DAY_MS = 86_400_000
 
-_COMMIT = """
-local cur = redis.call('GET', KEYS[2]) or '0'
-if cur ~= ARGV[1] then return {'FENCED', cur} end
-local acked = redis.call('HGET', KEYS[1], 'acked_through') or '-1'
-local rev = redis.call('HGET', KEYS[1], 'cursor_revision') or '0'
-local gen = redis.call('HGET', KEYS[1], 'fold_generation') or '0'
-if acked ~= ARGV[2] or rev ~= ARGV[3] or gen ~= ARGV[7] then return {'MOVED', acked, rev} end
--- New pending Kafka effects must never replace ones not yet known to be published.
-if ARGV[6] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then return {'PENDING'} end
-local expire_at = tonumber(ARGV[4])
-local nb = tonumber(ARGV[5])
-local i = 8
-local nclaims = tonumber(ARGV[i]); i = i + 1
-local first_claim = i
--- Claims go in chunks: one SMISMEMBER per bucket per chunk, well under Lua's stack limit.
+# What every script shares: a claim's revisions, chunked variadic calls (well under Lua's stack
+# limit), the claim lookup of every live day (new hashes, then the old sets) and the claim write.
+_LUA_CLAIMS = """
 local CHUNK = 1000
-for c = 0, nclaims - 1, CHUNK do
-  local last = math.min(c + CHUNK, nclaims) - 1
-  for b = 0, nb - 1 do
-    local hits = redis.call('SMISMEMBER', KEYS[5 + b], unpack(ARGV, first_claim + c, first_claim + last))
-    for h = 1, #hits do
-      if hits[h] == 1 then return {'CLAIMED', ARGV[first_claim + c + h - 1]} end
+local function has(v, t)
+  if v == t then return true end
+  return string.find(',' .. v .. ',', ',' .. t .. ',', 1, true) ~= nil
+end
+local function variadic(cmd, key, list, first)
+  for c = first, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, c, math.min(c + CHUNK - 1, #list)))
+  end
+end
+-- Marks found[i] with 1 (claimed as applied at rev) and 2 (dead-lettered at rev); today's values
+-- land in known[i] for the write that may follow.
+local function look(P, days, fields, subs, rev, want, found, known)
+  local ta, td = rev, rev .. 'd'
+  -- Only the days this partition wrote claims on have hashes to look in.
+  local written = {}
+  for _, d in ipairs(redis.call('SMEMBERS', P .. 'claims:days')) do written[d] = true end
+  for di = 1, #days do
+    if written[tostring(days[di])] then
+      local dp = P .. 'claims:' .. days[di] .. ':'
+      for i = 1, #fields do
+        local v = redis.call('HGET', dp .. subs[i], fields[i])
+        if di == 1 and known then known[i] = v end
+        if v then
+          local w = want(i)
+          if w ~= 2 and has(v, ta) then found[i] = (found[i] or 0) + 1 end
+          if w ~= 1 and has(v, td) then found[i] = (found[i] or 0) + 2 end
+        end
+      end
+    end
+    local old = P .. 'claims:' .. days[di]
+    if redis.call('EXISTS', old) == 1 then
+      for c = 1, #fields, CHUNK do
+        local last = math.min(c + CHUNK - 1, #fields)
+        local m = {}
+        for i = c, last do
+          local w = want(i)
+          if w ~= 2 then m[#m + 1] = fields[i] .. ta else m[#m + 1] = '' end
+          if w ~= 1 then m[#m + 1] = fields[i] .. td else m[#m + 1] = '' end
+        end
+        local hits = redis.call('SMISMEMBER', old, unpack(m))
+        for h = 1, #hits, 2 do
+          local i = c + (h - 1) / 2
+          if hits[h] == 1 then found[i] = (found[i] or 0) + 1 end
+          if hits[h + 1] == 1 then found[i] = (found[i] or 0) + 2 end
+        end
+      end
     end
   end
 end
-i = first_claim + nclaims
--- Every check passed: from here on the script only writes.
-if nclaims > 0 then
-  for c = 0, nclaims - 1, CHUNK do
-    local last = math.min(c + CHUNK, nclaims) - 1
-    redis.call('SADD', KEYS[5], unpack(ARGV, first_claim + c, first_claim + last))
+-- Adds token tok(i) to the value of fields[i] in today's hash of subs[i], and today to the
+-- partition's days with claims (which lives as long as its latest day; older days leave it).
+local function write_claims(P, day, oldest, expire_at, fields, subs, tok, known)
+  local dp = P .. 'claims:' .. day .. ':'
+  local now, touched = {}, {}
+  for i = 1, #fields do
+    local f = fields[i]
+    local k = dp .. subs[i]
+    local cur = now[f]
+    if cur == nil then
+      if known then cur = known[i] or false else cur = redis.call('HGET', k, f) end
+    end
+    local t = tok(i)
+    if not cur then
+      cur = t; redis.call('HSET', k, f, cur)
+    elseif not has(cur, t) then
+      cur = cur .. ',' .. t; redis.call('HSET', k, f, cur)
+    end
+    now[f] = cur
+    touched[k] = true
   end
-  redis.call('EXPIREAT', KEYS[5], expire_at)
+  for k in pairs(touched) do redis.call('EXPIREAT', k, expire_at) end
+  local mk = P .. 'claims:days'
+  for _, d in ipairs(redis.call('SMEMBERS', mk)) do
+    if tonumber(d) < oldest then redis.call('SREM', mk, d) end
+  end
+  redis.call('SADD', mk, day)
+  if redis.call('EXPIRETIME', mk) < expire_at then redis.call('EXPIREAT', mk, expire_at) end
 end
-local nf = tonumber(ARGV[i]); i = i + 1
-for f = 1, nf do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
-local ns = tonumber(ARGV[i]); i = i + 1
-for s = 1, ns do
-  if ARGV[i + 1] == '' then redis.call('HDEL', KEYS[3], ARGV[i])
-  else redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-  i = i + 2
+"""
+
+# ARGV[1]: msgpack [revision, days, fields, buckets]; ARGV[2]: the partition's key prefix.
+# Answers one digit an event: 0 none, 1 applied, 2 dead-lettered, 3 both.
+_DECISIONS = (
+    _LUA_CLAIMS
+    + """
+local a = cmsgpack.unpack(ARGV[1])
+local fields = a[3]
+local found = {}
+look(ARGV[2], a[2], fields, a[4], a[1], function(i) return 0 end, found, nil)
+local out = {}
+for i = 1, #fields do out[i] = string.char(48 + (found[i] or 0)) end
+return table.concat(out)
+"""
+)
+
+# ARGV[1]: msgpack of the commit (see RedisStore._packed); ARGV[2]: the partition's key prefix.
+_COMMIT = (
+    _LUA_CLAIMS
+    + """
+local a = cmsgpack.unpack(ARGV[1])
+local P = ARGV[2]
+local progress, pending = P .. 'progress', P .. 'pending'
+local cur = redis.call('GET', P .. 'epoch') or '0'
+if cur ~= a[1] then return {'FENCED', cur} end
+local at = redis.call('HMGET', progress, 'acked_through', 'cursor_revision', 'fold_generation')
+local acked, rev, gen = at[1] or '-1', at[2] or '0', at[3] or '0'
+if acked ~= a[2] or rev ~= a[3] or gen ~= a[4] then return {'MOVED', acked, rev} end
+-- New pending Kafka effects must never replace ones not yet known to be published.
+if a[5] == 1 and redis.call('EXISTS', pending) == 1 then return {'PENDING'} end
+local days, fields, subs, napplied, crev = a[7], a[8], a[9], a[10], a[11]
+local function want(i) if i <= napplied then return 1 end return 2 end
+local known = {}
+if #fields > 0 then
+  local found = {}
+  look(P, days, fields, subs, crev, want, found, known)
+  for i = 1, #fields do if found[i] then return {'CLAIMED'} end end
 end
-if ARGV[6] == '1' then redis.call('SET', KEYS[4], ARGV[i]) end
-i = i + 1
-local nops = tonumber(ARGV[i]); i = i + 1
-for o = 1, nops do
-  local name = ARGV[i]; local nk = tonumber(ARGV[i + 1]); i = i + 2
-  local k = {}
-  for j = 1, nk do k[j] = KEYS[tonumber(ARGV[i])]; i = i + 1 end
-  local na = tonumber(ARGV[i]); i = i + 1
-  local a = {}
-  for j = 1, na do a[j] = ARGV[i]; i = i + 1 end
-  if name == 'HSET' then redis.call('HSET', k[1], a[1], a[2])
-  elseif name == 'HDEL' then redis.call('HDEL', k[1], a[1])
-  elseif name == 'HINCRBY' then redis.call('HINCRBY', k[1], a[1], a[2])
+-- Every check passed: from here on the script only writes.
+if #fields > 0 then
+  local dead = crev .. 'd'
+  write_claims(P, days[1], days[#days], a[6], fields, subs, function(i)
+    if i <= napplied then return crev end
+    return dead
+  end, known)
+end
+if #a[12] > 0 then variadic('HSET', progress, a[12], 1) end
+if #a[13] > 0 then variadic('HSET', P .. 'state', a[13], 1) end
+if #a[14] > 0 then variadic('HDEL', P .. 'state', a[14], 1) end
+if a[5] == 1 then redis.call('SET', pending, a[15]) end
+local X = P .. 'x:'
+for r = 1, #a[16] do
+  local o = a[16][r]
+  local name, k = o[1], X .. o[2]
+  if name == 'HSET' or name == 'HDEL' or name == 'SADD' or name == 'SREM' or name == 'RPUSH' then
+    variadic(name, k, o, 3)
+  elseif name == 'HINCRBY' then
+    for j = 3, #o, 2 do redis.call('HINCRBY', k, o[j], o[j + 1]) end
   elseif name == 'HMAX' then
-    local c = redis.call('HGET', k[1], a[1])
-    if (not c) or tonumber(a[2]) > tonumber(c) then redis.call('HSET', k[1], a[1], a[2]) end
-  elseif name == 'SET' then redis.call('SET', k[1], a[1])
-  elseif name == 'INCRBY' then redis.call('INCRBY', k[1], a[1])
-  elseif name == 'SADD' then redis.call('SADD', k[1], a[1])
-  elseif name == 'SREM' then redis.call('SREM', k[1], a[1])
-  elseif name == 'RPUSH' then redis.call('RPUSH', k[1], a[1])
-  elseif name == 'LPUSHTRIM' then
-    redis.call('LPUSH', k[1], a[1]); redis.call('LTRIM', k[1], 0, tonumber(a[2]) - 1)
-  elseif name == 'DEL' then redis.call('DEL', k[1])
-  elseif name == 'SLOT' then
-    local slot = tonumber(a[1]); local cap = tonumber(a[2])
-    local high = tonumber(redis.call('HGET', k[1], 'high') or '0')
-    if slot > high then
-      local n = redis.call('SCARD', k[2])
-      for s = high + 1, slot - 1 do
-        if n >= cap then redis.call('HSET', k[1], 'missing_overflow', '1'); break end
-        redis.call('SADD', k[2], s); n = n + 1
+    for c = 3, #o, CHUNK do
+      local last = math.min(c + CHUNK - 1, #o)
+      local f = {}
+      for j = c, last, 2 do f[#f + 1] = o[j] end
+      local have = redis.call('HMGET', k, unpack(f))
+      local w = {}
+      for j = c, last, 2 do
+        local h = have[(j - c) / 2 + 1]
+        if (not h) or tonumber(o[j + 1]) > tonumber(h) then
+          w[#w + 1] = o[j]; w[#w + 1] = o[j + 1]
+        end
       end
-      redis.call('HSET', k[1], 'high', slot)
+      if #w > 0 then redis.call('HSET', k, unpack(w)) end
+    end
+  elseif name == 'LPUSHTRIM' then
+    variadic('LPUSH', k, o, 4)
+    local cap = tonumber(o[3])
+    if cap > 0 then redis.call('LTRIM', k, 0, cap - 1) else redis.call('DEL', k) end
+  elseif name == 'SET' then redis.call('SET', k, o[3])
+  elseif name == 'INCRBY' then redis.call('INCRBY', k, o[3])
+  elseif name == 'DEL' then redis.call('DEL', k)
+  elseif name == 'SLOT' then
+    local missing = X .. o[3]
+    local slot = tonumber(o[4]); local cap = tonumber(o[5])
+    local high = tonumber(redis.call('HGET', k, 'high') or '0')
+    if slot > high then
+      local n = redis.call('SCARD', missing)
+      for s = high + 1, slot - 1 do
+        if n >= cap then redis.call('HSET', k, 'missing_overflow', '1'); break end
+        n = n + redis.call('SADD', missing, s)  -- a slot already missing adds nothing
+      end
+      redis.call('HSET', k, 'high', slot)
     else
-      redis.call('SREM', k[2], slot)
+      redis.call('SREM', missing, slot)
     end
   end
 end
 -- Failure counts of batches this commit moved past: a later failure there starts from one.
-local nclear = tonumber(ARGV[i]); i = i + 1
-for c = 1, nclear do redis.call('DEL', KEYS[tonumber(ARGV[i])]); i = i + 1 end
-local excluded = KEYS[tonumber(ARGV[i])]; i = i + 1
-local nadd = tonumber(ARGV[i]); i = i + 1
-for a = 1, nadd do redis.call('SADD', excluded, ARGV[i]); i = i + 1 end
-local nrem = tonumber(ARGV[i]); i = i + 1
-for r = 1, nrem do redis.call('SREM', excluded, ARGV[i]); i = i + 1 end
+for _, batch in ipairs(a[17]) do redis.call('DEL', P .. 'fail:' .. batch) end
+if #a[18] > 0 then variadic('SADD', P .. 'excluded', a[18], 1) end
+if #a[19] > 0 then variadic('SREM', P .. 'excluded', a[19], 1) end
 return {'OK'}
 """
+)
 
-_REPLACE_FOLD = """
-if ARGV[1] ~= '' then
-  local cur = redis.call('GET', KEYS[2]) or '0'
-  if cur ~= ARGV[1] then return {'FENCED', cur} end
+# ARGV[1]: msgpack [epoch or '', acked, revision, replace states (0/1), generation or '',
+# progress pairs, state pairs, readmit, exclude, dead fields, their buckets, revision, today,
+# expire_at, the oldest live day]; ARGV[2]: the partition's key prefix.
+_REPLACE_FOLD = (
+    _LUA_CLAIMS
+    + """
+local a = cmsgpack.unpack(ARGV[1])
+local P = ARGV[2]
+local progress = P .. 'progress'
+if a[1] ~= '' then
+  local cur = redis.call('GET', P .. 'epoch') or '0'
+  if cur ~= a[1] then return {'FENCED', cur} end
 end
-local acked = redis.call('HGET', KEYS[1], 'acked_through') or '-1'
-local rev = redis.call('HGET', KEYS[1], 'cursor_revision') or '0'
-local gen = redis.call('HGET', KEYS[1], 'fold_generation') or '0'
-if acked ~= ARGV[2] or rev ~= ARGV[3] or (ARGV[5] ~= '' and gen ~= ARGV[5]) then
+local at = redis.call('HMGET', progress, 'acked_through', 'cursor_revision', 'fold_generation')
+local acked, rev, gen = at[1] or '-1', at[2] or '0', at[3] or '0'
+if acked ~= a[2] or rev ~= a[3] or (a[5] ~= '' and gen ~= a[5]) then
   return {'MOVED', acked, rev}
 end
-if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end
-local i = 6
-local nf = tonumber(ARGV[i]); i = i + 1
-for f = 1, nf do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
-local ns = tonumber(ARGV[i]); i = i + 1
-for s = 1, ns do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
-local nr = tonumber(ARGV[i]); i = i + 1
-for r = 1, nr do redis.call('SREM', KEYS[5], ARGV[i]); i = i + 1 end
-local nx = tonumber(ARGV[i]); i = i + 1
-for x = 1, nx do redis.call('SADD', KEYS[5], ARGV[i]); i = i + 1 end
-local nc = tonumber(ARGV[i]); i = i + 1
-if nc > 0 then
-  for c = 1, nc do redis.call('SADD', KEYS[6], ARGV[i]); i = i + 1 end
-  redis.call('EXPIREAT', KEYS[6], tonumber(ARGV[i]))
+if a[4] == 1 then redis.call('DEL', P .. 'state') end
+if #a[6] > 0 then variadic('HSET', progress, a[6], 1) end
+if #a[7] > 0 then variadic('HSET', P .. 'state', a[7], 1) end
+if #a[8] > 0 then variadic('SREM', P .. 'excluded', a[8], 1) end
+if #a[9] > 0 then variadic('SADD', P .. 'excluded', a[9], 1) end
+if #a[10] > 0 then
+  local dead = a[12] .. 'd'
+  write_claims(P, a[13], a[15], a[14], a[10], a[11], function(i) return dead end, nil)
 end
 return {'OK'}
 """
+)
 
 _CLEAR_PENDING = """
 local cur = redis.call('GET', KEYS[2]) or '0'
@@ -156,22 +270,174 @@ return {'OK'}
 """
 
 
+def _pack(value: object) -> bytes:
+    # Redis's cmsgpack knows no bin type: bytes travel as raw strings, as Lua strings are.
+    return msgpack.packb(value, use_bin_type=False)  # type: ignore[no-any-return]
+
+
 def _arg(value: str | int | float) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value)
 
 
-def claim_member(event_id: str, revision: int, *, dead: bool = False) -> bytes:
-    """Compact: the 16 id bytes, then the revision in decimal (and ``d`` for an event that
-    was dead-lettered rather than applied)."""
-    suffix = str(revision).encode() + (b"d" if dead else b"")
+def claim_field(event_id: str) -> bytes:
+    """A claim's field: the 16 id bytes of an ``evt_<32 hex>`` id, else ``~<id>\\0``."""
     if event_id.startswith("evt_") and len(event_id) == 36:
         try:
-            return bytes.fromhex(event_id[4:]) + suffix
+            return bytes.fromhex(event_id[4:])
         except ValueError:
             pass
-    return b"~" + event_id.encode() + b"\x00" + suffix
+    return b"~" + event_id.encode() + b"\x00"
+
+
+def claim_bucket(field: bytes, buckets: int) -> int:
+    """Which of a day's claim hashes holds this field. Both kinds of ``evt_`` id are random in
+    every byte (a hash's digest, or random bytes), and the bucket takes the last four, so an id
+    scheme with a time-ordered prefix would still spread; other ids take a CRC-32 (stable)."""
+    if len(field) == 16:
+        return int.from_bytes(field[12:], "big") % buckets
+    return zlib.crc32(field) % buckets
+
+
+def claim_member(event_id: str, revision: int, *, dead: bool = False) -> bytes:
+    """A claim as the old layout's day sets held it: the field, then the revision in decimal
+    (and ``d`` for an event that was dead-lettered rather than applied)."""
+    return claim_field(event_id) + str(revision).encode() + (b"d" if dead else b"")
+
+
+# -- coalescing effect ops -------------------------------------------------------------------
+
+_FIELD_OPS = frozenset({"HSET", "HDEL", "HINCRBY", "HMAX", "SADD", "SREM"})
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_INT64 = 2**63
+
+
+def _text(value: str | int | float) -> str:
+    return value if type(value) is str else _arg(value)
+
+
+def _integer(value: str | int | float) -> int | None:
+    """An HINCRBY's number when it is in plain form (Redis and Python read odd forms apart)."""
+    if type(value) is int:
+        return value
+    text = _text(value)
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+def _number(value: str | int | float) -> float | None:
+    """An HMAX's number when it is in plain form (what Lua's tonumber reads the same)."""
+    if type(value) is int:
+        return float(value)
+    text = _text(value)
+    return float(text) if _NUMBER.fullmatch(text) else None
+
+
+def coalesce(ops: Sequence[RedisOp]) -> list[list[str]]:
+    """The ops as fewer calls with exactly the end state of applying them one by one.
+
+    Ops commute when they touch different things: different keys, or different fields of one
+    hash, or different members of one set (a list, a string, a DEL touch their key whole; SLOT
+    its hash's ``high`` and ``missing_overflow`` and its missing-set whole). An op joins the
+    latest run of its kind on its key when nothing after that run touches what it touches:
+    HSETs become one HSET with every pair (the last value of a field wins), HDEL, SADD, SREM and
+    RPUSH one call with every member in order, LPUSHTRIMs of one cap one LPUSH of every element
+    and one LTRIM, HINCRBYs of one field their sum, HMAXes of one field the first of the largest
+    values. An HINCRBY or HMAX whose number is not in plain form is left alone, and a sum that
+    would leave Redis's 64-bit range starts a new run (only ops that fail in Redis could end
+    apart then)."""
+    runs: list[tuple[str, str, list[str], dict[str, object] | list[str]]] = []
+    touched: dict[str, int] = {}  # key -> the last run touching it at all
+    whole: dict[str, int] = {}  # key -> the last run touching it whole
+    part: dict[tuple[str, str], int] = {}  # (key, field or member) -> the last run touching it
+    latest: dict[tuple[str, str, str], int] = {}  # (op, key, cap) -> its latest run
+    for op in ops:
+        kind, key, args = op.op, op.key, op.args
+        if kind in _FIELD_OPS:
+            name = _text(args[0])
+            spot = (key, name)
+            value: object = None
+            if kind == "HSET":
+                value = _text(args[1])
+            elif kind == "HINCRBY":
+                value = _integer(args[1])
+            elif kind == "HMAX":
+                value = _number(args[1])
+            opaque = kind in ("HINCRBY", "HMAX") and value is None
+            at = -1 if opaque else latest.get((kind, key, ""), -1)
+            if at < 0 or at < whole.get(key, -1) or at < part.get(spot, -1):
+                at = -1
+            elif kind == "HINCRBY":
+                pairs = runs[at][3]
+                assert isinstance(pairs, dict)
+                if name in pairs:
+                    total = pairs[name] + value  # type: ignore[operator]
+                    if not -_INT64 <= total < _INT64:
+                        at = -1
+                    else:
+                        value = total
+            if at < 0:
+                at = len(runs)
+                runs.append((kind, key, [], {}))
+                if not opaque:
+                    latest[(kind, key, "")] = at
+            payload = runs[at][3]
+            assert isinstance(payload, dict)
+            if kind == "HMAX":
+                if opaque:
+                    payload[name] = (0.0, _text(args[1]))
+                else:
+                    have = payload.get(name)
+                    if have is None or value > have[0]:  # type: ignore[index]
+                        payload[name] = (value, _text(args[1]))
+            elif kind in ("HDEL", "SADD", "SREM"):
+                payload[name] = None
+            elif kind == "HINCRBY" and opaque:
+                payload[name] = _text(args[1])
+            else:
+                payload[name] = value
+            part[spot] = at
+            if touched.get(key, -1) < at:
+                touched[key] = at
+        elif kind in ("RPUSH", "LPUSHTRIM"):
+            cap = _text(args[1]) if kind == "LPUSHTRIM" else ""
+            at = latest.get((kind, key, cap), -1)
+            if at < 0 or at < touched.get(key, -1):
+                at = len(runs)
+                runs.append((kind, key, [cap] if cap else [], []))
+                latest[(kind, key, cap)] = at
+            elements = runs[at][3]
+            assert isinstance(elements, list)
+            elements.append(_text(args[0]))
+            touched[key] = whole[key] = at
+        elif kind in OPS:  # SET, INCRBY, DEL, SLOT
+            at = len(runs)
+            extra = [_text(a) for a in args]
+            runs.append((kind, key, extra, []))
+            if kind == "SLOT" and extra[0] != key:
+                part[(key, "high")] = part[(key, "missing_overflow")] = at
+                touched[extra[0]] = whole[extra[0]] = touched[key] = at
+            else:
+                touched[key] = whole[key] = at
+                if kind == "SLOT":
+                    touched[extra[0]] = whole[extra[0]] = at
+        else:
+            raise ValueError(f"unknown Redis effect op {kind!r}")
+    out: list[list[str]] = []
+    for kind, key, extra, payload in runs:
+        if isinstance(payload, list):
+            out.append([kind, key, *extra, *payload])
+        elif kind in ("HDEL", "SADD", "SREM"):
+            out.append([kind, key, *payload])
+        elif kind == "HMAX":
+            out.append([kind, key, *(x for f, v in payload.items() for x in (f, v[1]))])  # type: ignore[index]
+        else:
+            out.append([kind, key, *(x for f, v in payload.items() for x in (f, str(v)))])
+    return out
+
+
+# -- the store --------------------------------------------------------------------------------
 
 
 class RedisStore:
@@ -184,16 +450,26 @@ class RedisStore:
         clock: Clock,
         claim_ttl_ms: int,
         failure_ttl_s: int = 7 * 86_400,
+        claim_buckets: int = 1024,
     ) -> None:
+        if claim_buckets < 1:
+            raise ValueError(f"claim_buckets must be at least 1, not {claim_buckets}")
         self.client = client
         self.env = env
         self.slug = slug
         self.clock = clock
         self.claim_ttl_ms = claim_ttl_ms
         self.failure_ttl_s = failure_ttl_s
-        self.buckets = math.ceil(claim_ttl_ms / DAY_MS) + 1
-        self._commit = client.register_script(_COMMIT)
-        self._replace = client.register_script(_REPLACE_FOLD)
+        self.claim_buckets = claim_buckets
+        self.days = math.ceil(claim_ttl_ms / DAY_MS) + 1
+        self._scripts = {
+            name: (text, hashlib.sha1(text.encode()).hexdigest())
+            for name, text in (
+                ("decisions", _DECISIONS),
+                ("commit", _COMMIT),
+                ("replace", _REPLACE_FOLD),
+            )
+        }
         self._clear = client.register_script(_CLEAR_PENDING)
 
     # -- keys ----------------------------------------------------------------------------------
@@ -211,12 +487,46 @@ class RedisStore:
         return int(self.clock.now().timestamp() * 1000) // DAY_MS
 
     def _claims_expire_at(self) -> int:
-        """Today's claim bucket lives until the stream's retention plus a margin is over."""
+        """Today's claim buckets live until the stream's retention plus a margin is over."""
         return (self._today() + 1) * DAY_MS // 1000 + self.claim_ttl_ms // 1000
 
-    def _bucket_keys(self, tp: TP) -> list[str]:
+    def _days(self) -> list[int]:
+        """Every day whose claims may still be live, today first."""
         today = self._today()
-        return [f"{self.prefix(tp)}claims:{today - n}" for n in range(self.buckets)]
+        return [today - n for n in range(self.days)]
+
+    def _claim_fields(self, event_ids: Iterable[str]) -> tuple[list[bytes], list[int]]:
+        fields = [claim_field(e) for e in event_ids]
+        n = self.claim_buckets
+        return fields, [claim_bucket(f, n) for f in fields]
+
+    # -- scripts in a pipeline -----------------------------------------------------------------
+    def _run_all(self, name: str, calls: Sequence[tuple[str, bytes]]) -> list[object]:
+        """One script per (partition prefix, packed argument), all in one pipeline; answers in
+        order. A script Redis does not know (its cache flushed, or Redis restarted) is loaded
+        and the calls it refused, which ran nothing, sent again."""
+        text, sha = self._scripts[name]
+        answers: list[object] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                prefix, packed = calls[i]
+                pipe.evalsha(sha, 1, prefix + "progress", packed, prefix)
+            results = pipe.execute(raise_on_error=False)
+            again: list[int] = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, redis.exceptions.NoScriptError) and attempt == 0:
+                    again.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    answers[i] = result
+            if not again:
+                break
+            self.client.script_load(text)
+            todo = again
+        return answers
 
     # -- Store ---------------------------------------------------------------------------------
     def acquire(self, tp: TP) -> int:
@@ -231,39 +541,35 @@ class RedisStore:
     def claimed(
         self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
     ) -> set[str]:
-        if not event_ids:
-            return set()
-        members = [claim_member(e, revision, dead=dead) for e in event_ids]
-        pipe = self.client.pipeline(transaction=False)
-        for bucket in self._bucket_keys(tp):
-            pipe.smismember(bucket, members)
-        found: set[str] = set()
-        for answers in pipe.execute():
-            found.update(e for e, hit in zip(event_ids, answers, strict=True) if hit)
-        return found
+        applied, dead_lettered = self.decisions(tp, revision, event_ids)
+        return dead_lettered if dead else applied
 
     def decisions(
         self, tp: TP, revision: int, event_ids: Sequence[str]
     ) -> tuple[set[str], set[str]]:
-        if not event_ids:
-            return set(), set()
-        members = [claim_member(e, revision) for e in event_ids]
-        members += [claim_member(e, revision, dead=True) for e in event_ids]
-        pipe = self.client.pipeline(transaction=False)
-        for bucket in self._bucket_keys(tp):
-            pipe.smismember(bucket, members)
-        applied: set[str] = set()
-        dead: set[str] = set()
-        n = len(event_ids)
-        for answers in pipe.execute():
-            applied.update(e for e, hit in zip(event_ids, answers[:n], strict=True) if hit)
-            dead.update(e for e, hit in zip(event_ids, answers[n:], strict=True) if hit)
-        return applied, dead
+        return self.decisions_many([(tp, revision, event_ids)])[0]
 
     def decisions_many(
         self, asks: Sequence[tuple[TP, int, Sequence[str]]]
     ) -> list[tuple[set[str], set[str]]]:
-        return [self.decisions(tp, revision, ids) for tp, revision, ids in asks]
+        days = self._days()
+        calls: list[tuple[str, bytes]] = []
+        asked: list[int] = []
+        for n, (tp, revision, event_ids) in enumerate(asks):
+            if event_ids:
+                fields, subs = self._claim_fields(event_ids)
+                calls.append((self.prefix(tp), _pack([str(revision), days, fields, subs])))
+                asked.append(n)
+        out: list[tuple[set[str], set[str]]] = [(set(), set()) for _ in asks]
+        for n, answer in zip(asked, self._run_all("decisions", calls), strict=True):
+            assert isinstance(answer, bytes)
+            applied, dead = out[n]
+            for event_id, code in zip(asks[n][2], answer, strict=True):
+                if code & 1:
+                    applied.add(event_id)
+                if code & 2:
+                    dead.add(event_id)
+        return out
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         projects = list(projects)
@@ -278,93 +584,55 @@ class RedisStore:
             for k, v in self.client.hgetall(self.prefix(tp) + "state").items()
         }
 
+    def _packed(self, commit: Commit, days: list[int], expire_at: int) -> bytes:
+        claims = list(dict.fromkeys(commit.claims))
+        dead = list(dict.fromkeys(commit.dead_claims))
+        fields, subs = self._claim_fields(claims + dead)
+        sets: list[str | bytes] = []
+        deletes: list[str] = []
+        for project, state in commit.states.items():
+            if state is None:
+                deletes.append(project)
+            else:
+                sets += [project, orjson.dumps(state)]
+        return _pack(
+            [
+                str(commit.epoch),
+                str(commit.expected_acked),
+                str(commit.expected_revision),
+                str(commit.progress.fold_generation),
+                1 if commit.pending is not None else 0,
+                expire_at,
+                days,
+                fields,
+                subs,
+                len(claims),
+                str(commit.progress.cursor_revision),
+                [x for kv in commit.progress.as_fields().items() for x in kv],
+                sets,
+                deletes,
+                encode_pending(commit.pending) if commit.pending is not None else b"",
+                coalesce(commit.redis),
+                list(commit.cleared_failures),
+                [str(o) for o in commit.excluded_add],
+                [str(o) for o in commit.excluded_remove],
+            ]
+        )
+
     def commit(self, commit: Commit) -> None:
-        tp = commit.tp
-        buckets = self._bucket_keys(tp)
-        keys = self._core_keys(tp) + buckets
-        index: dict[str, int] = {}
-        ops_args: list[str | bytes] = []
-        for op in commit.redis:
-            if op.op not in OPS:
-                raise ValueError(f"unknown Redis effect op {op.op!r}")
-            logical = [op.key, str(op.args[0])] if op.op == "SLOT" else [op.key]
-            args = op.args[1:] if op.op == "SLOT" else op.args
-            idx = []
-            for name in logical:
-                full = self.key(tp, name)
-                if full not in index:
-                    keys.append(full)
-                    index[full] = len(keys)  # Lua is 1-based
-                idx.append(str(index[full]))
-            ops_args += [op.op, str(len(idx)), *idx, str(len(args)), *(_arg(a) for a in args)]
-        fields = commit.progress.as_fields()
-        expire_at = self._claims_expire_at()
-        argv: list[str | bytes] = [
-            str(commit.epoch),
-            str(commit.expected_acked),
-            str(commit.expected_revision),
-            str(expire_at),
-            str(len(buckets)),
-            "1" if commit.pending is not None else "0",
-            str(commit.progress.fold_generation),
-            str(len(commit.claims) + len(commit.dead_claims)),
-            *(claim_member(e, commit.progress.cursor_revision) for e in commit.claims),
-            *(
-                claim_member(e, commit.progress.cursor_revision, dead=True)
-                for e in commit.dead_claims
-            ),
-            str(len(fields)),
-            *(x for kv in fields.items() for x in kv),
-            str(len(commit.states)),
-            *(
-                x
-                for p, s in commit.states.items()
-                for x in (p, orjson.dumps(s) if s is not None else "")
-            ),
-            encode_pending(commit.pending) if commit.pending is not None else "",
-            str(len(commit.redis)),
-            *ops_args,
-        ]
-        argv.append(str(len(commit.cleared_failures)))
-        for batch_key in commit.cleared_failures:
-            keys.append(self._failure_key(tp, batch_key))
-            argv.append(str(len(keys)))
-        keys.append(self._excluded_key(tp))
-        argv += [str(len(keys)), str(len(commit.excluded_add))]
-        argv += [str(o) for o in commit.excluded_add]
-        argv += [str(len(commit.excluded_remove)), *(str(o) for o in commit.excluded_remove)]
-        self._raise_for(tp, commit, self._commit(keys=keys, args=argv))
+        refused = self.commit_many([commit])[0]
+        if refused is not None:
+            raise refused
 
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
-        answers: list[Exception | None] = []
-        for commit in commits:
-            try:
-                self.commit(commit)
-            except (Fenced, CursorMoved, PendingEffects) as refused:
-                answers.append(refused)
-            else:
-                answers.append(None)
-        return answers
-
-    def _raise_for(self, tp: TP, commit: Commit | None, result: list[bytes]) -> None:
-        status = result[0].decode()
-        if status == "OK":
-            return
-        if status == "FENCED":
-            raise Fenced(tp, commit.epoch if commit else -1, int(result[1] or 0))
-        if status == "MOVED":
-            expected = (commit.expected_acked, commit.expected_revision) if commit else (-1, -1)
-            raise CursorMoved(tp, expected, (int(result[1]), int(result[2])))
-        if status == "PENDING":
-            raise PendingEffects(tp)
-        if status == "CLAIMED" and commit is not None:
-            # A claim appeared that this owner did not see when it read: treat as a moved cursor.
-            raise CursorMoved(
-                tp,
-                (commit.expected_acked, commit.expected_revision),
-                (commit.expected_acked, commit.expected_revision),
-            )
-        raise RuntimeError(f"unexpected answer from the commit script: {result!r}")
+        days = self._days()
+        expire_at = self._claims_expire_at()
+        calls = [(self.prefix(c.tp), self._packed(c, days, expire_at)) for c in commits]
+        answers = self._run_all("commit", calls)
+        return [
+            _refusal(c.tp, c, answer)  # type: ignore[arg-type]
+            for c, answer in zip(commits, answers, strict=True)
+        ]
 
     def pending(self, tp: TP) -> list[OutRecord]:
         return decode_pending(self.client.get(self.prefix(tp) + "pending") or b"")
@@ -386,28 +654,28 @@ class RedisStore:
         readmit: Sequence[int] = (),
         dead_claims: Sequence[str] = (),
     ) -> None:
-        fields = progress.as_fields()
-        items = list((states or {}).items())
-        argv: list[str | bytes] = [
-            "" if epoch is None else str(epoch),
-            str(expected[0]),
-            str(expected[1]),
-            "1" if states is not None else "0",
-            "" if expected_generation is None else str(expected_generation),
-            str(len(fields)),
-            *(x for kv in fields.items() for x in kv),
-            str(len(items)),
-            *(x for p, s in items for x in (p, orjson.dumps(s))),
-            str(len(readmit)),
-            *(str(o) for o in readmit),
-            str(len(exclude)),
-            *(str(o) for o in exclude),
-            str(len(dead_claims)),
-            *(claim_member(e, progress.cursor_revision, dead=True) for e in dead_claims),
-            str(self._claims_expire_at()),
-        ]
-        keys = [*self._core_keys(tp), self._excluded_key(tp), self._bucket_keys(tp)[0]]
-        result = self._replace(keys=keys, args=argv)
+        fields, subs = self._claim_fields(dict.fromkeys(dead_claims))
+        packed = _pack(
+            [
+                "" if epoch is None else str(epoch),
+                str(expected[0]),
+                str(expected[1]),
+                1 if states is not None else 0,
+                "" if expected_generation is None else str(expected_generation),
+                [x for kv in progress.as_fields().items() for x in kv],
+                [x for p, s in (states or {}).items() for x in (p, orjson.dumps(s))],
+                [str(o) for o in readmit],
+                [str(o) for o in exclude],
+                fields,
+                subs,
+                str(progress.cursor_revision),
+                self._today(),
+                self._claims_expire_at(),
+                self._days()[-1],
+            ]
+        )
+        (result,) = self._run_all("replace", [(self.prefix(tp), packed)])
+        assert isinstance(result, list)
         status = result[0].decode()
         if status == "FENCED":
             raise Fenced(tp, epoch or -1, int(result[1] or 0))
@@ -436,6 +704,25 @@ class RedisStore:
 
     def read(self, tp: TP, key: str) -> object:
         return read_key(self.client, self.key(tp, key))
+
+
+def _refusal(tp: TP, commit: Commit, result: list[bytes]) -> Exception | None:
+    """The commit script's answer as None (applied) or the refusal (nothing written)."""
+    status = result[0].decode()
+    if status == "OK":
+        return None
+    if status == "FENCED":
+        return Fenced(tp, commit.epoch, int(result[1] or 0))
+    if status == "MOVED":
+        expected = (commit.expected_acked, commit.expected_revision)
+        return CursorMoved(tp, expected, (int(result[1]), int(result[2])))
+    if status == "PENDING":
+        return PendingEffects(tp)
+    if status == "CLAIMED":
+        # A claim appeared that this owner did not see when it read: treat as a moved cursor.
+        expected = (commit.expected_acked, commit.expected_revision)
+        return CursorMoved(tp, expected, expected)
+    raise RuntimeError(f"unexpected answer from the commit script: {result!r}")
 
 
 def read_key(client: redis.Redis[bytes], full: str) -> object:

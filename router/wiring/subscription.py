@@ -91,6 +91,7 @@ def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Cloc
         clock=clock,
         claim_ttl_ms=settings.claim_ttl_ms,
         failure_ttl_s=settings.batch_failure_ttl_s,
+        claim_buckets=settings.claim_buckets,
     )
 
 

@@ -267,3 +267,73 @@ class StoreContract:
         )
         assert store.excluded(TPX) == {4, 8}
         assert store.excluded(TP(TPX.topic, TPX.partition + 1)) == set()
+
+    def test_many_partitions_in_one_call_each_commit_apart(self) -> None:
+        store = self.make_store()
+        a, b, c = (TP(TPX.topic, TPX.partition + n) for n in range(3))
+        ea, eb, ec = store.acquire(a), store.acquire(b), store.acquire(c)
+        store.acquire(b)  # b's caller is a zombie now
+        answers = store.commit_many(
+            [
+                Commit(
+                    a,
+                    ea,
+                    -1,
+                    0,
+                    Progress(acked_through=1),
+                    claims=[EVT],
+                    redis=[RedisOp("SET", "k", ("a",))],
+                    states={"p": {"n": 1}},
+                ),
+                Commit(
+                    b,
+                    eb,
+                    -1,
+                    0,
+                    Progress(acked_through=1),
+                    claims=[EVT],
+                    redis=[RedisOp("SET", "k", ("b",))],
+                    states={"p": {"n": 2}},
+                ),
+                Commit(
+                    c,
+                    ec,
+                    5,  # not where c's cursor is
+                    0,
+                    Progress(acked_through=6),
+                    dead_claims=[EVT2],
+                    redis=[RedisOp("SET", "k", ("c",))],
+                ),
+            ]
+        )
+        assert answers[0] is None
+        assert isinstance(answers[1], Fenced) and isinstance(answers[2], CursorMoved)
+        assert store.read(a, "k") == "a" and store.states(a, ["p"]) == {"p": {"n": 1}}
+        for refused in (b, c):  # nothing of a refused commit was written
+            assert store.read(refused, "k") is None and store.states(refused, ["p"]) == {"p": None}
+            assert store.load(refused).acked_through == -1
+        assert store.decisions_many(
+            [(a, 0, [EVT, EVT2]), (b, 0, [EVT]), (c, 0, [EVT2]), (a, 1, [EVT]), (c, 0, [])]
+        ) == [({EVT}, set()), (set(), set()), (set(), set()), (set(), set()), (set(), set())]
+        record = OutRecord("out", "p1", b"v", "rid-1", ())
+        answers = store.commit_many(
+            [
+                Commit(
+                    a, ea, 1, 0, Progress(acked_through=2, pending_effects=True), pending=[record]
+                ),
+                Commit(c, ec, -1, 0, Progress(acked_through=0), dead_claims=[EVT2]),
+            ]
+        )
+        assert answers == [None, None]
+        answers = store.commit_many(
+            [
+                Commit(a, ea, 2, 0, Progress(acked_through=3), pending=[record], claims=[EVT2]),
+                Commit(c, ec, 0, 0, Progress(acked_through=1), claims=[EVT]),
+            ]
+        )
+        assert isinstance(answers[0], PendingEffects) and answers[1] is None
+        assert store.decisions_many([(a, 0, [EVT, EVT2]), (c, 0, [EVT, EVT2])]) == [
+            ({EVT}, set()),
+            ({EVT}, {EVT2}),
+        ]
+        assert store.commit_many([]) == [] and store.decisions_many([]) == []

@@ -1,4 +1,5 @@
-"""The Store contract against real Redis, plus what only Redis has: hash tags, claim buckets."""
+"""The Store contract against real Redis, plus what only Redis has: hash tags, claim buckets
+(small hashes, the old day sets still read), the script cache flushed."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import pytest
 import redis
 
 from consumers.redis_conn import connect
-from consumers.runtime.redis_store import RedisStore
+from consumers.runtime.redis_store import DAY_MS, RedisStore, claim_member
 from consumers.runtime.store import Commit, Store
-from consumers.runtime.types import Progress
+from consumers.runtime.types import TP, Progress
 from streams.clock import ManualClock
-from tests.contracts.store import EVT, TPX, StoreContract
+from streams.errors import CursorMoved
+from tests.contracts.store import EVT, EVT2, TPX, StoreContract
 from tests.support.environment import TEST_REDIS
 
 pytestmark = pytest.mark.integration
@@ -28,6 +30,17 @@ def _now() -> ManualClock:
 
 def _client() -> redis.Redis[bytes]:
     return connect(TEST_REDIS, timeout=5)
+
+
+def _store(client: redis.Redis[bytes], *, claim_buckets: int = 1024) -> RedisStore:
+    return RedisStore(
+        client,
+        env="t" + secrets.token_hex(5),
+        slug="contract",
+        clock=_now(),
+        claim_ttl_ms=8 * DAY_S * 1000,
+        claim_buckets=claim_buckets,
+    )
 
 
 class TestRedisStore(StoreContract):
@@ -89,15 +102,10 @@ def test_claims_live_in_day_buckets_that_expire_and_are_all_checked() -> None:
     assert store.claimed(TPX, 0, [EVT]) == set()
 
 
-def test_bytes_per_claim_are_bounded() -> None:
+def test_claims_stay_small_hashes_of_at_most_32_bytes_a_claim() -> None:
     client = _client()
-    store = RedisStore(
-        client,
-        env="t" + secrets.token_hex(5),
-        slug="contract",
-        clock=_now(),
-        claim_ttl_ms=8 * DAY_S * 1000,
-    )
+    # 256 hashes for 20,000 claims: about 78 each, well under Redis's default of 128 a listpack.
+    store = _store(client, claim_buckets=256)
     epoch = store.acquire(TPX)
     ids = ["evt_" + secrets.token_hex(16) for _ in range(20_000)]
     acked = -1
@@ -106,6 +114,59 @@ def test_bytes_per_claim_are_bounded() -> None:
             Commit(TPX, epoch, acked, 0, Progress(acked_through=n), claims=ids[n : n + 1000])
         )
         acked = n
-    bucket = next(k for k in client.scan_iter(match=store.prefix(TPX) + "claims:*"))
-    per_claim = client.memory_usage(bucket) / len(ids)
-    assert per_claim < 100, per_claim  # 16 id bytes + revision in a hashtable set entry
+    keys = list(client.scan_iter(match=store.prefix(TPX) + "claims:*", count=1000))
+    hashes = [k for k in keys if not k.endswith(b":claims:days")]  # beside them: the days written
+    assert len(hashes) == 256 and len(keys) == 257
+    assert {client.object("encoding", k) for k in hashes} == {b"listpack"}
+    per_claim = sum(client.memory_usage(k) or 0 for k in keys) / len(ids)
+    assert per_claim <= 32, per_claim
+    assert store.claimed(TPX, 0, ids[::997]) == set(ids[::997])
+
+
+def test_a_claim_of_the_old_day_sets_is_still_found_and_new_ones_go_to_hashes() -> None:
+    client = _client()
+    store = _store(client)
+    epoch = store.acquire(TPX)
+    today = int(store.clock.now().timestamp() * 1000) // DAY_MS
+    old_today = f"{store.prefix(TPX)}claims:{today}"
+    old_yesterday = f"{store.prefix(TPX)}claims:{today - 1}"
+    other = "ext-42"  # an id not of the evt_ form
+    client.sadd(old_today, claim_member(EVT, 0))
+    client.sadd(old_yesterday, claim_member(other, 0, dead=True))
+    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT}, {other})
+    with pytest.raises(CursorMoved):  # an upgrade never applies a duplicate
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+    store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT2, other]))
+    assert client.smembers(old_today) == {claim_member(EVT, 0)}  # the old sets only expire
+    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT, EVT2, other}, {other})
+    assert {client.type(k) for k in client.scan_iter(match=old_today + ":*")} == {b"hash"}
+
+
+def test_commits_and_lookups_survive_a_flushed_script_cache() -> None:
+    client = _client()
+    store = _store(client)
+    epoch = store.acquire(TPX)
+    other = TP(TPX.topic, TPX.partition + 1)
+    other_epoch = store.acquire(other)
+    store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+    client.script_flush()  # as after a restart of Redis
+    assert store.decisions_many([(TPX, 0, [EVT]), (other, 0, [EVT])]) == [
+        ({EVT}, set()),
+        (set(), set()),
+    ]
+    client.script_flush()
+    answers = store.commit_many(
+        [
+            Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT2]),
+            Commit(other, other_epoch, -1, 0, Progress(acked_through=0), claims=[EVT]),
+        ]
+    )
+    assert answers == [None, None]
+    client.script_flush()
+    store.replace_fold(TPX, None, (1, 0), Progress(acked_through=1), None, dead_claims=[EVT])
+    assert store.decisions(TPX, 0, [EVT, EVT2]) == ({EVT, EVT2}, {EVT})
+
+
+def test_a_claim_bucket_count_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="claim_buckets"):
+        _store(_client(), claim_buckets=0)
