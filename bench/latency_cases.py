@@ -67,7 +67,7 @@ def remove_environment(s: Settings) -> None:
 
     base = s.kafka_config()
     admin = admin_client(base)
-    topics = [t for t in admin.list_topics(timeout=10).topics if s.env in t]
+    topics = [t for t in admin.list_topics(timeout=60).topics if s.env in t]
     delete_topics(admin, base, topics, timeout=60)
     client = connect(s.redis_url, timeout=5)
     keys = list(client.scan_iter(match=f"*{s.env}*", count=1000))
