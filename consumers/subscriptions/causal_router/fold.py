@@ -103,10 +103,67 @@ def empty_state() -> JSON:
     }
 
 
+# The parts of the state a task or resource event's folder may change (the common events):
+# fold_event copies only those and shares the rest with the state it was given, which nothing
+# changes. Of ``changes`` only the event's own change is copied: a task event's folder reads and
+# writes its change alone. Every other type copies the whole state.
+_TASK_PARTS = ("changes", "agents")
+WRITTEN_PARTS: dict[str, tuple[str, ...]] = {
+    "task.created": ("changes",),
+    "task.ready": ("changes",),
+    "task.blocked": ("changes",),
+    "task.started": _TASK_PARTS,
+    "task.completed": _TASK_PARTS,
+    "task.failed": _TASK_PARTS,
+    **dict.fromkeys(DECLARING, ("agents",)),
+    "claim.released": ("agents",),
+}
+# orjson's integer range: a whole copy of a state holding a larger generation (the only number
+# an event can make that large) raises, and a partial copy must raise the same.
+_LARGEST_INT = 2**64 - 1
+
+
+def _copy(state: JSON, event: Event) -> JSON:
+    parts = WRITTEN_PARTS.get(event.event_type)
+    change = event.change_id
+    if (
+        parts is None
+        or (change is None and "changes" in parts)
+        or not isinstance(state.get("changes"), dict)
+        or not _shared_parts_fit(state)
+    ):
+        copied: JSON = orjson.loads(orjson.dumps(state))
+        return copied
+    s = dict(state)
+    for part in parts:
+        if part == "changes":
+            changes = dict(state["changes"])
+            if change in changes:
+                changes[change] = orjson.loads(orjson.dumps(changes[change]))
+            s["changes"] = changes
+        else:
+            s[part] = orjson.loads(orjson.dumps(state[part]))
+    return s
+
+
+def _shared_parts_fit(state: JSON) -> bool:
+    generation = state.get("generation")
+    if isinstance(generation, int) and generation > _LARGEST_INT:
+        return False
+    candidates = state.get("candidates")
+    if not isinstance(candidates, dict):
+        return False
+    for candidate in candidates.values():
+        value = candidate.get("generation") if isinstance(candidate, dict) else None
+        if isinstance(value, int) and value > _LARGEST_INT:
+            return False
+    return True
+
+
 def fold_event(state: JSON | None, event: Event, limits: FoldLimits) -> JSON:
     """The state after ``event``. Never mutates ``state`` (the runtime caches it, and a failing
-    event must leave it untouched)."""
-    s: JSON = orjson.loads(orjson.dumps(state)) if state is not None else empty_state()
+    event must leave it untouched): the parts the event's folder may change are copies."""
+    s = _copy(state, event) if state is not None else empty_state()
     folder = FOLDERS.get(event.event_type)
     if folder is not None:
         folder(s, event, limits)
