@@ -2,9 +2,10 @@
 Redis, at a steady write rate, every event measured.
 
 Three processes, as a deployment runs them, so none takes the others' interpreter lock: this case's
-own process writes the events through a SQLite outbox, one event per transaction, paced by an
-absolute schedule (event n is due at start + n / rate, so a late write does not push the later
-ones back); ``rhumbatron publish`` moves them to the streams; a projector process
+own process writes the events through a SQLite outbox (the settings' own, ``synchronous`` FULL by
+default), one event per transaction while it keeps up (up to ``WRITE_MAX_EVENTS`` of those due
+when it is behind), paced by an absolute schedule (event n is due at start + n / rate, so a late
+write does not push the later ones back); ``rhumbatron publish`` moves them to the streams; a projector process
 (``python -m bench.latency_cases``) runs the subscription and records, for every event it
 applied, the moment the store commit carrying its effect returned (the runtime's ``committed``
 instrument hook, called right after that commit).
