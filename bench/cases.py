@@ -21,7 +21,13 @@ def _records(env: BenchEnv) -> None:
     """The produce environment's streams, and the encoded records (outside the timed part)."""
     s = env.settings = Settings(**{**env.settings.model_dump(), "env": f"{env.settings.env}_p"})
     base = s.kafka_config()
-    provision(admin_client(base), base, s.topology.stream_specs(), topology=s.topology, timeout=30)
+    provision(
+        admin_client(base),
+        base,
+        s.topology.stream_specs(),
+        topology=s.topology,
+        timeout=s.connect_timeout_s,
+    )
     events = slotted_events(workload(s.env, PROJECTS, env.size), tenant_id="tenant-bench")
     env.scratch["records"] = [
         (

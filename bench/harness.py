@@ -17,6 +17,7 @@ import re
 import resource
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,9 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::|$)")
 # The subscriptions' streams are spread over this many partitions (the product's default is the
 # same order; four keeps one process busy on every poll).
 PARTITIONS = 4
+# How long the bench waits on the broker for metadata and new topics: a broker holding thousands
+# of topics (a shared development one) takes tens of seconds to answer.
+BROKER_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -133,7 +137,7 @@ def run_one(
 ) -> dict[str, Any]:
     """Run one case in this process and return what it measured and this process's peak RSS."""
     load_cases()
-    settings = Settings(env=env_name, partitions=PARTITIONS)
+    settings = Settings(env=env_name, partitions=PARTITIONS, connect_timeout_s=BROKER_TIMEOUT_S)
     env = BenchEnv(settings=settings, size=size, quick=quick, run_dir=run_dir, round=round_no)
     spec = CASES[name]
     if spec.setup is not None:
@@ -470,9 +474,18 @@ def last_error(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[-1] if lines else f"exit code {proc.returncode}, no output"
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a run: what was measured before it, to print all the same."""
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
 def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[dict[str, Any]]:
     """Every case once per round, interleaved; the run's topics, groups, Redis keys and folder
-    are removed at the end, also when a case fails or the run is interrupted."""
+    are removed at the end, also when a case fails or the run is interrupted (Interrupted,
+    holding the case runs finished before)."""
     env_name = "bench" + secrets.token_hex(4)
     run_dir = Path(tempfile.mkdtemp(prefix=f"rh-{env_name}-"))
     results: list[dict[str, Any]] = []
@@ -491,9 +504,16 @@ def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[di
                     outcome = f"FAILED: {result['error']}" if "error" in result else "done"
                     progress.end(name, round_no, rounds, time.monotonic() - started, outcome)
                     results.append(result)
+    except KeyboardInterrupt:
+        raise Interrupted(results) from None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-        remove_run(env_name)
+        # A second Ctrl-C must not stop the clean-up halfway.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            remove_run(env_name)
+        finally:
+            signal.signal(signal.SIGINT, previous)
     return results
 
 
@@ -506,11 +526,11 @@ def remove_run(env_name: str) -> None:
     s = Settings(env=env_name)
     base = s.kafka_config()
     admin = admin_client(base)
-    topics = [t for t in admin.list_topics(timeout=10).topics if env_name in t]
-    delete_topics(admin, base, topics, timeout=60)
+    topics = [t for t in admin.list_topics(timeout=BROKER_TIMEOUT_S).topics if env_name in t]
+    delete_topics(admin, base, topics, timeout=BROKER_TIMEOUT_S)
     groups = [
         g.group_id
-        for g in admin.list_consumer_groups(request_timeout=10).result(timeout=15).valid
+        for g in admin.list_consumer_groups(request_timeout=30).result(timeout=60).valid
         if env_name in g.group_id
     ]
     for future in (
@@ -618,13 +638,25 @@ def run_command(args: argparse.Namespace) -> int:
     size = args.size or (QUICK_SIZE if args.quick else FULL_SIZE)
     settings = Settings()
     machine = machine_info(settings)
-    results = run_all(names, rounds=args.rounds, size=size, quick=args.quick)
+    interrupted = False
+    try:
+        results = run_all(names, rounds=args.rounds, size=size, quick=args.quick)
+    except Interrupted as stop:
+        results, interrupted = stop.results, True
     rows = aggregate(results)
+    done = f"{len(results)} of {len(names) * args.rounds} case runs"
     if args.json:
-        print(json.dumps(report(machine, rows), indent=2))
+        shaped = report(machine, rows)
+        if interrupted:
+            shaped["interrupted"] = done
+        print(json.dumps(shaped, indent=2))
     else:
         described = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
         print(f"machine: {described}")
         print(f"{args.rounds} rounds, {size:,} events per throughput row")
+        if interrupted:
+            print(f"interrupted after {done}: the medians of the rounds measured")
         print(table(rows))
+    if interrupted:
+        return 130
     return 1 if any("error" in r for r in rows) else 0

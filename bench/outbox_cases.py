@@ -65,7 +65,13 @@ def _fill(settings: Settings, address: str, size: int) -> None:
 def _streams(env: BenchEnv) -> Settings:
     s = env.settings = Settings(**{**env.settings.model_dump(), "env": f"{env.settings.env}_o"})
     base = s.kafka_config()
-    provision(admin_client(base), base, s.topology.stream_specs(), topology=s.topology, timeout=30)
+    provision(
+        admin_client(base),
+        base,
+        s.topology.stream_specs(),
+        topology=s.topology,
+        timeout=s.connect_timeout_s,
+    )
     return s
 
 

@@ -14,6 +14,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -37,12 +38,29 @@ PUBLISHED = "published"  # the marker file in the run's folder
 
 def isolated(fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(*args)`` in a forked process and wait for it: what a setup builds there (a
-    workload of half a million events) does not count in the case's peak RSS."""
-    process = multiprocessing.get_context("fork").Process(target=fn, args=args)
+    workload of half a million events) does not count in the case's peak RSS. Its error is
+    raised here, named."""
+    reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(
+        target=_reporting, args=(writer, fn, *args)
+    )
     process.start()
+    writer.close()
+    error = reader.recv() if reader.poll(None) else None
     process.join()
     if process.exitcode != 0:
-        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed (exit code {process.exitcode})")
+        name = getattr(fn, "__name__", str(fn))
+        raise RuntimeError(f"{name}: {error or f'exit code {process.exitcode}'}")
+
+
+def _reporting(writer: Connection, fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:
+        writer.send(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        writer.close()
 
 
 def _publish(settings: Settings, size: int) -> None:

@@ -36,6 +36,7 @@ def _queue_settings(env: BenchEnv, suffix: str) -> Settings:
     return Settings(
         env=f"{base.env}_{suffix}{env.round}",
         partitions=base.partitions,
+        connect_timeout_s=base.connect_timeout_s,
         queue_partitions=4,
         queues={k: QueuePolicy.model_validate(v.model_dump()) for k, v in queues.items()},
     )
