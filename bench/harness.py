@@ -519,12 +519,27 @@ def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[di
 
 def remove_run(env_name: str) -> None:
     """Delete the run's topics, consumer groups, Redis keys and PostgreSQL schemas (every name a
-    case makes carries the run's name), so repeated runs do not fill the local services."""
-    from consumers.redis_conn import connect
+    case makes carries the run's name), so repeated runs do not fill the local services. A
+    service that does not answer is named with what is left on it; the others are cleaned."""
+    removed = []
+    for what, remove in (
+        ("Kafka topics and groups", _remove_from_kafka),
+        ("PostgreSQL schemas", _remove_from_postgres),
+        ("Redis keys", _remove_from_redis),
+    ):
+        try:
+            removed.append(remove(env_name))
+        except Exception as exc:
+            print(
+                f"could not remove the run's {what} (names with {env_name}): {exc}", file=sys.stderr
+            )
+    print(f"removed the run's {', '.join(removed) or 'nothing'}", file=sys.stderr)
+
+
+def _remove_from_kafka(env_name: str) -> str:
     from streams.admin import admin_client, delete_topics
 
-    s = Settings(env=env_name)
-    base = s.kafka_config()
+    base = Settings(env=env_name).kafka_config()
     admin = admin_client(base)
     topics = [t for t in admin.list_topics(timeout=BROKER_TIMEOUT_S).topics if env_name in t]
     delete_topics(admin, base, topics, timeout=BROKER_TIMEOUT_S)
@@ -539,23 +554,24 @@ def remove_run(env_name: str) -> None:
         try:
             future.result(timeout=20)
         except Exception as exc:  # a group still settling: say so, the topics are gone anyway
-            print(f"  could not delete a consumer group of the run: {exc}", file=sys.stderr)
-    try:
-        from bench.outbox_cases import drop_run_schemas
+            print(f"could not delete a consumer group of the run: {exc}", file=sys.stderr)
+    return f"{len(topics)} topics, {len(groups)} groups"
 
-        schemas = drop_run_schemas(env_name)
-    except Exception as exc:  # no PostgreSQL to reach: none of the run's schemas either
-        print(f"  could not drop the run's PostgreSQL schemas: {exc}", file=sys.stderr)
-        schemas = 0
-    client = connect(s.redis_url, timeout=5)
+
+def _remove_from_postgres(env_name: str) -> str:
+    from bench.outbox_cases import drop_run_schemas
+
+    return f"{drop_run_schemas(env_name)} PostgreSQL schemas"
+
+
+def _remove_from_redis(env_name: str) -> str:
+    from consumers.redis_conn import connect
+
+    client = connect(Settings(env=env_name).redis_url, timeout=5)
     keys = list(client.scan_iter(match=f"*{env_name}*", count=1000))
     for start in range(0, len(keys), 1000):
         client.delete(*keys[start : start + 1000])
-    print(
-        f"removed the run's {len(topics)} topics, {len(groups)} groups, {len(keys)} Redis keys "
-        f"and {schemas} PostgreSQL schemas",
-        file=sys.stderr,
-    )
+    return f"{len(keys)} Redis keys"
 
 
 # -- the command -----------------------------------------------------------------------------------

@@ -67,3 +67,4 @@ def test_one_round_of_raw_consume_prints_the_machine_and_its_rows(tmp_path: Path
     consume = shaped["rows"][0]
     assert consume["unit"] == "events/s" and consume["value"] > 0
     assert "removed the run's" in result.stderr  # its topics and keys are gone again
+    assert "could not remove" not in result.stderr
