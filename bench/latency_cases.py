@@ -188,7 +188,7 @@ def _write_paced(store: Any, drafts: list[Any], rate: float) -> tuple[float, int
 
 
 def measure_latency(env: BenchEnv, rate: int, prefix: str) -> list[Row]:
-    quick = getattr(env, "quick", False)
+    quick = env.quick
     seconds = 15 if quick else 60
     count = rate * seconds
     s = fresh_settings(env, "lat")

@@ -152,7 +152,7 @@ def scale(env: BenchEnv) -> list[Row]:
 
 
 def _rss_events(env: BenchEnv) -> int:
-    return RSS_EVENTS_QUICK if getattr(env, "quick", False) else RSS_EVENTS
+    return RSS_EVENTS_QUICK if env.quick else RSS_EVENTS
 
 
 def _publish_many(env: BenchEnv) -> None:
