@@ -31,7 +31,11 @@ STATE="${RHUMBATRON_LOCAL_DIR:-$ROOT/.local}"
 KAFKA_POM="$ROOT/infra/kafka/pom.xml"
 JARS="${RHUMBATRON_KAFKA_JARS:-$ROOT/.local/kafka/jars}"
 KAFKA_PORT="${RHUMBATRON_KAFKA_PORT:-9092}"
-KAFKA_HEAP="${RHUMBATRON_KAFKA_HEAP:--Xms256m -Xmx512m}"
+# A broker's heap grows with the partitions it holds: a benchmark run provisions a hundred topics
+# (eight streams, queues, redelivery topics) and a few runs left behind by interrupted ones put
+# several thousand partitions on it; at 512 MB the broker ran out of heap there and stopped
+# answering. 2 GB is a ceiling, not a reservation (the heap starts at 256 MB).
+KAFKA_HEAP="${RHUMBATRON_KAFKA_HEAP:--Xms256m -Xmx2g}"
 KAFKA_START_TIMEOUT="${RHUMBATRON_KAFKA_START_TIMEOUT:-90}"
 KAFKA_STOP_TIMEOUT="${RHUMBATRON_KAFKA_STOP_TIMEOUT:-30}"
 REDIS_PORT="${RHUMBATRON_REDIS_PORT:-6379}"
