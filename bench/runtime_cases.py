@@ -46,7 +46,10 @@ def isolated(fn: Callable[..., None], *args: Any) -> None:
     )
     process.start()
     writer.close()
-    error = reader.recv() if reader.poll(None) else None
+    try:
+        error = reader.recv()  # the child's error, if it failed
+    except EOFError:  # it finished without one
+        error = None
     process.join()
     if process.exitcode != 0:
         name = getattr(fn, "__name__", str(fn))
