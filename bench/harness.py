@@ -669,7 +669,8 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         described = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
         print(f"machine: {described}")
-        print(f"{args.rounds} rounds, {size:,} events per throughput row")
+        rounds = f"{args.rounds} round{'s' if args.rounds != 1 else ''}"
+        print(f"{rounds}, {size:,} events per throughput row")
         if interrupted:
             print(f"interrupted after {done}: the medians of the rounds measured")
         print(table(rows))
