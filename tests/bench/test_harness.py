@@ -61,6 +61,22 @@ def test_a_row_is_the_median_of_its_rounds_with_its_spread_and_ratio() -> None:
     assert "projector" in rows["rss-mb"]["note"]
 
 
+def test_rss_mb_is_the_largest_of_rhumbatrons_own_processes() -> None:
+    rows = _by_name(
+        aggregate(
+            [
+                _result("raw-produce", 1, 900, ("raw-produce", 70_000, None)),
+                _result("faust-agent", 1, 400, ("faust-agent", 1_000, "projector")),
+                _result("projector", 1, 120, ("projector", 9_000, "raw-consume")),
+                _result("ledger", 1, 110, ("ledger", 9_000, "raw-consume")),
+            ]
+        )
+    )
+    assert rows["raw-produce"]["rss_mb"] == 900  # shown on its own row
+    assert rows["rss-mb"]["value"] == 120
+    assert "projector" in rows["rss-mb"]["note"]
+
+
 def test_one_round_has_no_spread_and_a_missing_baseline_no_ratio() -> None:
     rows = _by_name(aggregate([_result("ledger", 1, 70, ("ledger", 5_000, "raw-consume"))]))
     assert rows["ledger"]["spread"] is None
