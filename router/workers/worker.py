@@ -29,9 +29,10 @@ since its first chunk, or when a poll brings nothing more: a step ends with noth
 records are produced, and its offsets sent, when it commits. When one aborts, the step ends there
 and every partition of what it held and of the chunks after it is rewound, so nothing behind an
 aborted record is committed before it and no due retry taken from its buffer is lost. A second
-copy of a command in one step is a duplicate of the first whatever the first's fate, so one
-command never starts two retry chains (after an abort, nothing counts as a copy of what is read
-again).
+copy of a command (its id and attempt) in one step is a duplicate of the first whatever the first's
+fate, so one command never starts two retry chains (after an abort, nothing counts as a copy of
+what is read again); a retry or a further delivery that a transaction of the step committed
+carries the next attempt, and is run when it comes back in the same step.
 
 A handler's own side effects are at least once: the completed command ids of a transaction are
 recorded in Redis (one round trip) before it commits, so a redelivery skips what completed; a
@@ -189,8 +190,10 @@ class Worker:
         self._committed: dict[TP, int] = {}  # the offset this member last committed, per partition
         self._ever_assigned = False
         self._open = _Open()
-        # Every command id this step took a copy of, in the open transaction or one it committed.
-        self._seen: set[str] = set()
+        # Every (command id, attempt) this step took a copy of, in the open transaction or one it
+        # committed. The attempt is part of it: a retry and a further delivery carry the next
+        # attempt, and one made by a transaction this step committed may come back in the step.
+        self._seen: set[tuple[str, int]] = set()
         self._pool = (
             ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
             if policy.concurrency > 1
@@ -326,8 +329,8 @@ class Worker:
         if self.handler.dedupe:
             done_before = self.ledger.done_among(
                 c.command_id
-                for c in decoded
-                if isinstance(c, Command) and c.command_id not in self._seen
+                for r, c in zip(ready, decoded, strict=True)
+                if isinstance(c, Command) and (c.command_id, _attempt(r)) not in self._seen
             )
         committed = 0
         batch = self.policy.batch
@@ -469,14 +472,15 @@ class Worker:
         tracer = tracing.tracer()
         seen = self._seen
         for record, command in zip(chunk, decoded, strict=True):
-            if isinstance(command, Command) and command.command_id in seen:
+            copy = (command.command_id, _attempt(record)) if isinstance(command, Command) else None
+            if copy is not None and copy in seen:
                 # A second copy in one step: the first copy's fate (done, retry or dead letter)
                 # stands for both, so one command never starts two retry chains (nor runs twice
                 # when the first completed in a transaction the step already committed).
                 settled.append(_Settled(record, "duplicate"))
                 continue
-            if isinstance(command, Command):
-                seen.add(command.command_id)
+            if copy is not None:
+                seen.add(copy)
             pairs.append((record, command))
         try:
             if self._pool is not None:
@@ -573,7 +577,7 @@ class Worker:
         done: set[str],
         tracer: trace.Tracer | None,
     ) -> _Settled:
-        attempt = header_int(record.headers, ATTEMPT, 1)
+        attempt = _attempt(record)
         if tracer is None:
             return self._handle(record, command, done, attempt)
         span = tracing.process_span(tracer, record, self.policy, self.group, attempt)
@@ -691,3 +695,8 @@ class Worker:
             type(error).__name__,
             error,
         )
+
+
+def _attempt(record: Record) -> int:
+    """The attempt a queue record carries (a retry's and a further delivery's count up)."""
+    return header_int(record.headers, ATTEMPT, 1)

@@ -560,6 +560,28 @@ DEFECT_7 = Workload(
 )
 
 
+# Found by the suite once several transactions could commit in one step: cmd_13's further
+# delivery, committed by an earlier transaction of the step and read back in it, was taken for a
+# second copy of its first delivery (the step's copies were known by command id alone) and lost.
+FURTHER_DELIVERY_IN_ONE_STEP = Workload(
+    queue_partitions=1,
+    retry_partitions=1,
+    batch=1,
+    retries=1,
+    deliveries=2,
+    concurrency=1,
+    transaction_max_commands=4,
+    commands=tuple(
+        Planned(f"cmd_{i:02d}", (), 0, "p1", 1 if i not in (11, 12) else 0) for i in range(12)
+    )
+    + (Planned("cmd_12", (FAIL,), 0, "p1", 0), Planned("cmd_13", (MORE,), 0, "p1", 1)),
+    actions=(("step", 0), ("abort", 0)),
+    commit_fails=(False,),
+    storm=2,
+    storm_tick_s=15.0,
+)
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -567,6 +589,7 @@ DEFECT_7 = Workload(
 )
 @given(workloads())
 @example(DEFECT_7)
+@example(FURTHER_DELIVERY_IN_ONE_STEP)
 def test_generated_workloads_keep_attempts_and_dead_letters_exact(w: Workload) -> None:
     note(repr(w))
     group = run_workload(w)
