@@ -489,6 +489,7 @@ def _store(env: str, slug: str) -> RedisAccess:
             "srem",
             "scard",
             "expireat",
+            "expiretime",
             "set",
             "incrby",
             "rpush",
@@ -562,7 +563,17 @@ def _workers(env: str) -> RedisAccess:
         "the workers' ledger, counters, index states, workflow registry and drills "
         "(router/workers/stores.py, helpers.py, drills.py)",
         keys=(f"rh:{env}:{{workers}}:*",),
-        commands=(*_TRANSACTION, "mget", "get", "set", "del", "hincrby", "hset", "hgetall"),
+        commands=(
+            *_TRANSACTION,
+            *_SCRIPTS,  # the ledger's completion marks: one script call a transaction
+            "mget",
+            "get",
+            "set",
+            "del",
+            "hincrby",
+            "hset",
+            "hgetall",
+        ),
     )
 
 
