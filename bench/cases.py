@@ -8,26 +8,16 @@ from __future__ import annotations
 import time
 
 from bench import raw
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, own_streams
 from bench.rows import Row, rate
 from bench.runtime_cases import PROJECTS
-from router.settings import Settings
-from streams.admin import admin_client, provision
 from streams.envelopes import encode
 from streams.workload import slotted_events, workload
 
 
 def _records(env: BenchEnv) -> None:
     """The produce environment's streams, and the encoded records (outside the timed part)."""
-    s = env.settings = Settings(**{**env.settings.model_dump(), "env": f"{env.settings.env}_p"})
-    base = s.kafka_config()
-    provision(
-        admin_client(base),
-        base,
-        s.topology.stream_specs(),
-        topology=s.topology,
-        timeout=s.connect_timeout_s,
-    )
+    s = own_streams(env, "p")
     events = slotted_events(workload(s.env, PROJECTS, env.size), tenant_id="tenant-bench")
     env.scratch["records"] = [
         (

@@ -70,6 +70,26 @@ class Case:
 
 CASES: dict[str, Case] = {}
 
+
+def own_streams(env: BenchEnv, suffix: str) -> Settings:
+    """The case's environment becomes one of its own under the run's (``<run>_<suffix>``, which
+    the run's clean-up finds by name), with its streams provisioned."""
+    from streams.admin import admin_client, provision
+
+    s = env.settings = Settings(
+        **{**env.settings.model_dump(), "env": f"{env.settings.env}_{suffix}"}
+    )
+    base = s.kafka_config()
+    provision(
+        admin_client(base),
+        base,
+        s.topology.stream_specs(),
+        topology=s.topology,
+        timeout=s.connect_timeout_s,
+    )
+    return s
+
+
 # Modules whose import registers cases, in the order the cases run within a round.
 CASE_MODULES = (
     "bench.cases",

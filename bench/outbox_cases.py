@@ -27,12 +27,11 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, own_streams
 from bench.rows import Row, rate
 from bench.runtime_cases import PROJECTS, isolated
 from router.settings import Settings
 from router.wiring.outbox import build_publisher, init_postgres_outbox, open_outbox
-from streams.admin import admin_client, provision
 from streams.workload import workload, write_workload
 
 PASSWORD_FILE = Path(__file__).resolve().parent.parent / ".local" / "postgres" / "password"
@@ -62,22 +61,9 @@ def _fill(settings: Settings, address: str, size: int) -> None:
         store.close()
 
 
-def _streams(env: BenchEnv) -> Settings:
-    s = env.settings = Settings(**{**env.settings.model_dump(), "env": f"{env.settings.env}_o"})
-    base = s.kafka_config()
-    provision(
-        admin_client(base),
-        base,
-        s.topology.stream_specs(),
-        topology=s.topology,
-        timeout=s.connect_timeout_s,
-    )
-    return s
-
-
 def _sqlite(env: BenchEnv) -> None:
     """A copy of the run's filled SQLite outbox (filled once per run, by the first round)."""
-    s = _streams(env)
+    s = own_streams(env, "o")
     template = env.run_dir / "outbox-template.db"
     if not template.exists():
         filling = env.run_dir / "outbox-filling.db"
@@ -168,7 +154,7 @@ def _copy_schema(base: str, template: str, schema: str) -> None:
 def _postgres(env: BenchEnv) -> None:
     """A copy of the run's filled PostgreSQL outbox (filled once per run, by the first round),
     in a schema of its own."""
-    s = _streams(env)
+    s = own_streams(env, "o")
     base = postgres_url()
     template = f"bench_{env.settings.env}_template"
     marker = env.run_dir / "outbox-template-postgres"
