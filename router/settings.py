@@ -1036,6 +1036,11 @@ class Settings(BaseSettings):
             ),
             ("streams", "max_streams_per_env", "the plan exceeds the limit per environment"),
             ("batch_size", "batch_size_behind", "a poll that catches up takes the larger batch"),
+            (
+                "outbox_poll_min_interval_s",
+                "outbox_poll_interval_s",
+                "the publisher's idle wait starts at the shortest and doubles up to the interval",
+            ),
         )
         for low, high, why in pairs:
             if getattr(self, low) > getattr(self, high):

@@ -170,6 +170,11 @@ def test_a_short_operator_token_is_refused_in_one_line_without_showing_it(
             "RHUMBATRON_BATCH_SIZE=800",
             "RHUMBATRON_BATCH_SIZE_BEHIND=600",
         ),
+        (
+            {"RHUMBATRON_OUTBOX_POLL_MIN_INTERVAL_S": "5"},
+            "RHUMBATRON_OUTBOX_POLL_MIN_INTERVAL_S=5.0",
+            "RHUMBATRON_OUTBOX_POLL_INTERVAL_S=0.5",
+        ),
     ],
 )
 def test_values_that_contradict_each_other_are_refused_naming_both(
