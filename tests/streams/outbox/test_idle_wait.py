@@ -5,6 +5,7 @@ and an idle pass takes no write lock (retries are released only when one is due)
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -54,14 +55,29 @@ class RecordedWaits(CommitSignal):
         return False
 
 
+def run_until_waits(store: Any, clock: ManualClock, waits: int, **kwargs: Any) -> list[float]:
+    """Run a publisher over ``store`` until it has asked to wait ``waits`` times; those waits."""
+    stop = threading.Event()
+    signal = store.commits = RecordedWaits(stop, limit=waits)
+    kafka = SimulatedKafka(clock=clock)
+    with Publisher(
+        store,
+        lambda: kafka,
+        stream_for=lambda project_id: "stream",
+        policy=policy(poll_interval_s=1.0),
+        clock=clock,
+        **kwargs,
+    ) as publisher:
+        publisher.run(stop=stop)
+    return signal.waits
+
+
 def test_after_a_pass_that_sent_rows_the_publisher_polls_soon_then_less_and_less(
     outbox_backend: OutboxBackend,
 ) -> None:
     clock = ManualClock()
     store = outbox_backend.store(clock=clock)
     append_all(store, drafts("proj-a", 3))
-    stop = threading.Event()
-    signal = store.commits = RecordedWaits(stop, limit=5)
     released: list[float] = []
     release_due = store.release_due
 
@@ -70,18 +86,9 @@ def test_after_a_pass_that_sent_rows_the_publisher_polls_soon_then_less_and_less
         return int(release_due(now))
 
     store.release_due = counted_release
-    kafka = SimulatedKafka(clock=clock)
-    with Publisher(
-        store,
-        lambda: kafka,
-        stream_for=lambda project_id: "stream",
-        policy=policy(poll_interval_s=1.0),
-        clock=clock,
-        poll_min_s=0.1,
-    ) as publisher:
-        publisher.run(stop=stop)
+    waits = run_until_waits(store, clock, 5, poll_min_s=0.1)
     assert store.counts()[RowState.PUBLISHED] == 3
-    assert signal.waits == [0.1, 0.2, 0.4, 0.8, 1.0]
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.0]
     assert released == []  # no retry was due: no pass took the write lock to release one
 
 
@@ -91,15 +98,4 @@ def test_a_publisher_built_without_a_shortest_wait_polls_at_the_interval(
     clock = ManualClock()
     store = outbox_backend.store(clock=clock)
     append_all(store, drafts("proj-a", 1))
-    stop = threading.Event()
-    signal = store.commits = RecordedWaits(stop, limit=2)
-    kafka = SimulatedKafka(clock=clock)
-    with Publisher(
-        store,
-        lambda: kafka,
-        stream_for=lambda project_id: "stream",
-        policy=policy(poll_interval_s=1.0),
-        clock=clock,
-    ) as publisher:
-        publisher.run(stop=stop)
-    assert signal.waits == [1.0, 1.0]
+    assert run_until_waits(store, clock, 2) == [1.0, 1.0]
