@@ -35,7 +35,7 @@ from router.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE = 500_000
 QUICK_SIZE = 50_000
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 2
 # A traceback's last line: "psycopg.errors.UndefinedTable: relation ...", "AssertionError".
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::|$)")
 # The subscriptions' streams are spread over this many partitions (the product's default is the
@@ -66,6 +66,7 @@ class Case:
     name: str
     fn: Callable[[BenchEnv], list[Row]]
     setup: Callable[[BenchEnv], None] | None
+    once: bool = False  # run in round 1 only: what it measures is not a rate (resident memory)
 
 
 CASES: dict[str, Case] = {}
@@ -130,6 +131,10 @@ ROW_ORDER = (
 )
 
 
+# Rows made of two others of the same run: the first's value over the second's, round by round
+# (their median is the row; absent unless both ran).
+DERIVED = {"scale-projects": ("scale-100k", "projector")}
+
 # Cases that measure someone else's code (raw-produce holds every encoded record in memory, on
 # purpose: the client alone is timed): their peak RSS is shown on their rows but is not rss-mb.
 OTHERS = ("raw-", "faust-")
@@ -147,10 +152,10 @@ def load_cases() -> None:
 
 
 def case(
-    name: str, *, setup: Callable[[BenchEnv], None] | None = None
+    name: str, *, setup: Callable[[BenchEnv], None] | None = None, once: bool = False
 ) -> Callable[[Callable[[BenchEnv], list[Row]]], Callable[[BenchEnv], list[Row]]]:
     def register(fn: Callable[[BenchEnv], list[Row]]) -> Callable[[BenchEnv], list[Row]]:
-        CASES[name] = Case(name, fn, setup)
+        CASES[name] = Case(name, fn, setup, once)
         return fn
 
     return register
@@ -211,6 +216,7 @@ def aggregate(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rss: dict[str, float] = {}
     failed: dict[str, dict[str, Any]] = {}
     case_rss: dict[str, float] = {}
+    by_round: dict[str, dict[int, float]] = {}
     for result in results:
         name = result["case"]
         if "error" in result:
@@ -219,9 +225,23 @@ def aggregate(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         case_rss[name] = max(case_rss.get(name, 0.0), result["rss_mb"])
         for row in result["rows"]:
             values.setdefault(row["name"], []).append(float(row["value"]))
+            by_round.setdefault(row["name"], {})[result["round"]] = float(row["value"])
             first.setdefault(row["name"], {**row, "case": name})
             rss[row["name"]] = max(rss.get(row["name"], 0.0), result["rss_mb"])
     medians = {name: statistics.median(v) for name, v in values.items()}
+    for name, (over, under) in DERIVED.items():
+        tops, bottoms = by_round.get(over, {}), by_round.get(under, {})
+        per_round = [tops[r] / bottoms[r] for r in sorted(tops) if bottoms.get(r)]
+        if per_round:
+            values[name] = per_round
+            medians[name] = statistics.median(per_round)
+            first[name] = {
+                "name": name,
+                "unit": "x",
+                "note": f"{over} / {under}, round by round",
+                "case": first[over]["case"],
+            }
+            rss[name] = rss[over]
     out: list[dict[str, Any]] = []
     for name, rounds in values.items():
         row = first[name]
@@ -516,12 +536,14 @@ def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[di
     run_dir = Path(tempfile.mkdtemp(prefix=f"rh-{env_name}-"))
     results: list[dict[str, Any]] = []
     try:
-        with Progress(len(names) * rounds) as progress:
+        with Progress(planned_runs(names, rounds)) as progress:
             progress.say(
                 f"bench run {env_name}: {len(names)} cases x {rounds} rounds, {size} events"
             )
             for round_no in range(1, rounds + 1):
                 for name in names:
+                    if CASES[name].once and round_no > 1:
+                        continue
                     progress.begin(name, round_no, rounds)
                     started = time.monotonic()
                     result = run_child(
@@ -541,6 +563,24 @@ def run_all(names: list[str], *, rounds: int, size: int, quick: bool) -> list[di
         finally:
             signal.signal(signal.SIGINT, previous)
     return results
+
+
+def planned_runs(names: Sequence[str], rounds: int) -> int:
+    """How many case runs a run of ``rounds`` rounds makes (a ``once`` case runs in round 1 only)."""
+    return sum(1 if CASES[n].once else rounds for n in names)
+
+
+def delete_keys(client: Any, *patterns: str) -> int:
+    """Delete every Redis key matching one of ``patterns``; how many there were. SCAN walks the
+    whole keyspace once per pattern, so it asks for 10,000 keys a step: a run's Redis holds
+    hundreds of thousands of keys by its end."""
+    deleted = 0
+    for pattern in patterns:
+        keys = list(client.scan_iter(match=pattern, count=10_000))
+        for start in range(0, len(keys), 10_000):
+            client.unlink(*keys[start : start + 10_000])
+        deleted += len(keys)
+    return deleted
 
 
 def remove_run(env_name: str) -> None:
@@ -594,10 +634,7 @@ def _remove_from_redis(env_name: str) -> str:
     from consumers.redis_conn import connect
 
     client = connect(Settings(env=env_name).redis_url, timeout=5)
-    keys = list(client.scan_iter(match=f"*{env_name}*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.delete(*keys[start : start + 1000])
-    return f"{len(keys)} Redis keys"
+    return f"{delete_keys(client, f'*{env_name}*')} Redis keys"
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -686,7 +723,7 @@ def run_command(args: argparse.Namespace) -> int:
     except Interrupted as stop:
         results, interrupted = stop.results, True
     rows = aggregate(results)
-    done = f"{len(results)} of {len(names) * args.rounds} case runs"
+    done = f"{len(results)} of {planned_runs(names, args.rounds)} case runs"
     if args.json:
         shaped = report(machine, rows)
         if interrupted:

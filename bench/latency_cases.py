@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from opentelemetry.metrics import NoOpMeter
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, delete_keys
 from bench.rows import Row
 from consumers.runtime.metrics import RuntimeInstruments
 from router.settings import Settings
@@ -70,10 +70,7 @@ def remove_environment(s: Settings) -> None:
     admin = admin_client(base)
     topics = [t for t in admin.list_topics(timeout=60).topics if s.env in t]
     delete_topics(admin, base, topics, timeout=60)
-    client = connect(s.redis_url, timeout=5)
-    keys = list(client.scan_iter(match=f"*{s.env}*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.delete(*keys[start : start + 1000])
+    delete_keys(connect(s.redis_url, timeout=5), f"*{s.env}*")
 
 
 def settings_environ(s: Settings) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from bench import raw
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, delete_keys
 from bench.rows import Row, rate
 from consumers.redis_conn import connect
 from consumers.runtime.runner_base import Stats
@@ -100,10 +100,7 @@ def fresh_subscription(env: BenchEnv, slug: str) -> None:
         f"rh:{s.env}:{{audit}}:{slug}",
         f"rh:{s.env}:{slug}:*",
     )
-    for pattern in patterns:
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
+    delete_keys(client, *patterns)
     admin = admin_client(s.kafka_config())
     for future in admin.delete_consumer_groups([group_id(slug, s.env)]).values():
         try:
@@ -111,6 +108,20 @@ def fresh_subscription(env: BenchEnv, slug: str) -> None:
         except KafkaException as exc:
             if "GROUP_ID_NOT_FOUND" not in str(exc):
                 raise
+
+
+def redis_bytes(env: BenchEnv, pattern: str) -> int:
+    """``MEMORY USAGE key SAMPLES 0`` summed over the keys matching ``pattern``, asked 1,000 keys
+    a round trip (the ledger's claims are tens of thousands of small hashes)."""
+    client = connect(env.settings.redis_url, timeout=5)
+    keys = list(client.scan_iter(match=pattern, count=10_000))
+    total = 0
+    for start in range(0, len(keys), 1000):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[start : start + 1000]:
+            pipe.memory_usage(key, samples=0)
+        total += sum(used or 0 for used in pipe.execute())
+    return total
 
 
 @dataclass(frozen=True)
@@ -151,11 +162,7 @@ def raw_consume(env: BenchEnv) -> list[Row]:
 @case("ledger", setup=subscription_setup("ledger"))
 def ledger(env: BenchEnv) -> list[Row]:
     run = consume(env, "ledger")
-    client = connect(env.settings.redis_url, timeout=5)
-    claim_bytes = sum(
-        client.memory_usage(key, samples=0) or 0
-        for key in client.scan_iter(match=f"rh:{env.settings.env}:{{ledger|*}}:claims*", count=1000)
-    )
+    claim_bytes = redis_bytes(env, f"rh:{env.settings.env}:{{ledger|*}}:claims*")
     claimed = run.stats.applied
     return [
         rate("ledger", run.stats.records, run.seconds, "events/s", vs="raw-consume"),

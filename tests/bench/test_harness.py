@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 
 from bench.harness import (
+    CASES,
     ROW_ORDER,
     aggregate,
     last_error,
+    load_cases,
     order_key,
+    planned_runs,
     report,
     spread_pct,
     table,
@@ -59,6 +62,27 @@ def test_a_row_is_the_median_of_its_rounds_with_its_spread_and_ratio() -> None:
     assert rows["projector"]["rounds"] == [30_000, 20_000, 25_000]
     assert rows["rss-mb"]["value"] == 95
     assert "projector" in rows["rss-mb"]["note"]
+
+
+def test_scale_projects_is_the_ratio_of_its_two_rows_round_by_round() -> None:
+    results = [
+        _result("projector", 1, 90, ("projector", 10_000, "raw-consume")),
+        _result("scale", 1, 90, ("scale-100k", 8_000, "projector")),
+        _result("projector", 2, 90, ("projector", 5_000, "raw-consume")),
+        _result("scale", 2, 90, ("scale-100k", 4_500, "projector")),
+        _result("projector", 3, 90, ("projector", 20_000, "raw-consume")),  # scale failed here
+    ]
+    rows = _by_name(aggregate(results))
+    assert rows["scale-projects"]["rounds"] == [0.8, 0.9]  # rounds 1 and 2, not medians
+    assert rows["scale-projects"]["value"] == pytest.approx(0.85)
+    assert rows["scale-projects"]["spread"] == pytest.approx(0.05 / 0.85 * 100)
+    assert "scale-projects" not in _by_name(aggregate(results[:1] + results[2:3]))
+
+
+def test_a_once_case_runs_in_the_first_round_only() -> None:
+    load_cases()
+    assert CASES["scale-rss"].once and not CASES["projector"].once
+    assert planned_runs(["projector", "scale-rss"], 3) == 4
 
 
 def test_rss_mb_is_the_largest_of_rhumbatrons_own_processes() -> None:
