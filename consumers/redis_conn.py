@@ -8,8 +8,10 @@ runtime's loops do not use it: their retry policy takes redis-py's errors as the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -20,6 +22,50 @@ from streams.errors import ServerRefused, Unreachable
 # A connection idle this long is pinged before it is used again, so one a server restart
 # dropped is replaced instead of failing the next command.
 HEALTH_CHECK_INTERVAL_S = 30
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script by its text and SHA1, run with :func:`run_script_calls`."""
+
+    text: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
+
+
+def run_script_calls(
+    client: redis.Redis[bytes],
+    script: Script,
+    calls: Sequence[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]],
+) -> list[Any]:
+    """Run ``script`` once per (keys, args) of ``calls``, all in one pipeline (one round trip,
+    no transaction: each call is atomic on its own, and may keep its own hash slot); answers in
+    order. A script Redis does not know (its cache flushed, or Redis restarted) is loaded and
+    the calls it refused, which ran nothing, are sent again. redis-py's own ``Script`` in a
+    pipeline asks ``SCRIPT EXISTS`` first on every execute: a second round trip each time."""
+    answers: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            keys, args = calls[i]
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = pipe.execute(raise_on_error=False)
+        again: list[int] = []
+        for i, result in zip(todo, results, strict=True):
+            if isinstance(result, redis.exceptions.NoScriptError) and attempt == 0:
+                again.append(i)
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                answers[i] = result
+        if not again:
+            break
+        client.script_load(script.text)
+        todo = again
+    return answers
 
 
 def address_of(url: str) -> str:

@@ -26,7 +26,6 @@ sets (until they expire), writes go to the hashes only.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import zlib
@@ -36,6 +35,7 @@ import msgpack  # type: ignore[import-untyped]
 import orjson
 import redis
 
+from consumers.redis_conn import Script, run_script_calls
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
@@ -463,12 +463,9 @@ class RedisStore:
         self.claim_buckets = claim_buckets
         self.days = math.ceil(claim_ttl_ms / DAY_MS) + 1
         self._scripts = {
-            name: (text, hashlib.sha1(text.encode()).hexdigest())
-            for name, text in (
-                ("decisions", _DECISIONS),
-                ("commit", _COMMIT),
-                ("replace", _REPLACE_FOLD),
-            )
+            "decisions": Script(_DECISIONS),
+            "commit": Script(_COMMIT),
+            "replace": Script(_REPLACE_FOLD),
         }
         self._clear = client.register_script(_CLEAR_PENDING)
 
@@ -503,30 +500,12 @@ class RedisStore:
     # -- scripts in a pipeline -----------------------------------------------------------------
     def _run_all(self, name: str, calls: Sequence[tuple[str, bytes]]) -> list[object]:
         """One script per (partition prefix, packed argument), all in one pipeline; answers in
-        order. A script Redis does not know (its cache flushed, or Redis restarted) is loaded
-        and the calls it refused, which ran nothing, sent again."""
-        text, sha = self._scripts[name]
-        answers: list[object] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            for i in todo:
-                prefix, packed = calls[i]
-                pipe.evalsha(sha, 1, prefix + "progress", packed, prefix)
-            results = pipe.execute(raise_on_error=False)
-            again: list[int] = []
-            for i, result in zip(todo, results, strict=True):
-                if isinstance(result, redis.exceptions.NoScriptError) and attempt == 0:
-                    again.append(i)
-                elif isinstance(result, Exception):
-                    raise result
-                else:
-                    answers[i] = result
-            if not again:
-                break
-            self.client.script_load(text)
-            todo = again
-        return answers
+        order (see run_script_calls)."""
+        return run_script_calls(
+            self.client,
+            self._scripts[name],
+            [([prefix + "progress"], [packed, prefix]) for prefix, packed in calls],
+        )
 
     # -- Store ---------------------------------------------------------------------------------
     def acquire(self, tp: TP) -> int:

@@ -96,6 +96,23 @@ class CommandBudgetContract:
         assert budget.admit("a", "b|c", DAY, "cmd_b")
         assert budget.admit("a|b|c", None, DAY, "cmd_c")
 
+    def test_admit_all_answers_as_one_admit_after_another(self) -> None:
+        # One event's commands: two of one change (the second past its cap of 2, with an id
+        # already admitted beside it), one of another, one with no change.
+        budget = self.make_budget(2)
+        assert budget.admit("p", "c1", DAY, "cmd_a")
+        wanted = [
+            ("c1", "cmd_b"),
+            ("c1", "cmd_c"),
+            ("c2", "cmd_d"),
+            (None, "cmd_e"),
+            ("c1", "cmd_a"),
+        ]
+        assert budget.admit_all("p", DAY, wanted) == [True, False, True, True, True]
+        assert budget.admit_all("p", DAY, []) == []
+        assert not budget.admit("p", "c1", DAY, "cmd_f")
+        assert budget.admit("p", "c2", DAY, "cmd_d")  # admitted once, as by admit
+
     def test_two_routers_share_one_budget(self) -> None:
         one, two = self.make_budget(2), self.make_budget(2)
         assert one.admit("p", "c1", DAY, "cmd_a")

@@ -20,9 +20,12 @@ processes sharing Redis).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Protocol
 
 import redis
+
+from consumers.redis_conn import Script, run_script_calls
 
 _ADMIT = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
@@ -41,6 +44,12 @@ class DailyCounter(Protocol):
 class CommandBudget(Protocol):
     def admit(self, project_id: str, change_id: str | None, day: str, command_id: str) -> bool:
         """May this command be sent? True for an id already admitted for this change and day."""
+
+    def admit_all(
+        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
+    ) -> list[bool]:
+        """``admit`` for each (change id, command id) of one event's commands, in order: the
+        same answers as one call each, in one round trip."""
 
 
 def _namespace(env: str) -> str:
@@ -68,15 +77,26 @@ class RedisCommandBudget:
         self.prefix = _namespace(env) + "commands:"
         self.cap = cap
         self.ttl_s = ttl_s
-        self._admit = client.register_script(_ADMIT)
+        self._admit = Script(_ADMIT)
 
     def key(self, project_id: str, change_id: str | None, day: str) -> str:
         # Length-prefixed, so no (project, change) pair can spell another's key.
         return f"{self.prefix}{day}:{len(project_id)}:{project_id}|{change_id or ''}"
 
     def admit(self, project_id: str, change_id: str | None, day: str, command_id: str) -> bool:
-        key = self.key(project_id, change_id, day)
-        return bool(self._admit(keys=[key], args=[command_id, self.cap, self.ttl_s]))
+        return self.admit_all(project_id, day, [(change_id, command_id)])[0]
+
+    def admit_all(
+        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
+    ) -> list[bool]:
+        # One call of the script per command, all in one round trip, not one script over every
+        # key: each change's set keeps its own key (and hash slot), and the answers are the same
+        # as one call after another.
+        calls: list[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]] = [
+            ([self.key(project_id, change_id, day)], [command_id, self.cap, self.ttl_s])
+            for change_id, command_id in commands
+        ]
+        return [bool(ok) for ok in run_script_calls(self.client, self._admit, calls)]
 
     def used(self, project_id: str, change_id: str | None, day: str) -> int:
         return int(self.client.scard(self.key(project_id, change_id, day)))
@@ -108,3 +128,8 @@ class MemoryCommandBudget:
                 return False
             ids.add(command_id)
             return True
+
+    def admit_all(
+        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
+    ) -> list[bool]:
+        return [self.admit(project_id, change, day, command) for change, command in commands]

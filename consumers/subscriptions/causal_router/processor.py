@@ -291,9 +291,17 @@ class CausalRouter(BaseProcessor):
     ) -> list[OutRecord]:
         day = now.strftime("%Y-%m-%d")
         records: list[OutRecord] = []
-        for p in planned:
-            command_id = rule_command_id(event.event_id, p.command_type, p.target, cursor_revision)
-            if not self.budget.admit(event.project_id, p.change_id, day, command_id):
+        ids = [
+            rule_command_id(event.event_id, p.command_type, p.target, cursor_revision)
+            for p in planned
+        ]
+        admitted = self.budget.admit_all(
+            event.project_id,
+            day,
+            [(p.change_id, command_id) for p, command_id in zip(planned, ids, strict=True)],
+        )
+        for p, command_id, ok in zip(planned, ids, admitted, strict=True):
+            if not ok:
                 self.stats.capped[p.command_type] += 1
                 ops.append(_metric(f"commands_capped:{p.command_type}"))
                 log.warning(

@@ -67,3 +67,15 @@ class TestRedisCommandBudget(RedisEnvironment, CommandBudgetContract):
         assert budget.used("p", "c1", DAY) == 3
         assert budget.used("p", "c2", DAY) == 0
         assert 0 < budget.client.ttl(budget.key("p", "c1", DAY)) <= 3600
+
+    def test_the_budget_outlives_a_flushed_script_cache(self) -> None:
+        # As after a restart of Redis: the script is loaded again, nothing is counted twice.
+        budget = RedisCommandBudget(self.client(), env=self.settings.env, cap=2, ttl_s=3600)
+        assert budget.admit("p", "c1", DAY, "cmd_a")
+        budget.client.script_flush()
+        assert budget.admit_all("p", DAY, [("c1", "cmd_a"), ("c1", "cmd_b"), ("c1", "cmd_c")]) == [
+            True,
+            True,
+            False,
+        ]
+        assert budget.used("p", "c1", DAY) == 2
