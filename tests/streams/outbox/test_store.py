@@ -97,6 +97,37 @@ def test_missing_and_foreign_files_are_refused(tmp_path: Path) -> None:
         SqliteOutbox(tmp_path / "x.db", options=options, create=False)
 
 
+def test_a_sqlite_writer_waits_for_the_write_lock_and_names_it_when_it_gives_up(
+    tmp_path: Path,
+) -> None:
+    from streams.outbox.sqlite import SqliteOutbox
+
+    store = sqlite_outbox(tmp_path / "o.db")  # waits up to 30 s
+    impatient = SqliteOutbox(
+        tmp_path / "o.db",
+        options=dataclasses.replace(store.options, busy_timeout_s=0.2),
+        create=False,
+    )
+    holder = sqlite3.connect(tmp_path / "o.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's writer, mid-transaction
+    with (
+        pytest.raises(OutboxError, match=r"write waited 0\.2s for the database lock"),
+        impatient.transaction() as unit,
+    ):
+        unit.append("proj-a", drafts("proj-a", 1), tenant_id="t")
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    with store.transaction() as unit:  # waits for the holder, then writes
+        unit.append("proj-a", drafts("proj-a", 2), tenant_id="t")
+    release.join()
+    assert store.counts()[RowState.PENDING] == 2
+    # Reads and commits still wait through SQLite's own handler, for the same time.
+    assert store._conn().execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    for outbox in (store, impatient):
+        outbox.close()
+    holder.close()
+
+
 def test_a_second_publisher_is_refused_with_the_holder_named(
     outbox_backend: OutboxBackend,
 ) -> None:
