@@ -3,7 +3,7 @@
 
 The first round fills one outbox of each backend for the run (untimed, in a forked process so
 the workload does not count in the case's peak RSS), writing the workload through the outbox with
-the settings' concurrent writers; every round publishes a copy of it. The timed part is
+the settings' concurrent writers, 100 events a transaction; every round publishes a copy of it. The timed part is
 ``publish --until-empty``: reading the rows, sending them in order, waiting for every
 acknowledgement and marking the rows published. The rows go to an environment of the run's own
 (so the shared streams hold the workload once).
@@ -34,6 +34,9 @@ from router.settings import Settings
 from router.wiring.outbox import build_publisher, init_postgres_outbox, open_outbox
 from streams.workload import workload, write_workload
 
+# Events a writer transaction appends while the bench fills an outbox (untimed setup): the
+# product's 5 (produce_events_per_write) made filling 500,000 rows take minutes a backend.
+FILL_EVENTS_PER_WRITE = 100
 PASSWORD_FILE = Path(__file__).resolve().parent.parent / ".local" / "postgres" / "password"
 
 
@@ -55,7 +58,7 @@ def _fill(settings: Settings, address: str, size: int) -> None:
             store,
             workload(settings.env, PROJECTS, size),
             writers=settings.produce_writers,
-            events_per_write=settings.produce_events_per_write,
+            events_per_write=FILL_EVENTS_PER_WRITE,
         )
     finally:
         store.close()
