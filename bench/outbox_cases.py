@@ -3,10 +3,10 @@
 
 The first round fills one outbox of each backend for the run (untimed, in a forked process so
 the workload does not count in the case's peak RSS), writing the workload through the outbox with
-the settings' concurrent writers, 100 events a transaction; every round publishes a copy of it. The timed part is
-``publish --until-empty``: reading the rows, sending them in order, waiting for every
-acknowledgement and marking the rows published. The rows go to an environment of the run's own
-(so the shared streams hold the workload once).
+the settings' concurrent writers, 100 events a transaction; every round publishes a copy of it.
+The timed part is ``publish --until-empty``: reading the rows, sending them in order, waiting
+for every acknowledgement and marking the rows published. The rows go to an environment of the
+run's own (so the shared streams hold the workload once).
 
 PostgreSQL is the server infra/local.sh runs (its password in ``.local/postgres/password``), or
 ``RHUMBATRON_BENCH_POSTGRES_URL``; each round works in a schema of its own, dropped afterwards
