@@ -48,7 +48,11 @@ def settings_factory(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
             router_outbox_path=str(tmp_path / "router-outbox.sqlite"),
             session_timeout_ms=6000,
             transaction_timeout_ms=8000,
-            producer_lease_ttl_s=6,
+            # Longer than a transactional call may block behind a killed worker's open
+            # transaction: up to its transaction_timeout_ms (8 s) and the broker's 10 s sweep
+            # for timed-out transactions. At 6 s a restarted worker's lease expired while its
+            # offsets waited for the zombie's abort.
+            producer_lease_ttl_s=20,
             outbox_poll_interval_s=0.2,
             **overrides,
         )
