@@ -382,7 +382,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
         readmitted: list[int] = []  # dead-lettered offsets applied now through a redelivery
-        deliveries = self._deliveries(part)
+        owner_check = self._owner_check(part)
+        deliveries = self._deliveries(part, owner_check)
         for i, record in enumerate(records):
             event = piece.events[i]
             if event is None:  # done per the cursor, or poison
@@ -462,6 +463,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 self.stats.redelivered += 1
                 readmitted.append(delivery.offset)
         self.stats.applied += len(claims)
+        if out:
+            out = proc.finish_batch(out, ops, owner_check)
 
         # The new cursor: contiguous over done stream records; done ones past a hold-back are
         # remembered in applied_beyond. Redelivered records advance only the redelivery cursor.
@@ -660,11 +663,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
 
         return check
 
-    def _deliveries(self, part: PartitionState) -> Callable[[Record, bool], Delivery]:
-        """What ``process`` learns of each record of one partition batch (the partition's end,
-        revision and ownership check read once for the batch)."""
+    def _deliveries(
+        self, part: PartitionState, owner_check: Callable[[], None]
+    ) -> Callable[[Record, bool], Delivery]:
+        """What ``process`` learns of each record of one partition batch (the partition's end
+        and revision read once for the batch, and the batch's ownership check)."""
         high = self.transport.high_watermark(part.tp)
-        owner_check = self._owner_check(part)
         tp, live_from, revision = part.tp, part.live_from, part.progress.cursor_revision
 
         def delivery(record: Record, redelivered: bool) -> Delivery:

@@ -155,6 +155,10 @@ class Processor(Protocol):
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects: ...
 
+    def finish_batch(
+        self, records: list[OutRecord], ops: list[RedisOp], check_owner: Callable[[], None]
+    ) -> list[OutRecord]: ...
+
 
 class BaseProcessor:
     """Defaults: no fold, every event type."""
@@ -169,6 +173,18 @@ class BaseProcessor:
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         return NO_EFFECTS
+
+    def finish_batch(
+        self, records: list[OutRecord], ops: list[RedisOp], check_owner: Callable[[], None]
+    ) -> list[OutRecord]:
+        """Once per partition batch, after the last ``process`` and before the commit, with the
+        records of the batch's applied events in order: the records to send. A processor may
+        decide there, in one round trip for the whole batch, which of them exist (the causal
+        router's daily command cap), dropping the others and adding Redis ops to ``ops`` (the
+        batch's, committed with it). ``check_owner`` is the batch's ownership check, to call
+        before a write of its own. Raising fails the poll, not an event: the batch comes again
+        and must be decided the same way."""
+        return records
 
 
 @dataclass

@@ -97,19 +97,22 @@ class CommandBudgetContract:
         assert budget.admit("a|b|c", None, DAY, "cmd_c")
 
     def test_admit_all_answers_as_one_admit_after_another(self) -> None:
-        # One event's commands: two of one change (the second past its cap of 2, with an id
-        # already admitted beside it), one of another, one with no change.
+        # A batch's commands: two of one change (the second past its cap of 2, with an id
+        # already admitted beside it), one of another, one with no change, one of another
+        # project and one of the next day (their own caps).
         budget = self.make_budget(2)
         assert budget.admit("p", "c1", DAY, "cmd_a")
         wanted = [
-            ("c1", "cmd_b"),
-            ("c1", "cmd_c"),
-            ("c2", "cmd_d"),
-            (None, "cmd_e"),
-            ("c1", "cmd_a"),
+            ("p", "c1", DAY, "cmd_b"),
+            ("p", "c1", DAY, "cmd_c"),
+            ("p", "c2", DAY, "cmd_d"),
+            ("p", None, DAY, "cmd_e"),
+            ("q", "c1", DAY, "cmd_c"),
+            ("p", "c1", "2026-03-03", "cmd_c"),
+            ("p", "c1", DAY, "cmd_a"),
         ]
-        assert budget.admit_all("p", DAY, wanted) == [True, False, True, True, True]
-        assert budget.admit_all("p", DAY, []) == []
+        assert budget.admit_all(wanted) == [True, False, True, True, True, True, True]
+        assert budget.admit_all([]) == []
         assert not budget.admit("p", "c1", DAY, "cmd_f")
         assert budget.admit("p", "c2", DAY, "cmd_d")  # admitted once, as by admit
 

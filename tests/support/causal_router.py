@@ -142,7 +142,8 @@ def delivery(offset: int = 0, revision: int = 0) -> Delivery:
 
 
 class Driver:
-    """Folds and processes events in order as the runtime would (no transport, no claims)."""
+    """Folds and processes events in order as the runtime would (no transport, no claims), each
+    event a batch of its own."""
 
     def __init__(self, router: CausalRouter, *, revision: int = 0) -> None:
         self.router = router
@@ -158,7 +159,12 @@ class Driver:
             if self.router.consumes is not None and event.event_type not in self.router.consumes:
                 continue
             state = self.router.reduce(self.states.get(event.project_id), event)
-            effects = self.router.process(event, state, delivery(self.offset, self.revision))
+            given = delivery(self.offset, self.revision)
+            effects = self.router.process(event, state, given)
+            # Each event a batch of its own: its commands are admitted right after it.
+            effects.records = self.router.finish_batch(
+                effects.records, effects.redis, given.check_owner
+            )
             self.states[event.project_id] = state
             self.effects.append(effects)
             out.extend(decode_command(r.value, max_bytes=MAX_BYTES) for r in effects.records)

@@ -8,8 +8,9 @@
   the same ids, and they are not counted twice); a new id is admitted while the set holds fewer
   than ``cap``. Commands with no change (``index.build`` for a project) count under the project.
 
-Both are called by ``process`` directly, not as Redis effects of the batch: they must be shared
-*before* the batch commits, across processes. So a batch that fails after deciding has counted
+Both are asked outside the runtime's fenced commit, not as Redis effects of the batch: they must
+be shared *before* the batch commits, across processes (the classifier's count by ``process``, the
+commands of a partition batch all at once by the router's ``finish_batch``). So a batch that fails after deciding has counted
 already; if its retry decides differently (a classifier answered otherwise), the first decision's
 count stays. The caps can only run high, never low.
 
@@ -36,6 +37,9 @@ return 1
 """
 
 
+Admission = tuple[str, str | None, str, str]  # (project id, change id, day, command id)
+
+
 class DailyCounter(Protocol):
     def incr(self, name: str) -> int:
         """Add one to the counter ``name`` and return its new value."""
@@ -45,11 +49,9 @@ class CommandBudget(Protocol):
     def admit(self, project_id: str, change_id: str | None, day: str, command_id: str) -> bool:
         """May this command be sent? True for an id already admitted for this change and day."""
 
-    def admit_all(
-        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
-    ) -> list[bool]:
-        """``admit`` for each (change id, command id) of one event's commands, in order: the
-        same answers as one call each, in one round trip."""
+    def admit_all(self, commands: Sequence[Admission]) -> list[bool]:
+        """``admit`` for each (project id, change id, day, command id), in order: the same
+        answers as one call each, in one round trip."""
 
 
 def _namespace(env: str) -> str:
@@ -84,17 +86,15 @@ class RedisCommandBudget:
         return f"{self.prefix}{day}:{len(project_id)}:{project_id}|{change_id or ''}"
 
     def admit(self, project_id: str, change_id: str | None, day: str, command_id: str) -> bool:
-        return self.admit_all(project_id, day, [(change_id, command_id)])[0]
+        return self.admit_all([(project_id, change_id, day, command_id)])[0]
 
-    def admit_all(
-        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
-    ) -> list[bool]:
+    def admit_all(self, commands: Sequence[Admission]) -> list[bool]:
         # One call of the script per command, all in one round trip, not one script over every
         # key: each change's set keeps its own key (and hash slot), and the answers are the same
         # as one call after another.
         calls: list[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]] = [
             ([self.key(project_id, change_id, day)], [command_id, self.cap, self.ttl_s])
-            for change_id, command_id in commands
+            for project_id, change_id, day, command_id in commands
         ]
         return [bool(ok) for ok in run_script_calls(self.client, self._admit, calls)]
 
@@ -129,7 +129,5 @@ class MemoryCommandBudget:
             ids.add(command_id)
             return True
 
-    def admit_all(
-        self, project_id: str, day: str, commands: Sequence[tuple[str | None, str]]
-    ) -> list[bool]:
-        return [self.admit(project_id, change, day, command) for change, command in commands]
+    def admit_all(self, commands: Sequence[Admission]) -> list[bool]:
+        return [self.admit(*admission) for admission in commands]

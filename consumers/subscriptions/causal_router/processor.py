@@ -17,9 +17,11 @@ active agents, candidates and generation. ``process`` applies the rules, determi
 One ``change.dispatch`` per task (target = the task), so the integration worker learns exactly
 which task to start and why (``dependencies-completed`` or ``agent-slot-freed``).
 
-Every command passes the per-change daily budget (:mod:`~consumers.subscriptions.causal_router.budget`);
-one over the cap is not sent: it is counted (``commands_capped:<type>`` in the router's metrics
-hash, an exact Redis effect of the batch) and logged with its change id. Commands are Kafka
+Every command passes the per-change daily budget (:mod:`~consumers.subscriptions.causal_router.budget`),
+asked once per partition batch for all of the batch's commands, in their order (``finish_batch``,
+after the batch's last ``process``: one round trip, the same answers as one admission after
+another); one over the cap is not sent: it is counted (``commands_capped:<type>`` in the router's
+metrics hash, an exact Redis effect of the batch) and logged with its change id. Commands are Kafka
 effects: records and consumed offsets commit in one transaction, after their pending copy, the
 fold and the claims committed in Redis (docs/guarantees.md), so commands, offsets and fold agree
 across any crash.
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -103,6 +105,16 @@ class RouterConfig:
     limits: FoldLimits
 
 
+@dataclass(frozen=True, slots=True)
+class _Unadmitted:
+    """A command ``process`` made, waiting for the batch's admission (``finish_batch``)."""
+
+    project_id: str
+    change_id: str | None
+    day: str
+    command_type: str
+
+
 @dataclass
 class RouterStats:
     """This process's figures (the exact, cross-process ones are in the metrics hash)."""
@@ -148,6 +160,8 @@ class CausalRouter(BaseProcessor):
         self.outbox = outbox
         self.clock = clock
         self.stats = RouterStats()
+        # This partition batch's commands by command id (the record id), until finish_batch.
+        self._unadmitted: dict[str, _Unadmitted] = {}
 
     def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         return fold_event(state, event, self.config.limits)
@@ -155,21 +169,21 @@ class CausalRouter(BaseProcessor):
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         if state is None:
             raise ValueError(f"{SLUG}: no fold for {event.event_id}; reduce must run first")
-        # The classifier's daily count, the per-change command cap and the outbox are written
-        # here, outside the runtime's fenced commit: a process that lost the partition must
-        # not count or write, so ownership is checked right before each (one Redis read, only
-        # for events that can do any of it).
+        # The classifier's daily count and the outbox are written here, outside the runtime's
+        # fenced commit: a process that lost the partition must not count or write, so
+        # ownership is checked right before each (one Redis read, only for events that can do
+        # either). The command cap is counted by finish_batch, which checks it again.
         declaring = event.event_type in DECLARING
         if declaring:
             delivery.check_owner()
         ops: list[RedisOp] = []
         planned = list(self._plan(event, state, ops))
         drafts = self._stale_drafts(event, state)
-        if (planned or drafts) and not declaring:
+        if drafts and not declaring:
             delivery.check_owner()
         # Most events plan no command: the clock and the day are read only for those that do.
         records = (
-            self._admitted(event, planned, self.clock.now(), ops, delivery.cursor_revision)
+            self._commands(event, planned, self.clock.now(), delivery.cursor_revision)
             if planned
             else []
         )
@@ -281,41 +295,13 @@ class CausalRouter(BaseProcessor):
                 )
 
     # -- budget, commands, events ----------------------------------------------------------------
-    def _admitted(
-        self,
-        event: Event,
-        planned: list[Planned],
-        now: datetime,
-        ops: list[RedisOp],
-        cursor_revision: int,
+    def _commands(
+        self, event: Event, planned: list[Planned], now: datetime, cursor_revision: int
     ) -> list[OutRecord]:
         day = now.strftime("%Y-%m-%d")
         records: list[OutRecord] = []
-        ids = [
-            rule_command_id(event.event_id, p.command_type, p.target, cursor_revision)
-            for p in planned
-        ]
-        admitted = self.budget.admit_all(
-            event.project_id,
-            day,
-            [(p.change_id, command_id) for p, command_id in zip(planned, ids, strict=True)],
-        )
-        for p, command_id, ok in zip(planned, ids, admitted, strict=True):
-            if not ok:
-                self.stats.capped[p.command_type] += 1
-                ops.append(_metric(f"commands_capped:{p.command_type}"))
-                log.warning(
-                    "%s: %s %s for change %s of project %s not sent: %d commands per change per "
-                    "day reached on %s (commands_per_change_per_day)",
-                    SLUG,
-                    p.command_type,
-                    command_id,
-                    p.change_id or "(none)",
-                    event.project_id,
-                    self.config.commands_per_change_per_day,
-                    day,
-                )
-                continue
+        for p in planned:
+            command_id = rule_command_id(event.event_id, p.command_type, p.target, cursor_revision)
             command = make_command(
                 command_id=command_id,
                 command_type=p.command_type,
@@ -331,9 +317,47 @@ class CausalRouter(BaseProcessor):
                     command, env=self.config.env, max_bytes=self.config.max_envelope_bytes
                 )
             )
-            self.stats.sent[p.command_type] += 1
-            ops.append(_metric(f"commands_sent:{p.command_type}"))
+            self._unadmitted[command_id] = _Unadmitted(
+                event.project_id, p.change_id, day, p.command_type
+            )
         return records
+
+    def finish_batch(
+        self, records: list[OutRecord], ops: list[RedisOp], check_owner: Callable[[], None]
+    ) -> list[OutRecord]:
+        """The batch's commands past the daily cap, admitted in one round trip in the batch's
+        order; the others are counted and logged, not sent."""
+        unadmitted, self._unadmitted = self._unadmitted, {}
+        asked = [
+            (r.record_id, unadmitted[r.record_id]) for r in records if r.record_id in unadmitted
+        ]
+        if not asked:
+            return records
+        check_owner()  # the cap is shared: a process that lost the partition must not count
+        answers = self.budget.admit_all(
+            [(u.project_id, u.change_id, u.day, command_id) for command_id, u in asked]
+        )
+        refused: set[str] = set()
+        for (command_id, u), ok in zip(asked, answers, strict=True):
+            if ok:
+                self.stats.sent[u.command_type] += 1
+                ops.append(_metric(f"commands_sent:{u.command_type}"))
+                continue
+            refused.add(command_id)
+            self.stats.capped[u.command_type] += 1
+            ops.append(_metric(f"commands_capped:{u.command_type}"))
+            log.warning(
+                "%s: %s %s for change %s of project %s not sent: %d commands per change per "
+                "day reached on %s (commands_per_change_per_day)",
+                SLUG,
+                u.command_type,
+                command_id,
+                u.change_id or "(none)",
+                u.project_id,
+                self.config.commands_per_change_per_day,
+                u.day,
+            )
+        return [r for r in records if r.record_id not in refused] if refused else records
 
     def _stale_drafts(self, event: Event, state: JSON) -> list[Draft]:
         if event.event_type != "canonical.advanced":

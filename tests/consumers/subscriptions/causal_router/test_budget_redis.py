@@ -73,7 +73,8 @@ class TestRedisCommandBudget(RedisEnvironment, CommandBudgetContract):
         budget = RedisCommandBudget(self.client(), env=self.settings.env, cap=2, ttl_s=3600)
         assert budget.admit("p", "c1", DAY, "cmd_a")
         budget.client.script_flush()
-        assert budget.admit_all("p", DAY, [("c1", "cmd_a"), ("c1", "cmd_b"), ("c1", "cmd_c")]) == [
+        wanted = [("p", "c1", DAY, f"cmd_{n}") for n in "abc"]
+        assert budget.admit_all(wanted) == [
             True,
             True,
             False,

@@ -201,3 +201,63 @@ def test_a_zombie_router_neither_counts_caps_nor_writes_its_outbox(tmp_path: Pat
     assert zombie_router.stats.stale_written == 0, "a zombie wrote to its outbox"
     assert budget.admitted == {}, "a zombie counted against the daily cap"
     assert _stale_events(tmp_path / "zombie") == []
+
+
+CAP = 5  # commands per change per day: each project's change plans 19, so 14 are capped
+
+
+def _capped_setup(tmp_path: Path) -> tuple[World, CausalRouter]:
+    world, _, _ = _setup(tmp_path)
+    router = make_router(
+        open_test_outbox(tmp_path / "outbox.sqlite"),
+        clock=world.clock,
+        commands_per_change_per_day=CAP,
+    )
+    return world, router
+
+
+@pytest.fixture(scope="module")
+def capped_reference(tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
+    """The commands sent when every event is a batch of its own: admitted one after another."""
+    world, router = _capped_setup(tmp_path_factory.mktemp("capped"))
+    world.drain(world.runner(router, cuts=cuts_from([1] * 1000)))
+    return _queued(world)
+
+
+@pytest.mark.parametrize("boundary", [None, *BOUNDARIES])
+def test_a_batch_admits_its_commands_as_one_event_after_another_across_a_crash(
+    tmp_path: Path,
+    reference: tuple[Counter[str], dict, list[str]],  # type: ignore[type-arg]
+    capped_reference: Counter[str],
+    boundary: str | None,
+) -> None:
+    # A batch's commands are admitted together after its last event (finish_batch): the cap
+    # must send exactly the commands that admitting them one event at a time sends, whatever
+    # the batches and wherever a process dies.
+    assert len(capped_reference) < len(reference[0]), "the cap refuses nothing here"
+    world, router = _capped_setup(tmp_path)
+    hits = {"n": 0}
+
+    def crash(name: str) -> None:
+        if name == boundary:
+            hits["n"] += 1
+            if hits["n"] == 2:
+                raise Crash(name)
+
+    try:
+        world.drain(world.runner(router, cuts=cuts_from([40] * 1000), failpoint=crash))
+    except Crash:
+        restarted = make_router(
+            open_test_outbox(tmp_path / "outbox.sqlite"), clock=world.clock, budget=router.budget
+        )
+        world.drain(world.runner(restarted, cuts=cuts_from([13] * 1000)))
+    assert (boundary is None) == (hits["n"] < 2)
+    queued = _queued(world)
+    assert [i for i, n in queued.items() if n > 1] == [], "a command id appears twice"
+    assert queued == capped_reference
+    per_change = Counter(
+        decode_command(r.value, max_bytes=1 << 20).change_id
+        for q in queues(ENV)
+        for r in world.log.all(q)
+    )
+    assert max(per_change.values()) == CAP
