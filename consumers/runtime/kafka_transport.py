@@ -55,6 +55,7 @@ class KafkaTransport:
         protocol: str,
         session_timeout_ms: int,
         max_poll_interval_ms: int = 300_000,
+        prefetch_kbytes: int | None = None,
     ) -> None:
         self.group_id = group_id
         self._bootstrap = bootstrap_of(base)
@@ -64,6 +65,9 @@ class KafkaTransport:
             "max.poll.interval.ms": max_poll_interval_ms,
             "enable.partition.eof": True,
         }
+        if prefetch_kbytes is not None:
+            # What librdkafka fetches ahead of the polls, per consumer (its default is 64 MB).
+            extra["queued.max.messages.kbytes"] = prefetch_kbytes
         self.consumer = confluent_kafka.Consumer(
             client_config(
                 base,

@@ -217,6 +217,7 @@ def open_subscription(
         protocol=settings.group_protocol,
         session_timeout_ms=settings.session_timeout_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
+        prefetch_kbytes=settings.consumer_prefetch_kbytes,
     )
     runner = Runner(
         processor,
