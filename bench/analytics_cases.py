@@ -4,14 +4,14 @@ metric points, written to the points topic in its transactions."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_setup
+from bench.runtime_cases import consume, subscription_case
 
 SLUG = "analytics-projector"
 
 
-@case("analytics", setup=subscription_setup(SLUG))
+@subscription_case("analytics", SLUG)
 def analytics(env: BenchEnv) -> list[Row]:
     run = consume(env, SLUG)
     return [

@@ -7,16 +7,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_setup
+from bench.runtime_cases import consume, subscription_case
 from router.settings import Settings
 from router.wiring.archive import count_parts
 
 SLUG = "audit-archiver"
 
 
-@case("archiver", setup=subscription_setup(SLUG))
+@subscription_case("archiver", SLUG)
 def archiver(env: BenchEnv) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="rh-bench-archive-") as tmp:
         s = Settings(**{**env.settings.model_dump(), "archive_dir": tmp})

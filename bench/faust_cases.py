@@ -33,17 +33,18 @@ import redis.asyncio as aioredis
 from faust.streams import Stream
 from faust.types import EventT, StreamT
 
-from bench.harness import BenchEnv, case
-from bench.latency_cases import fresh_settings, remove_environment
+from bench.harness import BenchEnv, case, delete_keys
 from bench.rows import Row, rate
 from bench.scale_cases import publish_apart
+from consumers.redis_conn import connect
 from consumers.runtime.types import JSON, TP, Delivery, Phase, RedisOp
 from consumers.subscriptions.projector.processor import ProjectViewProjector
 from router.settings import Settings
 from streams.envelopes import decode_event
 
 PROJECTS = 500
-FAUST_EVENTS = 200_000  # events of a faust row at most (see _events)
+FAUST_EVENTS = 100_000  # events of a faust row at most (see _events)
+PUBLISHED = "faust-published"  # the marker file in the run's folder
 TAKE = 500
 TAKE_WITHIN_S = 0.05
 RUN_TIMEOUT_S = 1800.0  # a take loop that never reaches its count fails the case
@@ -124,9 +125,9 @@ class ViewWriter:
         await pipe.execute()
 
 
-def _app(s: Settings, datadir: str) -> tuple[faust.App, Any]:
+def _app(s: Settings, datadir: str, app_id: str) -> tuple[faust.App, Any]:
     app = faust.App(
-        f"bench-faust-{s.env}",
+        app_id,
         broker=";".join(f"kafka://{b.strip()}" for b in s.kafka_bootstrap.split(",")),
         store="memory://",
         datadir=datadir,
@@ -147,13 +148,17 @@ def _app(s: Settings, datadir: str) -> tuple[faust.App, Any]:
 
 
 def run_agent(
-    s: Settings, expected: int, handle: Callable[[Sequence[EventT[Any]]], Awaitable[None]] | None
+    s: Settings,
+    app_id: str,
+    expected: int,
+    handle: Callable[[Sequence[EventT[Any]]], Awaitable[None]] | None,
 ) -> Progress:
-    """Run one faust worker whose agent takes ``TAKE`` records at a time and passes each take's
-    events to ``handle`` (None: only count them), until ``expected`` records were taken."""
+    """Run one faust worker (its group ``app_id``) whose agent takes ``TAKE`` records at a time
+    and passes each take's events to ``handle`` (None: only count them), until ``expected``
+    records were taken."""
     progress = Progress(expected)
     with tempfile.TemporaryDirectory(prefix="bench-faust-") as datadir:
-        app, topic = _app(s, datadir)
+        app, topic = _app(s, datadir, app_id)
 
         @app.agent(topic, name="projection")
         async def projection(stream: StreamT[bytes]) -> None:
@@ -196,9 +201,19 @@ def _events(env: BenchEnv) -> int:
 
 
 def _published(env: BenchEnv) -> None:
-    s = fresh_settings(env, "faust")
-    env.scratch["faust"] = s
-    publish_apart(s, PROJECTS, _events(env))
+    """The faust rows' environment (``<run>_faust``), its events published by the first faust
+    case of the run; each case and round reads them in a group of its own."""
+    s = env.scratch["faust"] = Settings(
+        **{**env.settings.model_dump(), "env": f"{env.settings.env}_faust"}
+    )
+    marker = env.run_dir / PUBLISHED
+    if not marker.exists():
+        publish_apart(s, PROJECTS, _events(env))
+        marker.write_text(str(_events(env)))
+
+
+def _app_id(env: BenchEnv, s: Settings, name: str) -> str:
+    return f"bench-{s.env}-{name}-r{env.round}"
 
 
 def _rate(name: str, env: BenchEnv, p: Progress, vs: str, what: str) -> Row:
@@ -247,9 +262,9 @@ def faust_agent(env: BenchEnv) -> list[Row]:
         await views.write(ops)
 
     try:
-        p = run_agent(s, _events(env), project)
+        p = run_agent(s, _app_id(env, s, "agent"), _events(env), project)
     finally:
-        remove_environment(s)
+        delete_keys(connect(s.redis_url, timeout=5), f"rh:{s.env}:faust:*")
     return [
         _rate(
             "faust-agent",
@@ -265,8 +280,5 @@ def faust_agent(env: BenchEnv) -> list[Row]:
 @case("faust-consume", setup=_published)
 def faust_consume(env: BenchEnv) -> list[Row]:
     s: Settings = env.scratch["faust"]
-    try:
-        p = run_agent(s, _events(env), None)
-    finally:
-        remove_environment(s)
+    p = run_agent(s, _app_id(env, s, "consume"), _events(env), None)
     return [_rate("faust-consume", env, p, "raw-consume", "records counted, nothing decoded")]

@@ -67,6 +67,9 @@ class Case:
     fn: Callable[[BenchEnv], list[Row]]
     setup: Callable[[BenchEnv], None] | None
     once: bool = False  # run in round 1 only: what it measures is not a rate (resident memory)
+    # Run after the case, measured or failed (untimed): what it leaves behind removed, so the
+    # cases after it find Redis as small as it was (the run's clean-up removes all at the end).
+    teardown: Callable[[BenchEnv], None] | None = None
 
 
 CASES: dict[str, Case] = {}
@@ -152,10 +155,14 @@ def load_cases() -> None:
 
 
 def case(
-    name: str, *, setup: Callable[[BenchEnv], None] | None = None, once: bool = False
+    name: str,
+    *,
+    setup: Callable[[BenchEnv], None] | None = None,
+    once: bool = False,
+    teardown: Callable[[BenchEnv], None] | None = None,
 ) -> Callable[[Callable[[BenchEnv], list[Row]]], Callable[[BenchEnv], list[Row]]]:
     def register(fn: Callable[[BenchEnv], list[Row]]) -> Callable[[BenchEnv], list[Row]]:
-        CASES[name] = Case(name, fn, setup, once)
+        CASES[name] = Case(name, fn, setup, once, teardown)
         return fn
 
     return register
@@ -170,10 +177,14 @@ def run_one(
     settings = Settings(env=env_name, partitions=PARTITIONS, connect_timeout_s=BROKER_TIMEOUT_S)
     env = BenchEnv(settings=settings, size=size, quick=quick, run_dir=run_dir, round=round_no)
     spec = CASES[name]
-    if spec.setup is not None:
-        spec.setup(env)
-    rows = spec.fn(env)
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    try:
+        if spec.setup is not None:
+            spec.setup(env)
+        rows = spec.fn(env)
+        rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    finally:
+        if spec.teardown is not None:
+            spec.teardown(env)
     return {
         "case": name,
         "round": round_no,

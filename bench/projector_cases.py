@@ -3,16 +3,16 @@ workload, beside ``raw-consume`` of the same records (bench.runtime_cases)."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_setup
+from bench.runtime_cases import consume, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.projector.view import count_views
 
 SLUG = "project-view-projector"
 
 
-@case("projector", setup=subscription_setup(SLUG))
+@subscription_case("projector", SLUG)
 def projector(env: BenchEnv) -> list[Row]:
     run = consume(env, SLUG)
     views = count_views(connect(env.settings.redis_url, timeout=5), env.settings.env)

@@ -3,16 +3,16 @@ beside ``raw-consume`` of the same records (bench.runtime_cases)."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_setup
+from bench.runtime_cases import consume, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.causal_router.processor import read_router_metrics
 
 SLUG = "causal-router"
 
 
-@case("causal-router", setup=subscription_setup(SLUG))
+@subscription_case("causal-router", SLUG)
 def causal_router(env: BenchEnv) -> list[Row]:
     run = consume(env, SLUG)
     metrics = read_router_metrics(connect(env.settings.redis_url, timeout=5), env.settings.env)

@@ -89,10 +89,13 @@ def published(env: BenchEnv) -> None:
 
 
 def fresh_subscription(env: BenchEnv, slug: str) -> None:
-    """The shared workload, and none of ``slug``'s state of an earlier round: its Redis keys and
-    its consumer group deleted."""
+    """The shared workload, and none of ``slug``'s state of an earlier round."""
     published(env)
-    s = env.settings
+    forget_subscription(env.settings, slug)
+
+
+def forget_subscription(s: Settings, slug: str) -> None:
+    """``slug``'s Redis keys and its consumer group in the environment of ``s`` deleted."""
     client = connect(s.redis_url, timeout=5)
     patterns = (
         f"rh:{s.env}:{{{slug}|*",
@@ -143,11 +146,20 @@ def consume(env: BenchEnv, slug: str, settings: Settings | None = None) -> Consu
     return Consumed(time.perf_counter() - started, runner.stats)
 
 
-def subscription_setup(slug: str) -> Callable[[BenchEnv], None]:
+def subscription_case(
+    name: str, slug: str
+) -> Callable[[Callable[[BenchEnv], list[Row]]], Callable[[BenchEnv], list[Row]]]:
+    """A case of one subscription over the shared workload: its state of an earlier round
+    deleted before it, and its state deleted after it (a subscription's run leaves hundreds of
+    thousands of keys: kept, they slowed every later case's Redis by a fifth or more)."""
+
     def setup(env: BenchEnv) -> None:
         fresh_subscription(env, slug)
 
-    return setup
+    def teardown(env: BenchEnv) -> None:
+        forget_subscription(env.settings, slug)
+
+    return case(name, setup=setup, teardown=teardown)
 
 
 @case("raw-consume", setup=published)
@@ -159,7 +171,7 @@ def raw_consume(env: BenchEnv) -> list[Row]:
     return [rate("raw-consume", seen, seconds, "events/s", note="confluent-kafka, no decoding")]
 
 
-@case("ledger", setup=subscription_setup("ledger"))
+@subscription_case("ledger", "ledger")
 def ledger(env: BenchEnv) -> list[Row]:
     run = consume(env, "ledger")
     claim_bytes = redis_bytes(env, f"rh:{env.settings.env}:{{ledger|*}}:claims*")

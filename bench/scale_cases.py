@@ -21,6 +21,7 @@ from pathlib import Path
 from bench.harness import BenchEnv, case
 from bench.latency_cases import fresh_settings, remove_environment, settings_environ
 from bench.rows import Row, rate
+from bench.runtime_cases import forget_subscription
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from router.wiring.subscription import open_subscription
@@ -35,6 +36,7 @@ MANY_PROJECTS = 100_000
 RSS_EARLY = 50_000  # events after which the first RSS sample is taken
 RSS_EVENTS = 1_000_000
 RSS_EVENTS_QUICK = 200_000
+PUBLISHED = "scale-published"  # the marker file in the run's folder
 PUBLISH_CHUNK = 100_000  # events built and sent at a time, so setup's own memory stays bounded
 
 
@@ -112,19 +114,28 @@ def run_projector(
 
 
 def _publish_many_projects(env: BenchEnv) -> None:
-    s = env.scratch["scale"] = fresh_settings(env, "scale")
-    publish_apart(s, MANY_PROJECTS, env.size)
+    """The scale environment (``<run>_scale``), its events published in the run's first round;
+    a later round finds them there and none of the projector's state of an earlier one."""
+    s = env.scratch["scale"] = Settings(
+        **{**env.settings.model_dump(), "env": f"{env.settings.env}_scale"}
+    )
+    marker = env.run_dir / PUBLISHED
+    if not marker.exists():
+        publish_apart(s, MANY_PROJECTS, env.size)
+        marker.write_text(str(env.size))
+    forget_subscription(s, SLUG)
 
 
-@case("scale", setup=_publish_many_projects)
+def _forget_projector(env: BenchEnv) -> None:
+    forget_subscription(env.scratch["scale"], SLUG)
+
+
+@case("scale", setup=_publish_many_projects, teardown=_forget_projector)
 def scale(env: BenchEnv) -> list[Row]:
     """Row scale-100k, beside the projector row (the same events over 500 projects); the harness
     makes scale-projects, their ratio round by round, when both ran."""
     s: Settings = env.scratch["scale"]
-    try:
-        seconds, _, _ = run_projector(s, env.size)
-    finally:
-        remove_environment(s)
+    seconds, _, _ = run_projector(s, env.size)
     views = min(MANY_PROJECTS, env.size)
     return [
         rate(
