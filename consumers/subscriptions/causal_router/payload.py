@@ -40,10 +40,25 @@ def optional_text(event: Event, name: str) -> str | None:
     return need_text(event, name)
 
 
+# The largest generation a fold holds: its state is JSON written by orjson, whose integers end
+# at 2**64 - 1, so an event beyond it is refused as bad input rather than folded into a state
+# that could never be stored.
+MAX_GENERATION = 2**64 - 1
+_GENERATION_RANGE = "an integer from 0 to 2**64 - 1"
+
+
 def need_generation(event: Event) -> int:
     value = event.payload.get("generation", event.canonical_generation)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RouterInputError(event, "payload.generation", value, "an integer >= 0")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GENERATION:
+        raise RouterInputError(event, "payload.generation", value, _GENERATION_RANGE)
+    return value
+
+
+def envelope_generation(event: Event) -> int | None:
+    """The envelope's ``canonicalGeneration`` (None when absent), within MAX_GENERATION."""
+    value = event.canonical_generation
+    if value is not None and value > MAX_GENERATION:
+        raise RouterInputError(event, "canonicalGeneration", value, _GENERATION_RANGE)
     return value
 
 

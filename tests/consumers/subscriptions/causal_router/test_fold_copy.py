@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from consumers.subscriptions.causal_router.fold import (
     fold_event,
 )
 from streams.envelopes import Draft, Event
+from streams.errors import RouterInputError
 from streams.workload import project_events
 
 LIMITS = FoldLimits(agents_per_change=2, history=3, max_resources=50)
@@ -99,11 +101,57 @@ def test_partial_copies_fold_as_whole_copies(seed: int, length: int) -> None:
     assert length < 5 or partial_copies > 0
 
 
-def test_a_state_holding_a_generation_too_large_to_copy_is_refused_as_before() -> None:
-    state = empty_state()
-    state["generation"] = HUGE
-    (draft,) = [d for d in project_events("p1", 3) if d.event_type == "task.created"][:1]
-    event = draft.to_event(tenant_id="t", timestamp=START, slot=None)
-    found = outcome(lambda: fold_event(state, event, LIMITS))
-    assert found[0] == "error"
-    assert found == outcome(lambda: whole_copy_fold(state, event, LIMITS))
+@pytest.mark.parametrize(
+    ("event_type", "change", "field"),
+    [
+        ("canonical.advanced", {"payload": {"generation": HUGE}}, "payload.generation"),
+        ("artifact.promoted", {"payload": {"generation": HUGE}}, "payload.generation"),
+        ("verification.started", {"canonical_generation": HUGE}, "canonicalGeneration"),
+    ],
+)
+def test_a_generation_beyond_what_a_state_can_store_is_refused_naming_the_field(
+    event_type: str, change: dict[str, Any], field: str
+) -> None:
+    # A fold is JSON written by orjson (integers up to 2**64 - 1): an event with a larger
+    # generation is bad input, refused before anything is folded, never a state that a later
+    # event or the store's commit would fail on.
+    state: JSON | None = None
+    for draft in project_events("p1", 60):
+        if draft.event_type != event_type:
+            event = draft.to_event(tenant_id="t", timestamp=START, slot=None)
+            state = fold_event(state, event, LIMITS)
+            continue
+        payload = {**draft.payload, **change.get("payload", {})}
+        bad = dataclasses.replace(
+            draft,
+            payload=payload,
+            canonical_generation=change.get("canonical_generation", draft.canonical_generation),
+        ).to_event(tenant_id="t", timestamp=START, slot=None)
+        before = copy.deepcopy(state)
+        with pytest.raises(RouterInputError) as refused:
+            fold_event(state, bad, LIMITS)
+        assert field in str(refused.value) and "2**64 - 1" in str(refused.value)
+        assert state == before
+        return
+    raise AssertionError(f"no {event_type} in the history")
+
+
+def test_a_promotion_naming_no_change_marks_its_candidates_change_in_a_copy() -> None:
+    # artifact.promoted writes the change its candidate names, which the event may not carry.
+    state: JSON | None = None
+    for draft in project_events("p1", 60):
+        event = draft.to_event(tenant_id="t", timestamp=START, slot=None)
+        if draft.event_type != "artifact.promoted":
+            state = fold_event(state, event, LIMITS)
+            continue
+        assert state is not None
+        bare = dataclasses.replace(draft, change_id=None).to_event(
+            tenant_id="t", timestamp=START, slot=None
+        )
+        before = copy.deepcopy(state)
+        promoted = fold_event(state, bare, LIMITS)
+        assert state == before
+        assert promoted == whole_copy_fold(state, bare, LIMITS)
+        assert promoted["changes"][draft.change_id]["finishedAt"] is not None
+        return
+    raise AssertionError("no artifact.promoted in the history")
