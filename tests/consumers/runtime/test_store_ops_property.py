@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from consumers.redis_conn import connect
 from consumers.runtime.memory_store import MemoryStore
-from consumers.runtime.redis_store import RedisStore, coalesce
+from consumers.runtime.redis_store import (
+    COALESCE_MIN_OPS_PER_KEY,
+    RedisStore,
+    coalesce,
+    effect_calls,
+    one_by_one,
+)
 from consumers.runtime.store import Commit
 from consumers.runtime.types import TP, Progress, RedisOp
 from streams.clock import ManualClock
@@ -116,3 +122,32 @@ def test_runs_join_only_across_ops_that_commute() -> None:
     ]
     with pytest.raises(ValueError, match="unknown Redis effect op"):
         coalesce([RedisOp("EVAL", "k", ())])
+
+
+@st.composite
+def _ops(draw: st.DrawFn) -> list[RedisOp]:
+    return [_op(draw) for _ in range(draw(st.integers(0, 12)))]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ops())
+def test_ops_one_by_one_are_the_calls_coalescing_makes_of_ops_on_distinct_keys(
+    ops: list[RedisOp],
+) -> None:
+    # Coalescing is held to the ops applied one by one above; with no key shared it joins
+    # nothing, so its calls are each op's own call: the form one_by_one must give every op.
+    distinct = [RedisOp(op.op, f"{op.key}-{n}", op.args) for n, op in enumerate(ops)]
+    distinct = [
+        RedisOp(op.op, op.key, (f"{op.args[0]}-{n}", *op.args[1:])) if op.op == "SLOT" else op
+        for n, op in enumerate(distinct)
+    ]
+    assert one_by_one(distinct) == coalesce(distinct)
+
+
+def test_effect_calls_coalesce_only_ops_that_come_back_to_their_keys() -> None:
+    apart = [RedisOp("HSET", f"view:{n}", ("a", n)) for n in range(10)]
+    assert effect_calls(apart) == one_by_one(apart)
+    together = [RedisOp("HSET", "view", ("a", n)) for n in range(COALESCE_MIN_OPS_PER_KEY)]
+    assert effect_calls(together) == coalesce(together) == [["HSET", "view", "a", "1"]]
+    with pytest.raises(ValueError, match="unknown Redis effect op"):
+        one_by_one([RedisOp("EVAL", "k", ())])
