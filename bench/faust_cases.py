@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from faust.streams import Stream
 from faust.types import EventT, StreamT
 
-from bench.harness import BenchEnv, case, delete_keys
+from bench.harness import FAUST_EVENTS, BenchEnv, case, delete_keys
 from bench.rows import Row, rate
 from bench.scale_cases import publish_apart
 from consumers.redis_conn import connect
@@ -43,7 +43,6 @@ from router.settings import Settings
 from streams.envelopes import decode_event
 
 PROJECTS = 500
-FAUST_EVENTS = 100_000  # events of a faust row at most (see _events)
 PUBLISHED = "faust-published"  # the marker file in the run's folder
 TAKE = 500
 TAKE_WITHIN_S = 0.05

@@ -35,6 +35,7 @@ from router.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE = 500_000
 QUICK_SIZE = 50_000
+FAUST_EVENTS = 100_000  # events of a faust row at most: its rate is steady after seconds
 DEFAULT_ROUNDS = 2
 # A traceback's last line: "psycopg.errors.UndefinedTable: relation ...", "AssertionError".
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::|$)")
@@ -656,7 +657,8 @@ DESCRIPTION = (
     "is the median of its rounds, its spread is half the range of the rounds as a percentage of "
     "the median, its ratio is its median over the median of the row it is set beside (vs), "
     "measured in the same run, and peak RSS is the largest of its case's processes. Throughput "
-    f"rows use {FULL_SIZE:,} events ({QUICK_SIZE:,} with --quick); the workload is published once "
+    f"rows use {FULL_SIZE:,} events ({QUICK_SIZE:,} with --quick; the faust rows at most "
+    f"{FAUST_EVENTS:,}); the workload is published once "
     "per run and read by raw-consume and every subscription with a fresh consumer group and "
     "fresh Redis state each round. Telemetry is off. The run's topics, groups and Redis keys are "
     "removed at the end, also when interrupted; a failed case shows as a FAILED row and the "
