@@ -13,9 +13,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from bench import raw
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, delete_keys
 from bench.rows import Row, rate
 from bench.runtime_cases import isolated
+from consumers.redis_conn import connect
 from router.settings import QueuePolicy, Settings
 from router.wiring.workers import open_worker, provision_queues
 from router.workers.drills import FlakyHandler, OkHandler
@@ -76,6 +77,14 @@ def _filled(suffix: str) -> Callable[[BenchEnv], None]:
     return setup
 
 
+def _forget_worker(env: BenchEnv) -> None:
+    """The worker's Redis keys (a completed command id each: a million of them after a round of
+    both workers, which slowed the next round's subscriptions) deleted after its case."""
+    s = env.scratch.get("settings")
+    if isinstance(s, Settings):
+        delete_keys(connect(s.redis_url, timeout=5), f"rh:{s.env}:*")
+
+
 def _settings(env: BenchEnv) -> Settings:
     s = env.scratch["settings"]
     assert isinstance(s, Settings)
@@ -116,11 +125,11 @@ def _through_worker(env: BenchEnv, name: str, handler: QueueHandler) -> list[Row
     return [rate(name, outcomes["ok"], seconds, "commands/s", vs="raw-consume-queue", note=note)]
 
 
-@case("worker", setup=_filled("q"))
+@case("worker", setup=_filled("q"), teardown=_forget_worker)
 def worker_ok(env: BenchEnv) -> list[Row]:
     return _through_worker(env, "worker", OkHandler())
 
 
-@case("worker-flaky", setup=_filled("qf"))
+@case("worker-flaky", setup=_filled("qf"), teardown=_forget_worker)
 def worker_flaky(env: BenchEnv) -> list[Row]:
     return _through_worker(env, "worker-flaky", FlakyHandler())
