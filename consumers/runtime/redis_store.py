@@ -438,6 +438,9 @@ def coalesce(ops: Sequence[RedisOp]) -> list[list[str]]:
     return out
 
 
+COALESCE_MIN_OPS_PER_KEY = 2  # effect_calls coalesces a commit's ops from this many a key on
+
+
 def one_by_one(ops: Sequence[RedisOp]) -> list[list[str]]:
     """The ops as calls of the script, one each and in order: what :func:`coalesce` returns for
     ops that share no key."""
@@ -461,9 +464,6 @@ def effect_calls(ops: Sequence[RedisOp]) -> list[list[str]]:
     if len(ops) >= COALESCE_MIN_OPS_PER_KEY * len({op.key for op in ops}):
         return coalesce(ops)
     return one_by_one(ops)
-
-
-COALESCE_MIN_OPS_PER_KEY = 2
 
 
 # -- the store --------------------------------------------------------------------------------

@@ -8,11 +8,11 @@
   the same ids, and they are not counted twice); a new id is admitted while the set holds fewer
   than ``cap``. Commands with no change (``index.build`` for a project) count under the project.
 
-Both are asked outside the runtime's fenced commit, not as Redis effects of the batch: they must
-be shared *before* the batch commits, across processes (the classifier's count by ``process``, the
-commands of a partition batch all at once by the router's ``finish_batch``). So a batch that fails after deciding has counted
-already; if its retry decides differently (a classifier answered otherwise), the first decision's
-count stays. The caps can only run high, never low.
+Both are asked outside the runtime's fenced commit, not as Redis effects of the batch: they must be
+shared *before* the batch commits, across processes (the classifier's count by ``process``, the
+commands of a partition batch all at once by the router's ``finish_batch``). So a batch that fails
+after deciding has counted already; if its retry decides differently (a classifier answered
+otherwise), the first decision's count stays. The caps can only run high, never low.
 
 The in-memory implementations serve unit tests (two processors sharing one instance behave as two
 processes sharing Redis).
