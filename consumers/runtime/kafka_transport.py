@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import confluent_kafka
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
@@ -41,7 +41,7 @@ def _record(message: Message, tp: TP | None = None) -> Record:
         offset=message.offset() or 0,
         key=message.key(),
         value=message.value(),
-        headers=tuple(cast(list[tuple[str, bytes]], message.headers() or [])),
+        headers=message.headers,  # built when first asked
         timestamp_ms=timestamp[1] if timestamp else 0,
     )
 
