@@ -158,9 +158,44 @@ def build(model: type[E], /, **fields: Any) -> E:
         raise _translate(model, exc) from exc
 
 
+# Per envelope model, its fields in order: (Python name, wire name).
+_WIRE_FIELDS: dict[type[_Envelope], tuple[tuple[str, str], ...]] = {}
+# orjson hands these to ``default`` (none here, so it raises) instead of writing them its own way:
+# a payload holding one is written by pydantic's JSON mode, as before.
+_PLAIN_JSON_ONLY = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def _wire_fields(model: type[_Envelope]) -> tuple[tuple[str, str], ...]:
+    fields = _WIRE_FIELDS.get(model)
+    if fields is None:
+        fields = _WIRE_FIELDS[model] = tuple(
+            (name, info.alias or name) for name, info in model.model_fields.items()
+        )
+    return fields
+
+
 def encode(envelope: _Envelope, *, max_bytes: int) -> bytes:
-    """Canonical wire bytes. Raises EnvelopeTooLarge past ``max_bytes``."""
-    data = orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
+    """Canonical wire bytes. Raises EnvelopeTooLarge past ``max_bytes``.
+
+    The wire object is built from the fields directly (pydantic's JSON-mode dump took two thirds
+    of the time); a payload with anything but plain JSON values in it (a datetime, a dataclass,
+    a subclass of str or int, a key that is not a string, an integer past 64 bits) is written
+    by that dump, as before, so the bytes are the same either way."""
+    values = envelope.__dict__
+    wire: dict[str, Any] = {}
+    for name, alias in _wire_fields(type(envelope)):
+        value = values[name]
+        if value is not None:
+            # The envelopes' only datetime fields are Timestamps; the payload is a dict.
+            wire[alias] = format_time(value) if type(value) is datetime else value
+    try:
+        data = orjson.dumps(wire, option=_PLAIN_JSON_ONLY)
+    except TypeError:
+        data = orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
     if len(data) > max_bytes:
         raise EnvelopeTooLarge(type(envelope).__name__, len(data), max_bytes)
     return data

@@ -1,11 +1,14 @@
 """The envelope codec's fast paths against the plain forms they replace: ``format_time`` without
-strftime for a UTC time, and ``decode`` calling the model's validator directly. Each property
+strftime for a UTC time, ``decode`` calling the model's validator directly, and ``encode``
+building the wire object from the fields rather than through pydantic's JSON-mode dump. Each property
 compares with the earlier form, written out here, so a fast path that wrote or refused anything
 differently would fail."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+import dataclasses
+import enum
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -21,6 +24,7 @@ from streams.envelopes import (
     decode,
     decode_command,
     decode_event,
+    encode,
     format_time,
 )
 from streams.errors import EnvelopeError
@@ -181,3 +185,84 @@ def test_the_generated_envelopes_reach_both_outcomes() -> None:
     assert isinstance(decode(Command, wire(BASE_COMMAND), max_bytes=MAX_BYTES), Command)
     refused = outcome(lambda: decode_event(wire({**BASE_EVENT, "slot": 0}), max_bytes=MAX_BYTES))
     assert refused[0] == "error"
+
+
+def dumped_form(envelope: _Envelope) -> bytes:
+    """``encode`` as it was first written: pydantic's JSON-mode dump, then orjson."""
+    return orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+class Colour(enum.StrEnum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+# What a payload built in Python may hold: plain JSON, and kinds orjson and pydantic's JSON mode
+# could write apart (times, enums, dataclasses, tuples, big integers, keys that are not strings).
+odd_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=8),
+    st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=2))])),
+    st.datetimes(),
+    st.dates().map(date.isoformat),
+    st.dates(),
+    st.sampled_from([Colour.RED, Level.HIGH, Point(1), (1, "a"), b"bytes"]),
+)
+odd_values = st.recursive(
+    odd_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def outcome_of_encoding(envelope: _Envelope, fn: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(envelope)
+    except Exception as exc:
+        return "error", type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from([Event, Command]),
+    st.dictionaries(st.text(max_size=4), odd_values, max_size=4),
+    st.booleans(),
+)
+def test_encode_writes_the_bytes_of_the_json_mode_dump(
+    model: type[_Envelope], payload: dict[Any, Any], without_optionals: bool
+) -> None:
+    base = BASE_EVENT if model is Event else BASE_COMMAND
+    fields = dict(model.__pydantic_validator__.validate_python(base, by_alias=True).__dict__)
+    fields["payload"] = payload  # built in Python: not validated, as a processor's may be
+    if without_optionals:
+        for name in ("change_id", "task_id", "deadline", "slot"):
+            if name in fields:
+                fields[name] = None
+    envelope = model.model_construct(**fields)
+    assert outcome_of_encoding(envelope, lambda e: encode(e, max_bytes=1 << 20)) == (
+        outcome_of_encoding(envelope, dumped_form)
+    )
+
+
+def test_encode_reaches_both_of_its_paths() -> None:
+    # The property means something only if payloads reach both the direct path and the dump.
+    event = decode_event(wire(BASE_EVENT), max_bytes=MAX_BYTES)
+    assert encode(event, max_bytes=MAX_BYTES) == dumped_form(event) == wire(BASE_EVENT)
+    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    odd = event.model_copy(update={"payload": {"at": moment, "colour": Colour.RED, "n": {1: (2,)}}})
+    assert encode(odd, max_bytes=MAX_BYTES) == dumped_form(odd)
+    assert b'"at":"2026-01-02T03:04:05Z"' in encode(odd, max_bytes=MAX_BYTES)
