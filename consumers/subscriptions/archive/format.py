@@ -185,11 +185,31 @@ def part_key(stream: int, partition: int, first_ms: int, content: bytes) -> Part
     return PartKey(day_of(first_ms), stream, first_ms, partition, content_hash(content))
 
 
+# The start of a line as ``line_of`` writes it, up to its offset (a topic name has no quote or
+# backslash in it: Kafka's names are letters, digits, ".", "_" and "-").
+_LINE_START = re.compile(rb'\{"topic":"[^"\\]*","partition":[0-9]+,"offset":(0|[1-9][0-9]*),')
+
+
 def line_offsets(content: bytes, *, key: str) -> tuple[int, int, int]:
-    """(lines, lowest offset, highest offset) of a part's uncompressed content."""
+    """(lines, lowest offset, highest offset) of a part's uncompressed content.
+
+    The offsets are read off the start of each line, where ``line_of`` puts them (parsing every
+    line took a twelfth of the archiver's time); the rest of a line is not checked here (the archive's reader and ``archive verify`` decode every line). A part with
+    any line not in that form is read line by line, which names the first line that is wrong."""
     lines = content.splitlines()
     if not lines:
         raise ArchiveFormatError(f"{key}: the part holds no line")
+    found = []
+    for line in lines:
+        start = _LINE_START.match(line)
+        if start is None:
+            return offsets_line_by_line(lines, key=key)
+        found.append(int(start[1]))
+    return len(lines), min(found), max(found)
+
+
+def offsets_line_by_line(lines: list[bytes], *, key: str) -> tuple[int, int, int]:
+    """:func:`line_offsets` parsing each line whole."""
     offsets = []
     for n, raw in enumerate(lines):
         try:
