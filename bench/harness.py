@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.rows import Row
 from router.settings import Settings
+from router.wiring import collector
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_SIZE = 500_000
@@ -176,6 +177,7 @@ def run_one(
     """Run one case in this process and return what it measured and this process's peak RSS."""
     load_cases()
     settings = Settings(env=env_name, partitions=PARTITIONS, connect_timeout_s=BROKER_TIMEOUT_S)
+    collector.tune(settings)  # as every long-running command is (router/cli/observed.py)
     env = BenchEnv(settings=settings, size=size, quick=quick, run_dir=run_dir, round=round_no)
     spec = CASES[name]
     try:

@@ -717,6 +717,17 @@ class Settings(BaseSettings):
     operator_bulk_limit: int = Field(
         1000, ge=1, description="most dead letters one bulk retry or dismiss acts on"
     )
+    # -- every long-running process --
+    gc_young_threshold: int = Field(
+        50_000,
+        ge=100,
+        le=10_000_000,
+        description="allocations between collections of the Python cycle collector's youngest "
+        "generation in a long-running process, which also freezes what it built at start-up "
+        "(Python's default, 700, had a subscription collecting hundreds of times a second: a "
+        "quarter to a third of its CPU); memory is freed by reference counting either way, "
+        "only cyclic garbage waits for a collection",
+    )
     # -- observability (issue 13, docs/observability.md): exporters come from the standard
     # -- OTEL_* variables; these are the parts OpenTelemetry has no variable for --
     trace_sample_ratio: float = Field(

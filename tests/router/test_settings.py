@@ -45,6 +45,8 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("batch_size_behind", 50_001, "less than or equal to 50000"),
         ("consumer_prefetch_kbytes", 63, "greater than or equal to 64"),
         ("consumer_prefetch_kbytes", 2_097_152, "less than or equal to 2097151"),
+        ("gc_young_threshold", 99, "greater than or equal to 100"),
+        ("gc_young_threshold", 10_000_001, "less than or equal to 10000000"),
         ("flush_timeout_s", "soon", "valid number"),
     ],
 )
