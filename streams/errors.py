@@ -48,7 +48,13 @@ swallows one.
     │   ├── Conflict                409: the letter is not open, or cannot be retried
     │   ├── BadInput                422: an argument was refused (names the field)
     │   └── ActionFailed            503: a retry could not be sent; the letter is open again
-    └── Refused                     the operator API: a change without the operator token
+    ├── Refused                     the operator API: a change without the operator token
+    └── PumpError                   the feed pump stopped (docs/pump.md); nothing after it published
+        ├── FeedIdentityError       a feed page's corpus id and lineage missing, malformed or not ours
+        ├── FeedLineRejected        a feed line refused (names its line, sequence and reason)
+        ├── FeedUnavailable         the feed did not answer usably (refused, timed out, 5xx)
+        ├── CheckpointError         a stored pump checkpoint that is not a valid one
+        └── LegacyCheckpointAmbiguous  a bare legacy sequence with no attested corpus and lineage
 
     InternalSignal                  root of control-flow signals: caught where they steer
     ├── MoreWork                    a command handler asks for another delivery of its command
@@ -441,6 +447,38 @@ class Refused(RhumbatronError):
     def __init__(self, status: int, reason: str) -> None:
         self.status = status
         super().__init__(reason)
+
+
+class PumpError(RhumbatronError):
+    """The feed pump stopped; what it published before is checkpointed, nothing after."""
+
+
+class FeedIdentityError(PumpError):
+    """A page's authoritative pair is missing, malformed, or not the checkpoint's."""
+
+
+class FeedLineRejected(PumpError):
+    """A feed line the pump refuses: the lines before it are published, nothing from it on."""
+
+    def __init__(self, line: int, sequence: int | None, reason: str) -> None:
+        self.line = line
+        self.sequence = sequence
+        self.reason = reason
+        at = f"sequence {sequence}" if sequence is not None else "unknown sequence"
+        super().__init__(f"feed line {line} ({at}) refused: {reason}")
+
+
+class FeedUnavailable(PumpError):
+    """The feed could not be read (connection refused, timeout, a 5xx): worth another try."""
+
+
+class CheckpointError(PumpError):
+    """A stored checkpoint that does not parse as version 1 (or a legacy value that is not a
+    sequence)."""
+
+
+class LegacyCheckpointAmbiguous(PumpError):
+    """A bare legacy sequence, and no operator-attested corpus id and lineage for it."""
 
 
 # -- control-flow signals --------------------------------------------------------------------------
