@@ -649,8 +649,41 @@ class Settings(BaseSettings):
     )
 
     # -- feed pump (DESIGN.md §6) ------------------------------------------------------------
-    pump_batch_max_events: int = Field(100, ge=1)
-    pump_batch_max_bytes: int = Field(1024 * 1024, ge=1)
+    pump_batch_max_events: int = Field(
+        100, ge=1, le=10_000, description="most events in one batch (one Kafka transaction)"
+    )
+    pump_batch_max_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="most envelope bytes in one batch; at least max_envelope_bytes",
+    )
+    pump_page_size: int = Field(
+        500, ge=1, le=100_000, description="most lines the pump asks the feed for at once"
+    )
+    pump_page_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="most bytes of one page the pump reads before it stops (a feed answering "
+        "more is misconfigured)",
+    )
+    pump_poll_interval_s: float = Field(
+        5.0, gt=0, description="how long a long-running pump waits once caught up"
+    )
+    pump_request_timeout_s: float = Field(
+        30.0, gt=0, description="how long one feed request may take"
+    )
+    pump_backoff_s: float = Field(
+        1.0, gt=0, description="first wait after a transient feed or Kafka failure (doubling)"
+    )
+    pump_backoff_max_s: float = Field(
+        60.0, gt=0, description="longest wait between tries after transient failures"
+    )
+    pump_legacy_key: str = Field(
+        "last_sequence",
+        min_length=1,
+        description="the Redis key an earlier pump kept its bare sequence under (migrated "
+        "only with an attested corpus id and lineage: docs/pump.md)",
+    )
 
     # -- operator surface --------------------------------------------------------------------
     operator_host: str = Field("127.0.0.1", min_length=1)
@@ -786,6 +819,21 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"operator {name!r}: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _pump_batches_fit(self) -> Settings:
+        if self.pump_batch_max_bytes < self.max_envelope_bytes:
+            raise ValueError(
+                f"RHUMBATRON_PUMP_BATCH_MAX_BYTES={self.pump_batch_max_bytes} is below "
+                f"RHUMBATRON_MAX_ENVELOPE_BYTES={self.max_envelope_bytes}: a batch must hold "
+                "the largest envelope"
+            )
+        if self.pump_backoff_max_s < self.pump_backoff_s:
+            raise ValueError(
+                f"RHUMBATRON_PUMP_BACKOFF_MAX_S={self.pump_backoff_max_s:g} is below "
+                f"RHUMBATRON_PUMP_BACKOFF_S={self.pump_backoff_s:g}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _operators_apart(self) -> Settings:

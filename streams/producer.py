@@ -199,7 +199,7 @@ class Producer:
     def produce(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         *,
         key: str | None,
         headers: Headers | None = None,

@@ -265,6 +265,14 @@ class Topology:
                 {"retention.ms": str(self.metrics_retention_ms), "cleanup.policy": "delete"},
                 "internal",
             ),
+            # The feed pump's checkpoints (docs/pump.md), keyed by feed: the latest is kept.
+            TopicSpec(
+                pump_checkpoint_topic(self.env),
+                1,
+                rf,
+                {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+                "internal",
+            ),
         ]
 
     def redelivery_partition(self, topic: str, partition: int) -> int | None:

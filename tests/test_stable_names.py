@@ -21,6 +21,7 @@ from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics
 from streams.clock import ManualClock
 from streams.producer import Producer
+from streams.pump.kafka import feed_key, pump_transactional_id
 from streams.topology import (
     QUEUE_PURPOSES,
     dead_letter_topic,
@@ -72,6 +73,10 @@ def test_group_names_and_transactional_ids() -> None:
     assert transactional_id("causal-router", ENV, 3) == "rhumbatron-causal-router-pin-3"
     assert transactional_id(worker_slug("indexing"), ENV, 0) == "rhumbatron-worker-indexing-pin-0"
     assert rollup_app_id(make_settings(env=ENV)) == "rhumbatron-analytics-rollup-pin"
+    # The pump's id and checkpoint key per feed: its URL without the query (or a trailing /).
+    feed = "http://feed.example/v1/changes/?after=3"
+    assert pump_transactional_id(ENV, feed) == "rhumbatron-pump-pin-b78fb87f706791d0"
+    assert feed_key(feed) == "http://feed.example/v1/changes"
 
 
 def test_the_redelivery_partition_mapping() -> None:

@@ -21,6 +21,7 @@ from router.cli import (
     logs,
     outbox_commands,
     project_commands,
+    pump_commands,
     serve_commands,
     stream_commands,
     subscription_commands,
@@ -53,6 +54,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     config_commands.register,
     acl_commands.register,
     bench_commands.register,
+    pump_commands.register,
 )
 
 

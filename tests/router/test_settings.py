@@ -47,6 +47,13 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("consumer_prefetch_kbytes", 2_097_152, "less than or equal to 2097151"),
         ("gc_young_threshold", 99, "greater than or equal to 100"),
         ("gc_young_threshold", 10_000_001, "less than or equal to 10000000"),
+        ("pump_page_size", 0, "greater than or equal to 1"),
+        ("pump_batch_max_events", 10_001, "less than or equal to 10000"),
+        ("pump_batch_max_bytes", 1000, "below RHUMBATRON_MAX_ENVELOPE_BYTES"),
+        ("pump_page_max_bytes", 10, "greater than or equal to 1024"),
+        ("pump_poll_interval_s", 0, "greater than 0"),
+        ("pump_request_timeout_s", 0, "greater than 0"),
+        ("pump_backoff_s", 100.0, "below RHUMBATRON_PUMP_BACKOFF_S"),
         ("flush_timeout_s", "soon", "valid number"),
     ],
 )
