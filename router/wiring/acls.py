@@ -15,6 +15,8 @@ A *role* is one kind of process and the commands that run as it:
   its own topics, group and transactional ids under its app id.
 - one role per command queue's worker (``rhumbatron worker --queue <purpose>``); the worker of
   the dead-letter queue is ``rhumbatron dead-letter-consumer``.
+- ``pump`` — ``rhumbatron pump``: the feed pump, a transactional producer of the streams and of its
+  checkpoint topic, and its legacy sequence and audit log in Redis.
 - ``operator`` — ``rhumbatron serve``, ``dead-letters …``, ``status``, ``topology``,
   ``worker-stats``, ``view``: reads lag, dead letters and views; retries letters.
 
@@ -50,6 +52,7 @@ from streams.topology import (
     dead_letter_topic,
     group_id,
     metrics_topic,
+    pump_checkpoint_topic,
     queue_name,
     redelivery_topic,
     retry_topic,
@@ -58,6 +61,7 @@ from streams.topology import (
 PROVISIONER = "provisioner"
 PUBLISHER = "publisher"
 OPERATOR = "operator"
+PUMP = "pump"
 ANALYTICS_ROLLUP = "analytics-rollup"
 
 # Every subscription a consume process can run: the product's four and the runtime's drill
@@ -263,6 +267,33 @@ def _stream_writer(topology: Topology, why: str) -> list[KafkaAcl]:
     # An idempotent producer's InitProducerId is allowed by WRITE on any topic (KIP-679): no
     # CLUSTER IdempotentWrite.
     return _topics(topology.stream_names(), WRITE, why)
+
+
+def _pump(topology: Topology) -> list[KafkaAcl]:
+    env = topology.env
+    checkpoints = pump_checkpoint_topic(env)
+    return [
+        *_checked(
+            [*topology.stream_names(), checkpoints], "pump refuses to start unless they exist"
+        ),
+        *_stream_writer(topology, "the pump's transactional producer (streams/pump/kafka.py)"),
+        *_topics(
+            [checkpoints],
+            (Operation.WRITE, Operation.READ, Operation.DESCRIBE),
+            "the pump's checkpoints: written in each batch's transaction, read at start",
+        ),
+        # rhumbatron-pump-<env>-<feed hash>: streams.pump.kafka.pump_transactional_id.
+        *(
+            KafkaAcl(
+                Resource.TRANSACTIONAL_ID,
+                Pattern.PREFIXED,
+                f"rhumbatron-pump-{env}-",
+                op,
+                "the pump's transactional id, one per feed",
+            )
+            for op in (Operation.WRITE, Operation.DESCRIBE)
+        ),
+    ]
 
 
 def _dead_letter_writer(env: str, why: str) -> list[KafkaAcl]:
@@ -586,9 +617,19 @@ def _operator_reads(env: str) -> RedisAccess:
     )
 
 
-def _redis_parts(role: str, env: str) -> tuple[RedisAccess, ...]:
+def _pump_legacy(key: str) -> RedisAccess:
+    return RedisAccess(
+        "the legacy sequence an earlier pump kept (router/wiring/pump.py)",
+        keys=(key,),
+        commands=("get", "del"),
+    )
+
+
+def _redis_parts(role: str, env: str, pump_legacy_key: str) -> tuple[RedisAccess, ...]:
     if role in (PROVISIONER, PUBLISHER, ANALYTICS_ROLLUP):
         return ()
+    if role == PUMP:
+        return (_CONNECT, _pump_legacy(pump_legacy_key), _audit(env, PUMP))
     if role == OPERATOR:
         return (_CONNECT, _dead_letters(env, manage=True), _operator_reads(env))
     if role in SUBSCRIPTIONS:
@@ -619,6 +660,7 @@ def role_names(subscriptions: Sequence[str] = SUBSCRIPTIONS) -> list[str]:
         *subscriptions,
         ANALYTICS_ROLLUP,
         *(worker_slug(p) for p in QUEUE_PURPOSES),
+        PUMP,
         OPERATOR,
     ]
 
@@ -642,6 +684,8 @@ def _runs(role: str) -> str:
         )
     if role == ANALYTICS_ROLLUP:
         return "rhumbatron analytics-rollup"
+    if role == PUMP:
+        return "rhumbatron pump (and its checkpoint, skip-through and forget)"
     if role in SUBSCRIPTIONS:
         return f"rhumbatron consume --subscription {role}; rhumbatron subscription … --subscription {role}"
     purpose = _purpose_of(role)
@@ -655,6 +699,8 @@ def role(
     topology: Topology,
     queues: Mapping[str, QueuePolicy],
     subscriptions: Sequence[str] = SUBSCRIPTIONS,
+    *,
+    pump_legacy_key: str = "last_sequence",
 ) -> Role:
     """What ``role_name`` needs in ``topology``'s environment, with these queue policies."""
     env = topology.env
@@ -670,6 +716,8 @@ def role(
         acls = _operator(topology, queues, subscriptions)
     elif role_name == ANALYTICS_ROLLUP:
         acls = _analytics_rollup(topology)
+    elif role_name == PUMP:
+        acls = _pump(topology)
     elif role_name in subscriptions:
         acls = _subscription(topology, role_name)
     else:
@@ -679,7 +727,7 @@ def role(
         role_name,
         _runs(role_name),
         _merged(acls),
-        RedisUser(role_name, _redis_parts(role_name, env)),
+        RedisUser(role_name, _redis_parts(role_name, env, pump_legacy_key)),
     )
 
 
@@ -688,7 +736,10 @@ def roles(settings: Settings, *, env: str | None = None) -> list[Role]:
     topology = settings.topology
     if env is not None:
         topology = dataclasses.replace(topology, env=env)
-    return [role(name, topology, settings.queues) for name in role_names()]
+    return [
+        role(name, topology, settings.queues, pump_legacy_key=settings.pump_legacy_key)
+        for name in role_names()
+    ]
 
 
 def principal_of(role_name: str, env: str) -> str:

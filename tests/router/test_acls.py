@@ -47,6 +47,7 @@ from router.wiring.acls import (
     OPERATOR,
     PROVISIONER,
     PUBLISHER,
+    PUMP,
     KafkaAcl,
     Pattern,
     Resource,
@@ -63,6 +64,7 @@ from streams.topology import group_id, metrics_topic, queue_name
 from streams.workload import project_ids
 from tests.support.environment import ROOT, TEST_REDIS, cleanup_environment, make_settings
 from tests.support.kafka_tools import add_acls, add_scram_user, tools_available
+from tests.support.pump import feed, serving, write_feed
 from tests.support.secured import SECURED_DIR, read_client_env
 from tests.support.waiting import wait_until
 from tests.support.workers import commands, env_of, send, short_queues
@@ -87,6 +89,7 @@ ROLES = (
     ANALYTICS_ROLLUP,
     WORKER,
     DEAD_LETTER_CONSUMER,
+    PUMP,
     OPERATOR,
 )
 # Where a role that never talks to Redis is pointed: nothing listens there, so any use fails.
@@ -378,8 +381,8 @@ def _analytics(s: Settings, logins: Logins, tmp_path: Path) -> None:
 
 def _exercise(s: Settings, logins: Logins, tmp_path: Path) -> None:
     """Each role's real commands, as that role: provision, publish, two subscriptions (one with
-    Kafka effects), a worker whose command is dead-lettered, the dead-letter consumer, and the
-    operator's reads and actions."""
+    Kafka effects), a worker whose command is dead-lettered, the dead-letter consumer, the feed
+    pump, and the operator's reads and actions."""
     run = _runner(logins)
     run(PROVISIONER, "provision")
 
@@ -419,6 +422,13 @@ def _exercise(s: Settings, logins: Logins, tmp_path: Path) -> None:
     assert stats["dead_lettered"] == 1, worker.stdout
 
     run(DEAD_LETTER_CONSUMER, "dead-letter-consumer", "--until-idle", "4")
+
+    path = write_feed(tmp_path / "feed.ndjson", feed(workload, 30, projects=3))
+    with serving(path, page_size=10) as server:
+        pumped = orjson.loads(run(PUMP, "pump", "--feed", server.url, "--once", "--json").stdout)
+        assert pumped["published"] == 30, pumped
+        shown = run(PUMP, "pump", "checkpoint", "--feed", server.url, "--json").stdout
+        assert orjson.loads(shown)["checkpoint"]["sequence"] == 30
 
     letters = orjson.loads(run(OPERATOR, "dead-letters", "list", "--json").stdout)
     poisoned = sorted(letter["subscription"] for letter in letters if letter["kind"] == "poison")
