@@ -15,6 +15,7 @@ import pytest
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from tests.support.environment import run_cli, subprocess_env
+from tests.support.pump import feed, serving, write_feed
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +95,27 @@ def test_the_commands_export_their_spans_under_their_roles_in_one_trace(
     linked = {link["context"]["span_id"] for b in batches for link in b["links"]}
     assert set(by_id) <= linked
     assert os.environ.get("OTEL_TRACES_EXPORTER") is None  # nothing leaked into this process
+
+
+def test_the_pumps_batches_parent_their_events_publishes_which_consumers_continue(
+    settings: Settings, tmp_path: Path
+) -> None:
+    provision_environment(settings)
+    env = subprocess_env(settings, OTEL_TRACES_EXPORTER="console")
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_") or k == "OTEL_TRACES_EXPORTER"}
+    path = write_feed(tmp_path / "feed.ndjson", feed("traced", 4, projects=2))
+    with serving(path, page_size=10) as server:
+        pumped = run_cli(settings, "pump", "--feed", server.url, "--once", env=env, check=True)
+    consumed = run_cli(
+        settings, "consume", "--subscription", "ledger", "--until-idle", "2", env=env, check=True
+    )
+    pump_spans, consume_spans = _spans(pumped.stderr), _spans(consumed.stderr)
+    assert {_service(s) for s in pump_spans} == {"rhumbatron-pump"}
+    batches = [s for s in pump_spans if s["name"] == "pump batch"]
+    publishes = [s for s in pump_spans if s["name"].startswith("publish ")]
+    assert len(publishes) == 4 and batches
+    batch_ids = {s["context"]["span_id"] for s in batches}
+    assert all(s["parent_id"] in batch_ids for s in publishes)
+    applies = [s for s in consume_spans if s["name"].startswith("apply ")]
+    by_id = {s["context"]["span_id"] for s in publishes}
+    assert len(applies) == 4 and all(s["parent_id"] in by_id for s in applies)
