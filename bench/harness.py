@@ -100,6 +100,7 @@ def own_streams(env: BenchEnv, suffix: str) -> Settings:
 CASE_MODULES = (
     "bench.cases",
     "bench.outbox_cases",
+    "bench.pump_cases",
     "bench.runtime_cases",
     "bench.projector_cases",
     "bench.router_cases",
@@ -118,6 +119,7 @@ ROW_ORDER = (
     "raw-consume",
     "publisher",
     "publisher-postgres",
+    "pump",
     "ledger",
     "projector",
     "causal-router",

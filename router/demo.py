@@ -44,6 +44,7 @@ from router.settings import QueuePolicy, Settings
 from router.wiring.causal import open_router_outbox
 from router.wiring.outbox import build_publisher, init_postgres_outbox
 from router.wiring.provisioning import provision_environment
+from router.wiring.pump import open_pump
 from router.wiring.subscription import redis_client
 from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import ConfigurationError, EnvelopeError
@@ -51,6 +52,8 @@ from streams.files import open_private, private_dir, write_private
 from streams.outbox.postgres import is_postgres_url
 from streams.outbox.store import RowState
 from streams.producer import Producer
+from streams.pump.identity import Identity
+from streams.pump.reference_server import FeedServer, workload_feed
 from streams.topology import group_id, queue_name
 from streams.workload import workload, write_workload
 
@@ -154,6 +157,7 @@ def run_demo(
         settings, run=run, drafts=drafts, projects=projects, beat=beat
     )
     ordered = check_slot_order(settings, run=run, expected=expected, produced=produced, beat=beat)
+    pump_reference_feed(settings, run)
 
     started = time.perf_counter()
     outcomes = run_all(
@@ -195,6 +199,39 @@ def run_demo(
         serve_operator_page(settings)
     failed = [c for c, _ in outcomes + worker_outcomes + dlc if c != 0]
     return 0 if ordered and not failed else 1
+
+
+FEED_EVENTS = 300
+FEED_PROJECTS = 6
+FEED_CORPUS = "0d3c6c5e-58f1-4c1e-9a37-6f1f8d0c2b11"
+FEED_LINEAGE = "5b7e2f4a-0c9d-4e3b-8a61-2d4c9e8f1a70"
+
+
+def pump_reference_feed(settings: Settings, run: str) -> None:
+    """The feed pump over the reference feed: a file of FEED_EVENTS events served on 127.0.0.1,
+    pumped once (identity first, then batches with their checkpoints), then once more to show a
+    resumed run publishes nothing twice."""
+    path = settings.state_dir / f"demo-feed-{run}.ndjson"
+    lines = workload_feed(f"feed{run}", FEED_PROJECTS, FEED_EVENTS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    server = FeedServer(path, Identity(FEED_CORPUS, FEED_LINEAGE), page_size=100).start()
+    try:
+        started = time.perf_counter()
+        with open_pump(settings, server.url) as pump:
+            first = pump.pass_once()
+        seconds = max(time.perf_counter() - started, 1e-9)
+        with open_pump(settings, server.url) as pump:
+            again = pump.pass_once()
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+    at = first.checkpoint.sequence if first.checkpoint else "none"
+    print(
+        f"pump: {first.published} events from the reference feed {server.url} in "
+        f"{first.batches} transactions over {first.pages} pages in {seconds:.2f}s; checkpoint "
+        f"sequence {at}; run again: {again.published} published"
+    )
 
 
 def drill_drafts(run: str) -> list[Draft]:
