@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import redis
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from router.settings import Settings
 from router.wiring.subscription import redis_client
@@ -103,9 +103,9 @@ def open_pump(settings: Settings, feed: str, *, attested: Identity | None = None
 
 
 class PumpInstruments:
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter) -> None:
         self._stats: list[PumpStats] = []
-        meter = metrics.get_meter("rhumbatron.pump")
+        self.clock = time.monotonic
         for name, description, field in (
             ("rhumbatron_pump_pages", "feed pages read", "pages"),
             ("rhumbatron_pump_events", "events published (with their checkpoint)", "events"),
@@ -143,7 +143,7 @@ class PumpInstruments:
                 yield Observation(stats.sequence)
 
     def _lag(self, _: CallbackOptions) -> Iterator[Observation]:
-        now = time.monotonic()
+        now = self.clock()
         for stats in self._stats:
             lag = stats.lag_s(now)
             if lag is not None:
@@ -151,7 +151,7 @@ class PumpInstruments:
 
 
 # On the global meter provider: the API's proxy until ``observed`` installs one, then that one.
-_instruments = PumpInstruments()
+_instruments = PumpInstruments(metrics.get_meter("rhumbatron.pump"))
 
 
 def instruments() -> PumpInstruments:
