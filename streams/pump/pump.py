@@ -170,7 +170,7 @@ class Pump:
         )
 
     def pass_once(self) -> PassResult:
-        """Pages until the feed is caught up (a page shorter than page_size). Raises what stops
+        """Pages until the feed is caught up (a page with no line). Raises what stops
         the pump: identity (FeedIdentityError), a bad line (FeedLineRejected, after the lines
         before it are committed), the feed (FeedUnavailable), Kafka (TransactionFailed)."""
         result = PassResult()
@@ -248,7 +248,9 @@ class Pump:
             if page.rejected is not None:
                 self.stats.rejections += 1
                 raise page.rejected
-            if page.lines < self.limits.page_size:
+            # Caught up only on an empty page: a feed may serve fewer lines a page than the pump
+            # asks for (its own page size), so a short page is no proof that nothing follows.
+            if page.lines == 0:
                 self.stats.caught_up_at = self.clock()
                 return result
             if self.should_stop():

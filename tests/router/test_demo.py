@@ -21,6 +21,8 @@ import pytest
 
 from router.demo import (
     CHILD_ROLES,
+    FEED_EVENTS,
+    FEED_PROJECTS,
     child_environment,
     child_metrics_port,
     run_all,
@@ -106,8 +108,12 @@ def test_the_demo_runs_every_part_and_a_second_run_is_as_clean_as_the_first(
         assert worker_stats(out, "indexing (ok)")["failed"] == 0, out
         recorder = line_of(out, "dead-letter-consumer")
         assert '"recorded":1' in recorder, out
+        pumped = line_of(out, "pump:")
+        assert f"pump: {FEED_EVENTS} events from the reference feed" in pumped, out
+        assert pumped.endswith("run again: 0 published"), out
         views = line_of(out, "project views built")
-        assert int(views.split()[-1]) == run * (PROJECTS + 1), out  # + the drill project
+        # + the drill project, + the feed's projects (a new feed run each time)
+        assert int(views.split()[-1]) == run * (PROJECTS + 1 + FEED_PROJECTS), out
         assert "operator page" not in out
 
 

@@ -275,3 +275,11 @@ def test_stopping_between_batches_finishes_the_batch_and_resumes_after_it(
     assert result.stopped and published(sink) == SEQUENCES[:20]
     pump_of(server, sink).pass_once()
     assert published(sink) == SEQUENCES
+
+
+def test_a_feed_serving_smaller_pages_than_asked_is_read_to_its_end(tmp_path: Path) -> None:
+    with serving(write_feed(tmp_path / "small.ndjson", LINES), page_size=8) as server:
+        sink = MemorySink()
+        result = pump_of(server, sink).pass_once()  # asks for 20 lines a page, gets 8
+        assert published(sink) == SEQUENCES
+        assert result.pages == -(-len(LINES) // 8) + 1  # the last one empty: caught up
