@@ -265,15 +265,19 @@ class Topology:
                 {"retention.ms": str(self.metrics_retention_ms), "cleanup.policy": "delete"},
                 "internal",
             ),
-            # The feed pump's checkpoints (docs/pump.md), keyed by feed: the latest is kept.
-            TopicSpec(
-                pump_checkpoint_topic(self.env),
-                1,
-                rf,
-                {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
-                "internal",
-            ),
         ]
+
+    def pump_spec(self) -> TopicSpec:
+        """The feed pump's checkpoints (docs/pump.md), one partition keyed by feed: compacted, so
+        the latest of each feed is kept. Only the pump uses it (not in ``internal_specs``, which
+        every subscription and worker checks for)."""
+        return TopicSpec(
+            pump_checkpoint_topic(self.env),
+            1,
+            self.replication_factor,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            "internal",
+        )
 
     def redelivery_partition(self, topic: str, partition: int) -> int | None:
         return redelivery_partition(self.stream_names(), self.partitions, topic, partition)

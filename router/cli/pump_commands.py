@@ -19,7 +19,7 @@ from router.cli.common import (
 from router.cli.observed import observed
 from router.cli.progress import say, start_line
 from router.settings import Settings
-from router.wiring.provisioning import compact_names, missing_topics
+from router.wiring.provisioning import compact_names, missing_topics, pump_topics
 from router.wiring.pump import open_pump, sink
 from router.wiring.subscription import redis_client
 from streams.envelopes import format_time
@@ -45,8 +45,7 @@ def _attested(args: argparse.Namespace) -> Identity | None:
 
 def _check_topics(settings: Settings) -> None:
     """Refuse to start, creating nothing, unless the streams and the checkpoint topic exist."""
-    needed = [*settings.topology.stream_names(), pump_checkpoint_topic(settings.env)]
-    missing = missing_topics(settings, needed)
+    missing = missing_topics(settings, pump_topics(settings.topology))
     if missing:
         raise NotProvisioned(settings.env, missing, compact_names(missing))
 

@@ -44,7 +44,11 @@ from consumers.subscriptions.causal_router.commands import queues as router_queu
 from router.settings import QueuePolicy, Settings
 from router.wiring.groups import ROLLUP_SLUG
 from router.wiring.processors import BUILDERS
-from router.wiring.provisioning import environment_specs, subscription_topics, worker_topics
+from router.wiring.provisioning import (
+    environment_specs,
+    subscription_topics,
+    worker_topics,
+)
 from router.wiring.workers import worker_slug
 from streams.topology import (
     QUEUE_PURPOSES,

@@ -36,11 +36,12 @@ def check_subscription(slug: str) -> str:
 
 def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> list[TopicSpec]:
     """The whole plan: the streams, the command queues and the internal topics, each queue's
-    retry topic, and the redelivery topic of every subscription (and of ``subscriptions``, a
-    test's own processors)."""
+    retry topic, the redelivery topic of every subscription (and of ``subscriptions``, a test's
+    own processors), and the pump's checkpoint topic."""
     slugs = sorted({*subscription_slugs(), *subscriptions})
     return [
         *topology.all_specs(),
+        topology.pump_spec(),
         *(topology.retry_spec(purpose) for purpose in QUEUE_PURPOSES),
         *(topology.redelivery_spec(slug) for slug in slugs),
     ]
@@ -64,6 +65,11 @@ def subscription_topics(topology: Topology, slug: str) -> list[str]:
     """What one subscription process touches: the streams it reads, its redelivery topic, the
     dead-letter topic, and the queues and metrics topic the Kafka-effect subscriptions write."""
     return [s.name for s in topology.all_specs()] + [topology.redelivery_spec(slug).name]
+
+
+def pump_topics(topology: Topology) -> list[str]:
+    """What the feed pump touches: the streams it writes and its checkpoint topic."""
+    return [*topology.stream_names(), topology.pump_spec().name]
 
 
 def worker_topics(topology: Topology, purpose: str, *, streams: bool = False) -> list[str]:

@@ -103,7 +103,7 @@ def test_provision_makes_every_topic_the_runtime_needs_and_status_reports_what_i
 ) -> None:
     before = orjson.loads(_cli(s, "status", "--json").stdout)
     assert _topics_of(s) == []  # a read: it reports, never creates
-    assert len(before["missing_topics"]) == 27
+    assert len(before["missing_topics"]) == 28
     assert before["state_dir"] == str(s.state_dir)
     plain = _cli(s, "status")
     assert plain.returncode == 0

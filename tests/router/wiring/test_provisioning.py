@@ -9,6 +9,7 @@ from router.wiring.provisioning import (
     check_subscription,
     compact_names,
     environment_specs,
+    pump_topics,
     subscription_slugs,
     subscription_topics,
     worker_topics,
@@ -21,8 +22,9 @@ from tests.support.environment import make_settings
 def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
     topology = make_settings(env="dev").topology
     planned = [spec.name for spec in environment_specs(topology)]
-    assert len(planned) == len(set(planned)) == 8 + 6 + 2 + 6 + 5
+    assert len(planned) == len(set(planned)) == 8 + 6 + 2 + 6 + 5 + 1
     needed = {
+        *pump_topics(topology),
         *(name for slug in subscription_slugs() for name in subscription_topics(topology, slug)),
         *(name for purpose in QUEUE_PURPOSES for name in worker_topics(topology, purpose)),
         *worker_topics(topology, "dead-letter", streams=True),
