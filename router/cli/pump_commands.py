@@ -8,6 +8,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import redis
+
 from consumers.runtime.controls import RedisAuditLog
 from router.cli.common import (
     non_negative_int,
@@ -24,7 +26,7 @@ from router.wiring.pump import open_pump, sink
 from router.wiring.subscription import redis_client
 from streams.envelopes import format_time
 from streams.errors import NotProvisioned, PumpError
-from streams.pump.identity import Identity
+from streams.pump.identity import Checkpoint, Identity
 from streams.pump.kafka import feed_key
 from streams.pump.pump import Backoff
 from streams.pump.pump import skip_through as skip_through_checkpoint
@@ -109,6 +111,30 @@ def checkpoint(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(
+    settings: Settings,
+    client: redis.Redis[bytes],
+    args: argparse.Namespace,
+    action: str,
+    before: Checkpoint,
+    **details: object,
+) -> None:
+    """An operator's move of a feed's checkpoint, in the pump's audit log."""
+    RedisAuditLog(client, env=settings.env, slug=AUDIT_SLUG).append(
+        {
+            "action": action,
+            "feed": feed_key(args.feed),
+            "from": before.sequence,
+            **details,
+            "corpus_id": before.identity.corpus_id,
+            "history_lineage": before.identity.lineage,
+            "who": operator_name(args.who),
+            "why": args.reason,
+            "at": format_time(datetime.now(UTC)),
+        }
+    )
+
+
 def skip_through(settings: Settings, args: argparse.Namespace) -> int:
     if not args.reason.strip():
         raise PumpError("skip-through needs a --reason: it is the audited way past a feed line")
@@ -117,19 +143,7 @@ def skip_through(settings: Settings, args: argparse.Namespace) -> int:
     try:
         kafka.open()  # a running pump of the feed is fenced before the checkpoint is read
         before, moved = skip_through_checkpoint(kafka, args.sequence)
-        RedisAuditLog(client, env=settings.env, slug=AUDIT_SLUG).append(
-            {
-                "action": "skip_through",
-                "feed": feed_key(args.feed),
-                "from": before.sequence,
-                "to": moved.sequence,
-                "corpus_id": moved.identity.corpus_id,
-                "history_lineage": moved.identity.lineage,
-                "who": operator_name(args.who),
-                "why": args.reason,
-                "at": format_time(datetime.now(UTC)),
-            }
-        )
+        _audit(settings, client, args, "skip_through", before, to=moved.sequence)
     finally:
         kafka.close()
         client.close()
@@ -148,18 +162,7 @@ def forget(settings: Settings, args: argparse.Namespace) -> int:
         if before is None:
             raise PumpError(f"{feed_key(args.feed)} has no checkpoint to forget")
         kafka.forget()
-        RedisAuditLog(client, env=settings.env, slug=AUDIT_SLUG).append(
-            {
-                "action": "forget",
-                "feed": feed_key(args.feed),
-                "from": before.sequence,
-                "corpus_id": before.identity.corpus_id,
-                "history_lineage": before.identity.lineage,
-                "who": operator_name(args.who),
-                "why": args.reason,
-                "at": format_time(datetime.now(UTC)),
-            }
-        )
+        _audit(settings, client, args, "forget", before)
     finally:
         kafka.close()
         client.close()
@@ -231,8 +234,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     s = sub.add_parser("feed-server", help="serve an NDJSON file as a feed (the reference feed)")
     s.add_argument("--file", required=True, metavar="PATH", help="the NDJSON feed file")
-    s.add_argument("--corpus-id", required=True, metavar="UUID")
-    s.add_argument("--lineage", required=True, metavar="UUID")
+    s.add_argument(
+        "--corpus-id", required=True, metavar="UUID", help="the corpus id the feed answers with"
+    )
+    s.add_argument(
+        "--lineage", required=True, metavar="UUID", help="the history lineage it answers with"
+    )
     s.add_argument(
         "--port", type=non_negative_int, default=8770, help="default 8770; 0: any free port"
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -118,9 +118,7 @@ class KafkaSink:
             self._commit(events, checkpoint)
 
     def _commit(self, events: Sequence[FeedEvent], checkpoint: Checkpoint) -> None:
-        producer = self.producer
-        producer.begin()
-        try:
+        with self._transaction() as producer:
             for event in events:
                 producer.produce_event(
                     self.stream_for(event.event.project_id),
@@ -130,21 +128,21 @@ class KafkaSink:
             self.failpoint("pump.after_events")
             producer.produce(self.topic, checkpoint.to_json(), key=self.key, partition=0)
             self.failpoint("pump.before_commit")
-            producer.commit()
-        except BaseException:
-            if producer.in_transaction:
-                # Fenced or broken: nothing of this transaction is committed either way.
-                with contextlib.suppress(TransactionFailed):
-                    producer.abort()
-            raise
 
     def forget(self) -> None:
         """The feed's checkpoint removed (a tombstone under its key, in a transaction of this
         pump's id, so a running pump of the feed is fenced first): the next pump installs anew."""
+        with self._transaction() as producer:
+            producer.produce(self.topic, None, key=self.key, partition=0)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Producer]:
+        """Begun, then committed when the block ends; aborted if it raises (fenced or broken:
+        nothing of the transaction is committed either way)."""
         producer = self.producer
         producer.begin()
         try:
-            producer.produce(self.topic, None, key=self.key, partition=0)
+            yield producer
             producer.commit()
         except BaseException:
             if producer.in_transaction:

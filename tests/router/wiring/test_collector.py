@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.cli.observed import observed
 from router.settings import Settings
 from router.wiring import collector
 
@@ -28,12 +27,6 @@ def test_tune_freezes_the_start_and_sets_the_young_threshold(restored: None) -> 
     collector.tune(Settings(gc_young_threshold=12_345))
     assert gc.get_threshold() == (12_345, middle, oldest)
     assert gc.get_freeze_count() > 0
-
-
-def test_every_observed_command_runs_with_the_collector_tuned(restored: None) -> None:
-    gc.set_threshold(700)
-    with observed(Settings(gc_young_threshold=4_321, metrics_port=None), "test"):
-        assert gc.get_threshold()[0] == 4_321
 
 
 def test_the_default_is_fifty_thousand() -> None:
