@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException, Message
 
 from consumers.runtime.kafka_transport import assign_only_consumer
 from streams.errors import TransactionsOpen, Unreachable
-from streams.kafka_config import bootstrap_of
+from streams.kafka_config import bootstrap_of, reader_reads_on
 
 # How often to ask whether open transactions have ended: a cheap watermark request.
 SETTLE_POLL_S = 0.2
@@ -108,9 +108,7 @@ def read_committed(
                     count += 1
                 elif error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
                     open_parts.discard((message.topic() or "", message.partition() or 0))
-                elif error.code() == confluent_kafka.KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    # librdkafka looks up the coordinator of the reader's group, which it never
-                    # joins or commits with; a login without rights on that name reads on.
+                elif reader_reads_on(error):
                     continue
                 else:
                     raise Unreachable("Kafka", bootstrap_of(base), error.str())

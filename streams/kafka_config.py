@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from confluent_kafka import KafkaError
+
 Role = Literal["admin", "producer", "consumer", "reader"]
 
 # librdkafka logs every refused connection; route it through logging, not stderr.
@@ -128,6 +130,13 @@ def _group_protocol(protocol: str, session_timeout_ms: int) -> dict[str, Any]:
             "heartbeat.interval.ms": max(session_timeout_ms // 5, 500),
         }
     raise ValueError(f"group protocol must be 'classic' or 'consumer', got {protocol!r}")
+
+
+def reader_reads_on(error: KafkaError) -> bool:
+    """Whether a ``reader`` may ignore ``error`` and read on: librdkafka looks up the coordinator
+    of the reader's group, which it never joins or commits with, so a login without rights on that
+    (random) name is refused a lookup that nothing needs."""
+    return error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
 
 
 def bootstrap_of(base: Mapping[str, Any]) -> str:

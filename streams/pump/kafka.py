@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from streams import failpoints, tracing
 from streams.errors import TransactionFailed, Unreachable
-from streams.kafka_config import bootstrap_of, client_config
+from streams.kafka_config import bootstrap_of, client_config, reader_reads_on
 from streams.producer import Producer
 from streams.pump.identity import Checkpoint
 from streams.pump.page import FeedEvent
@@ -90,9 +90,10 @@ class KafkaSink:
                 for message in consumer.consume(500, 0.5):
                     error = message.error()
                     if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            at_end = True
+                        elif not reader_reads_on(error):
                             raise KafkaException(error)
-                        at_end = True
                         continue
                     if message.key() == self.key.encode():
                         found = message.value()  # None: a tombstone (the checkpoint forgotten)
