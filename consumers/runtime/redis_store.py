@@ -208,19 +208,26 @@ for r = 1, #a[16] do
   elseif name == 'INCRBY' then redis.call('INCRBY', k, o[3])
   elseif name == 'DEL' then redis.call('DEL', k)
   elseif name == 'SLOT' then
-    local missing = X .. o[3]
-    local slot = tonumber(o[4]); local cap = tonumber(o[5])
+    -- o: SLOT, hash, missing set, cap, then the slots in order; high and the missing count are
+    -- read once and high written once.
+    local missing, cap = X .. o[3], tonumber(o[4])
     local high = tonumber(redis.call('HGET', k, 'high') or '0')
-    if slot > high then
-      local n = redis.call('SCARD', missing)
-      for s = high + 1, slot - 1 do
-        if n >= cap then redis.call('HSET', k, 'missing_overflow', '1'); break end
-        n = n + redis.call('SADD', missing, s)  -- a slot already missing adds nothing
+    local was, n = high, nil
+    for j = 5, #o do
+      local slot = tonumber(o[j])
+      if slot > high then
+        if n == nil then n = redis.call('SCARD', missing) end
+        for s = high + 1, slot - 1 do
+          if n >= cap then redis.call('HSET', k, 'missing_overflow', '1'); break end
+          n = n + redis.call('SADD', missing, s)  -- a slot already missing adds nothing
+        end
+        high = slot
+      else
+        local gone = redis.call('SREM', missing, slot)
+        if n ~= nil then n = n - gone end
       end
-      redis.call('HSET', k, 'high', slot)
-    else
-      redis.call('SREM', missing, slot)
     end
+    if high ~= was then redis.call('HSET', k, 'high', high) end
   end
 end
 -- Failure counts of batches this commit moved past: a later failure there starts from one.
@@ -345,9 +352,10 @@ def coalesce(ops: Sequence[RedisOp]) -> list[list[str]]:
     HSETs become one HSET with every pair (the last value of a field wins), HDEL, SADD, SREM and
     RPUSH one call with every member in order, LPUSHTRIMs of one cap one LPUSH of every element
     and one LTRIM, HINCRBYs of one field their sum, HMAXes of one field the first of the largest
-    values. An HINCRBY or HMAX whose number is not in plain form is left alone, and a sum that
-    would leave Redis's 64-bit range starts a new run (only ops that fail in Redis could end
-    apart then)."""
+    values, SLOTs of one hash, missing set and cap one call with every slot in order (the script
+    reads ``high`` and the missing count once). An HINCRBY or HMAX whose number is not in plain
+    form is left alone, and a sum that would leave Redis's 64-bit range starts a new run (only ops
+    that fail in Redis could end apart then)."""
     runs: list[tuple[str, str, list[str], dict[str, object] | list[str]]] = []
     touched: dict[str, int] = {}  # key -> the last run touching it at all
     whole: dict[str, int] = {}  # key -> the last run touching it whole
@@ -412,17 +420,36 @@ def coalesce(ops: Sequence[RedisOp]) -> list[list[str]]:
             assert isinstance(elements, list)
             elements.append(_text(args[0]))
             touched[key] = whole[key] = at
-        elif kind in OPS:  # SET, INCRBY, DEL, SLOT
-            at = len(runs)
-            extra = [_text(a) for a in args]
-            runs.append((kind, key, extra, []))
-            if kind == "SLOT" and extra[0] != key:
-                part[(key, "high")] = part[(key, "missing_overflow")] = at
-                touched[extra[0]] = whole[extra[0]] = touched[key] = at
-            else:
+        elif kind == "SLOT":
+            missing, cap = _text(args[0]), _text(args[2])
+            if missing == key:  # the hash is its own missing set: touched whole, joins nothing
+                at = len(runs)
+                runs.append((kind, key, [missing, cap], [_text(args[1])]))
                 touched[key] = whole[key] = at
-                if kind == "SLOT":
-                    touched[extra[0]] = whole[extra[0]] = at
+                continue
+            run = (kind, key, f"{missing}\x00{cap}")
+            at = latest.get(run, -1)
+            if (
+                at < 0
+                or at < whole.get(key, -1)
+                or at < part.get((key, "high"), -1)
+                or at < part.get((key, "missing_overflow"), -1)
+                or at < touched.get(missing, -1)
+            ):
+                at = len(runs)
+                runs.append((kind, key, [missing, cap], []))
+                latest[run] = at
+            slots = runs[at][3]
+            assert isinstance(slots, list)
+            slots.append(_text(args[1]))
+            part[(key, "high")] = part[(key, "missing_overflow")] = at
+            touched[missing] = whole[missing] = at
+            if touched.get(key, -1) < at:
+                touched[key] = at
+        elif kind in OPS:  # SET, INCRBY, DEL
+            at = len(runs)
+            runs.append((kind, key, [_text(a) for a in args], []))
+            touched[key] = whole[key] = at
         else:
             raise ValueError(f"unknown Redis effect op {kind!r}")
     out: list[list[str]] = []
@@ -449,6 +476,8 @@ def one_by_one(ops: Sequence[RedisOp]) -> list[list[str]]:
         kind, args = op.op, op.args
         if kind == "LPUSHTRIM":  # the call takes its cap first, then the elements
             out.append([kind, op.key, _text(args[1]), _text(args[0])])
+        elif kind == "SLOT":  # its missing set and cap, then the slot
+            out.append([kind, op.key, _text(args[0]), _text(args[2]), _text(args[1])])
         elif kind in OPS:
             out.append([kind, op.key, *(_text(a) for a in args)])
         else:

@@ -41,7 +41,7 @@ def _op(draw: st.DrawFn) -> RedisOp:
     kind = draw(
         st.sampled_from(
             ["HSET", "HDEL", "HINCRBY", "HMAX", "SET", "INCRBY", "SADD", "SREM", "RPUSH"]
-            + ["LPUSHTRIM", "DEL", "SLOT"]
+            + ["LPUSHTRIM", "DEL", "SLOT", "SLOT", "SLOT"]  # SLOTs often, so their runs join
         )
     )
     field = draw(st.sampled_from(FIELDS))
@@ -60,7 +60,9 @@ def _op(draw: st.DrawFn) -> RedisOp:
         return RedisOp(kind, draw(st.sampled_from(LISTS)), (draw(VALUES), cap))
     if kind == "DEL":
         return RedisOp(kind, draw(st.sampled_from(HASHES + SETS + LISTS + STRINGS)), ())
-    return RedisOp("SLOT", "slots", ("missing", draw(st.integers(1, 8)), draw(st.integers(1, 4))))
+    return RedisOp(
+        "SLOT", "slots", ("missing", draw(st.integers(1, 8)), draw(st.sampled_from([1, 3])))
+    )
 
 
 @st.composite
@@ -151,3 +153,29 @@ def test_effect_calls_coalesce_only_ops_that_come_back_to_their_keys() -> None:
     assert effect_calls(together) == coalesce(together) == [["HSET", "view", "a", "1"]]
     with pytest.raises(ValueError, match="unknown Redis effect op"):
         one_by_one([RedisOp("EVAL", "k", ())])
+
+
+def _slot(n: int, cap: int = 4) -> RedisOp:
+    return RedisOp("SLOT", "meta", ("missing", n, cap))
+
+
+def test_slots_of_one_hash_join_until_something_touches_their_high_or_missing_set() -> None:
+    slot = _slot
+    ops = [
+        slot(3),
+        RedisOp("HMAX", "meta", ("last_ms", 1)),  # another field: the SLOT run goes on
+        slot(5),
+        slot(2, cap=9),  # another cap: a run of its own
+        slot(7),  # the cap-9 run touched high since: a new run
+        RedisOp("SREM", "missing", (6,)),
+        slot(8),  # the missing set was touched since: a new run
+        slot(9),
+    ]
+    assert coalesce(ops) == [
+        ["SLOT", "meta", "missing", "4", "3", "5"],
+        ["HMAX", "meta", "last_ms", "1"],
+        ["SLOT", "meta", "missing", "9", "2"],
+        ["SLOT", "meta", "missing", "4", "7"],
+        ["SREM", "missing", "6"],
+        ["SLOT", "meta", "missing", "4", "8", "9"],
+    ]
