@@ -70,6 +70,10 @@ class AuditArchiver(BaseProcessor):
         self.gzip_level = gzip_level
         # Each partition's line_prefix, made on its first event (the topic checked then too).
         self._prefixes: dict[TP, bytes] = {}
+        # The key and (lowest, highest) offset of each (stream, partition)'s last finished part,
+        # so that storing it right after need not decompress what was just compressed. A part
+        # stored without one (the pending copy a crash left) is read to find them.
+        self._bounds: dict[tuple[int, int], tuple[str, int, int]] = {}
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects:
         # delivery.tp/offset are the event's origin, also for an operator's redelivery.
@@ -90,16 +94,21 @@ class AuditArchiver(BaseProcessor):
 
     def finish(self, tp: TP, lines: list[Line]) -> tuple[str, bytes]:
         content = b"".join(line.data + b"\n" for line in lines)
-        key = part_key(
-            stream_of(self.streams, tp.topic), tp.partition, lines[0].timestamp_ms, content
-        )
-        return key.key, compress(content, self.gzip_level)
+        stream = stream_of(self.streams, tp.topic)
+        key = part_key(stream, tp.partition, lines[0].timestamp_ms, content).key
+        offsets = [line.offset for line in lines]  # not in order after an operator's redelivery
+        self._bounds[stream, tp.partition] = (key, min(offsets), max(offsets))
+        return key, compress(content, self.gzip_level)
 
     def store(self, key: str, blob: bytes) -> None:
         """The part, then its index entry. Both are idempotent (same key, same bytes), and the
         runtime calls this again after a crash until it returns, so no stored part lacks its
         entry."""
         part = PartKey.parse(key)
-        _, first, last = line_offsets(decompress(blob, key=key), key=key)
+        known = self._bounds.pop((part.stream, part.partition), None)
+        if known is not None and known[0] == key:  # the key holds the content's hash
+            _, first, last = known
+        else:
+            _, first, last = line_offsets(decompress(blob, key=key), key=key)
         self.objects.put(key, blob)
         self.objects.put(IndexEntry.of(part, first, last).key, b"")

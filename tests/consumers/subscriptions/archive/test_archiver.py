@@ -218,6 +218,43 @@ def test_finish_gives_the_same_key_and_bytes_for_the_same_lines() -> None:
         proc.finish(TP("elsewhere", 0), lines)
 
 
+def test_a_part_stored_after_its_finish_and_one_recovered_after_a_crash_get_the_same_index_entry() -> (
+    None
+):
+    """The archiver remembers a finished part's lowest and highest offset for its store; the
+    pending copy a crash left is read instead. Both give one entry, also for lines out of offset
+    order (an operator's redelivery) and for another part finished in between."""
+    from consumers.runtime.parts import Line
+    from consumers.subscriptions.archive.format import line_of, line_prefix
+    from streams.envelopes import encode
+
+    tp = TP(STREAMS[1], 1)
+    prefix = line_prefix(tp)
+
+    def lines_at(*offsets: int) -> list[Line]:
+        out = []
+        for offset in offsets:
+            ev = event("alpha", offset)
+            data = line_of(prefix, offset, encode(ev, max_bytes=LIMIT))
+            out.append(Line(offset, int(ev.timestamp.timestamp() * 1000), data))
+        return out
+
+    remembered, recovered = MemoryObjects(), MemoryObjects()
+    proc = archiver(remembered)
+    key, blob = proc.finish(tp, lines_at(5, 3, 9))
+    proc.store(key, blob)
+    archiver(recovered).store(key, blob)
+    other_key, other_blob = proc.finish(tp, lines_at(12, 11))  # finished, then a crash
+    proc.store(key, blob)  # the earlier part again: this part's bounds are not the other's
+    proc.store(other_key, other_blob)
+    archiver(recovered).store(other_key, other_blob)
+    entries = sorted(k for k in remembered.list("index/"))
+    assert entries == sorted(k for k in recovered.list("index/"))
+    parsed = [IndexEntry.parse(k) for k in entries]
+    assert sorted((e.first, e.last) for e in parsed if e is not None) == [(3, 9), (11, 12)]
+    assert len(parsed) == 2
+
+
 # -- verify ----------------------------------------------------------------------------------------
 
 
