@@ -59,7 +59,7 @@ from consumers.runtime.types import (
 )
 from streams import failpoints
 from streams.clock import Clock
-from streams.envelopes import Event, decode_event
+from streams.envelopes import Event, decode_event, decode_with_wire
 from streams.errors import EnvelopeError, Fenced, ProcessorError
 from streams.log_context import log_fields
 
@@ -97,6 +97,8 @@ class _Slice:
     events: list[Event | None] = field(default_factory=list)
     poison: list[tuple[Record, EnvelopeError]] = field(default_factory=list)
     candidates: list[tuple[Record, Event]] = field(default_factory=list)  # events consumed
+    # By record index: the value, when it is its event's canonical encoding (keeps_wire only).
+    wires: dict[int, bytes] = field(default_factory=dict)
 
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
@@ -316,6 +318,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         """A partition's records of this poll decoded and sorted: done already per the cursor,
         poison (undecodable), or events, of which those the processor consumes are candidates."""
         consumes = self.processor.consumes
+        keeps_wire = self.processor.keeps_wire
         max_bytes = self.policy.max_envelope_bytes
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
@@ -336,7 +339,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 piece.events.append(None)
                 continue
             try:
-                event = decode_event(record.value, max_bytes=max_bytes)
+                if keeps_wire:
+                    event, wire = decode_with_wire(Event, record.value, max_bytes=max_bytes)
+                    if wire is not None:
+                        piece.wires[len(piece.events)] = wire
+                else:
+                    event = decode_event(record.value, max_bytes=max_bytes)
             except EnvelopeError as exc:
                 piece.poison.append((record, exc))
                 piece.events.append(None)
@@ -410,7 +418,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 continue
             if event.project_id in held:
                 continue
-            delivery = deliveries(record, redelivered)
+            delivery = deliveries(record, redelivered, piece.wires.get(i))
             if traces is not None:  # current while the processor runs
                 traces.start(proc.slug, record, event, offset=delivery.offset)
             try:
@@ -665,13 +673,13 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
 
     def _deliveries(
         self, part: PartitionState, owner_check: Callable[[], None]
-    ) -> Callable[[Record, bool], Delivery]:
+    ) -> Callable[[Record, bool, bytes | None], Delivery]:
         """What ``process`` learns of each record of one partition batch (the partition's end
         and revision read once for the batch, and the batch's ownership check)."""
         high = self.transport.high_watermark(part.tp)
         tp, live_from, revision = part.tp, part.live_from, part.progress.cursor_revision
 
-        def delivery(record: Record, redelivered: bool) -> Delivery:
+        def delivery(record: Record, redelivered: bool, wire: bytes | None) -> Delivery:
             return Delivery(
                 tp=tp,
                 offset=self._origin_offset(record) if redelivered else record.offset,
@@ -679,6 +687,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 caught_up=0 <= high <= record.offset + 1,
                 cursor_revision=revision,
                 redelivered=redelivered,
+                wire=wire,
                 check_owner=owner_check,
             )
 

@@ -133,6 +133,9 @@ class Delivery:
     caught_up: bool
     cursor_revision: int
     redelivered: bool = False  # came back through the operator's dead-letter retry
+    # The record's value, when it is the event's canonical encoding, for a processor that
+    # ``keeps_wire`` (so one that writes the envelope on need not encode it again); else None.
+    wire: bytes | None = field(default=None, repr=False)
     # Raises ``Fenced`` when this process no longer owns the partition: a processor calls it
     # right before a side effect it makes itself, outside the runtime's fenced commit (an
     # outbox write, a shared counter), so a zombie cannot act.
@@ -202,6 +205,7 @@ class Processor(Protocol):
     consumes: ClassVar[frozenset[str] | None]  # None: every event type
     reducer_version: ClassVar[str]  # "" when the processor keeps no fold
     effect_kind: ClassVar[EffectKind]
+    keeps_wire: ClassVar[bool]  # the runtime hands it each canonical record value (Delivery.wire)
 
     def reduce(self, state: JSON | None, event: Event) -> JSON | None: ...
 
@@ -219,6 +223,7 @@ class BaseProcessor:
     consumes: ClassVar[frozenset[str] | None] = None
     reducer_version: ClassVar[str] = ""
     effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
+    keeps_wire: ClassVar[bool] = False
 
     def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         return state

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
@@ -24,6 +25,7 @@ from streams.envelopes import (
     decode,
     decode_command,
     decode_event,
+    decode_with_wire,
     encode,
     format_time,
 )
@@ -121,6 +123,7 @@ values = st.one_of(
             "2026-03-01T12:00:00Z",
             "2026-02-30T12:00:00.123Z",
             "2026-03-01T12:00:00.123+00:00",
+            "0999-03-01T12:00:00.123Z",
             "evt_" + "f" * 32,
             "cmd_ok",
             "a.b",
@@ -266,3 +269,53 @@ def test_encode_reaches_both_of_its_paths() -> None:
     odd = event.model_copy(update={"payload": {"at": moment, "colour": Colour.RED, "n": {1: (2,)}}})
     assert encode(odd, max_bytes=MAX_BYTES) == dumped_form(odd)
     assert b'"at":"2026-01-02T03:04:05Z"' in encode(odd, max_bytes=MAX_BYTES)
+
+
+# The bytes of a decodable object in the forms a writer other than ours may use: orjson's (the
+# canonical one when the keys are the model's), keys in another order, spaces, escapes.
+@st.composite
+def written(draw: st.DrawFn, base: dict[str, Any]) -> bytes:
+    obj = draw(mutated(base))
+    if draw(st.booleans()):
+        keys = draw(st.permutations(sorted(obj)))
+        obj = {key: obj[key] for key in keys}
+    form = draw(st.sampled_from(["orjson", "orjson", "spaced", "ascii"]))
+    if form == "orjson":
+        return orjson.dumps(obj)
+    return json.dumps(obj, ensure_ascii=form == "ascii", separators=(",", ": ")).encode()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from([Event, Command]), st.data())
+def test_decode_with_wire_keeps_the_bytes_exactly_when_encoding_gives_them_back(
+    model: type[_Envelope], data: st.DataObject
+) -> None:
+    raw = data.draw(written(BASE_EVENT if model is Event else BASE_COMMAND))
+    got = outcome(lambda: decode_with_wire(model, raw, max_bytes=MAX_BYTES))
+    plain = outcome(lambda: decode(model, raw, max_bytes=MAX_BYTES))
+    if plain[0] == "error":
+        assert got == plain
+        return
+    envelope, kept = got[1]
+    assert envelope == plain[1]
+    canonical = encode(envelope, max_bytes=MAX_BYTES)
+    assert kept == (raw if canonical == raw else None)
+
+
+def test_decode_with_wire_reaches_both_answers() -> None:
+    # The property means something only if canonical bytes are kept and others are not.
+    for model, base in ((Event, BASE_EVENT), (Command, BASE_COMMAND)):
+        raw = wire(base)
+        assert decode_with_wire(model, raw, max_bytes=MAX_BYTES)[1] == raw
+        assert decode_with_wire(model, raw.decode(), max_bytes=MAX_BYTES)[1] == raw
+        for other in (
+            json.dumps(base).encode(),  # spaced
+            wire(dict(reversed(base.items()))),  # keys out of order
+            wire({k: v for k, v in base.items() if k != "payload"}),  # a default left out
+            wire({**base, "changeId": None}),  # null for an absent optional field
+            wire({**base, "payload": {"e": "\u00e9"}}).replace("\u00e9".encode(), b"\\u00e9"),
+        ):
+            envelope, kept = decode_with_wire(model, other, max_bytes=MAX_BYTES)
+            assert kept is None and encode(envelope, max_bytes=MAX_BYTES) != other
+    early = wire({**BASE_EVENT, "timestamp": "0999-03-01T12:00:00.123Z"})
+    assert decode_with_wire(Event, early, max_bytes=MAX_BYTES)[1] is None

@@ -53,6 +53,7 @@ class AuditArchiver(BaseProcessor):
     slug: ClassVar[str] = "audit-archiver"
     consumes: ClassVar[frozenset[str] | None] = None  # every event type
     effect_kind: ClassVar[EffectKind] = EffectKind.FILES
+    keeps_wire: ClassVar[bool] = True  # a line holds the canonical envelope: the record's, if so
 
     def __init__(
         self,
@@ -82,7 +83,9 @@ class AuditArchiver(BaseProcessor):
         if prefix is None:
             stream_of(self.streams, tp.topic)  # only event streams are archived
             prefix = self._prefixes[tp] = line_prefix(tp)
-        envelope = encode(event, max_bytes=self.max_envelope_bytes)
+        envelope = delivery.wire
+        if envelope is None or len(envelope) > self.max_envelope_bytes:
+            envelope = encode(event, max_bytes=self.max_envelope_bytes)  # raises if too large
         return Effects(lines=[line_of(prefix, delivery.offset, envelope)])
 
     # -- PartWriter --------------------------------------------------------------------------------

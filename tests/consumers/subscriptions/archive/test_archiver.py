@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import re
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -253,6 +254,37 @@ def test_a_part_stored_after_its_finish_and_one_recovered_after_a_crash_get_the_
     parsed = [IndexEntry.parse(k) for k in entries]
     assert sorted((e.first, e.last) for e in parsed if e is not None) == [(3, 9), (11, 12)]
     assert len(parsed) == 2
+
+
+def test_a_line_holds_the_canonical_envelope_whatever_form_its_record_came_in() -> None:
+    """The archiver writes a canonical record's value as it came (the runtime checked it is the
+    event's encoding) and encodes any other: spaced, keys reordered, escaped."""
+    import json
+
+    from streams.envelopes import encode
+
+    world = World()
+    events = [event(p, n) for n in range(1, 4) for p in PROJECTS]
+    forms: list[Callable[[bytes], bytes]] = [
+        lambda raw: raw,
+        lambda raw: json.dumps(orjson.loads(raw)).encode(),
+        lambda raw: orjson.dumps(dict(reversed(orjson.loads(raw).items()))),
+        lambda raw: json.dumps(
+            orjson.loads(raw), ensure_ascii=True, separators=(",", ":")
+        ).encode(),
+    ]
+    for n, ev in enumerate(events):
+        world.publish(ev, forms[n % len(forms)](encode(ev, max_bytes=LIMIT)))
+    objects = MemoryObjects()
+    run(world, archiver(objects, events=4))
+    lines = [
+        line
+        for key in objects.list("events/")
+        for line in gzip.decompress(objects.get(key)).splitlines()
+    ]
+    canonical = {encode(ev, max_bytes=LIMIT) for ev in events}
+    written = {line[line.index(b',"event":') + len(b',"event":') : -1] for line in lines}
+    assert len(lines) == len(events) and written == canonical
 
 
 # -- verify ----------------------------------------------------------------------------------------
