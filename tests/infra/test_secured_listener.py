@@ -22,6 +22,7 @@ from confluent_kafka.admin import (
 
 from tests.support.infra import PrivateServices
 from tests.support.secured import ADMIN, APP, SecuredListener, read_client_env, secured_listener
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,8 @@ def test_the_admin_user_is_a_super_user(listener: SecuredListener) -> None:
     name = f"secured-listener-probe-{secrets.token_hex(5)}"
     admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=10)[name].result(timeout=15)
     try:
-        assert name in _metadata(config).topics
+        # A created topic reaches the broker's metadata a moment after the controller answers.
+        wait_until(lambda: name in _metadata(config).topics, 15, f"{name} in the metadata")
     finally:
         admin.delete_topics([name], operation_timeout=10)[name].result(timeout=15)
 
