@@ -265,18 +265,22 @@ def _canonical(model: type[_Envelope], parsed: dict[str, Any], raw: bytes) -> bo
         known.add(keys)
     if None in parsed.values():
         return False
-    times = _TIME_FIELDS.get(model)
-    if times is None:
-        times = _TIME_FIELDS[model] = tuple(
-            info.alias or name
-            for name, info in model.model_fields.items()
-            if _is_time(info.metadata, info.annotation)
-        )
-    for alias in times:
+    for alias in _time_fields(model):
         value = parsed.get(alias)
         if isinstance(value, str) and value.startswith("0"):
             return False
     return orjson.dumps(parsed) == raw
+
+
+def _time_fields(model: type[_Envelope]) -> tuple[str, ...]:
+    fields = _TIME_FIELDS.get(model)
+    if fields is None:
+        fields = _TIME_FIELDS[model] = tuple(
+            info.alias or name
+            for name, info in model.model_fields.items()
+            if _is_time(info.metadata, info.annotation)
+        )
+    return fields
 
 
 def _is_time(metadata: list[Any], annotation: Any) -> bool:
