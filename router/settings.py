@@ -403,6 +403,16 @@ class Settings(BaseSettings):
         "brought a full batch_size): fewer, larger store round trips to catch up; at least "
         "batch_size",
     )
+    fold_cache_projects: int = Field(
+        2_000,
+        ge=1,
+        le=10_000_000,
+        description="projects' folds a subscription process keeps in memory between polls, over "
+        "all its partitions (each partition an equal share; those written longest ago go first "
+        "and are read back from Redis by a later event): bounds a reducing subscription's memory "
+        "whatever the number of projects (a causal-router fold at its history bound is ~150 KB "
+        "in memory)",
+    )
     consumer_prefetch_kbytes: int = Field(
         8_192,
         ge=64,

@@ -558,7 +558,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             if not ok or part is None:
                 continue
             part.progress = outcome.commit.progress
-            part.states.update(outcome.commit.states)
+            self._keep_states(part, outcome.commit.states)
             committed.append(outcome)
             self.failpoint("runtime.after_store_commit")
         if self.processor.effect_kind == EffectKind.KAFKA and committed:

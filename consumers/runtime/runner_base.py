@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ class RuntimePolicy:
     # Records per poll while the subscription is behind (its last poll found a full batch
     # waiting); 0: batch_size always.
     batch_size_behind: int = 0
+    # Folds kept in memory between polls, over all the partitions this process owns (0: no
+    # bound); a project's fold past its partition's share is read back from the store.
+    fold_cache_projects: int = 0
 
     def behind_batch_size(self) -> int:
         return max(self.batch_size, self.batch_size_behind)
@@ -209,6 +213,22 @@ class RunnerBase:
         """Put a partition's fetched records back: read them again once it is ready."""
         self.transport.seek(part.tp, part.progress.acked_through + 1)
         self._rewind_redelivery(part)
+
+    def _keep_states(self, part: PartitionState, written: dict[str, JSON | None]) -> None:
+        """Keep a committed batch's folds as its partition's latest, and no more folds than the
+        partition's share of ``fold_cache_projects``: those written longest ago go first (the
+        store holds them; a later event of theirs reads them back)."""
+        kept = part.states
+        for project, state in written.items():
+            kept.pop(project, None)  # to the end: written most recently
+            kept[project] = state
+        bound = self.policy.fold_cache_projects
+        if bound <= 0:
+            return
+        over = len(kept) - max(1, bound // max(1, len(self.parts)))
+        if over > 0:
+            for project in list(itertools.islice(kept, over)):
+                del kept[project]
 
     def _reload(self, part: PartitionState) -> None:
         part.open_part = None

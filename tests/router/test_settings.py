@@ -43,6 +43,8 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("worker_transaction_max_ms", 60_001, "less than or equal to 60000"),
         ("batch_size_behind", 0, "greater than or equal to 1"),
         ("batch_size_behind", 50_001, "less than or equal to 50000"),
+        ("fold_cache_projects", 0, "greater than or equal to 1"),
+        ("fold_cache_projects", 10_000_001, "less than or equal to 10000000"),
         ("consumer_prefetch_kbytes", 63, "greater than or equal to 64"),
         ("consumer_prefetch_kbytes", 2_097_152, "less than or equal to 2097151"),
         ("gc_young_threshold", 99, "greater than or equal to 100"),
