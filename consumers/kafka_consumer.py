@@ -86,7 +86,7 @@ def drain(
             for message in messages:
                 error = message.error()
                 if error is not None:
-                    if error.fatal():
+                    if error.fatal() or error.code() == KafkaError._FATAL:
                         raise KafkaException(error)
                     log.warning("consumer error on %s: %s", message.topic(), error.str())
                     continue

@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import re
+import socket
 import tomllib
+from contextvars import ContextVar
 from functools import cached_property
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -695,6 +697,124 @@ class Settings(BaseSettings):
         "only with an attested corpus id and lineage: docs/pump.md)",
     )
 
+    # -- the fleet (rhumbatron fleet: docs/operations.md) -------------------------------------
+    fleet_subscriptions: dict[str, int] = Field(
+        default_factory=lambda: {
+            "project-view-projector": 1,
+            "causal-router": 1,
+            "audit-archiver": 1,
+            "analytics-projector": 1,
+            "ledger": 0,
+        },
+        description="processes the fleet runs per subscription (0: none); at most the "
+        "subscription's partitions, as a process past them would own none",
+    )
+    fleet_workers: dict[str, str] = Field(
+        default_factory=dict,
+        description="queue purpose -> the handler its command workers run (rhumbatron worker "
+        "--handler); a queue not named has no workers in the fleet",
+    )
+    fleet_worker_processes: int = Field(
+        1, ge=1, le=64, description="worker processes the fleet runs per queue it names"
+    )
+    fleet_outboxes: list[str] = Field(
+        default_factory=list,
+        description="outboxes the fleet runs a publisher for (SQLite paths or postgresql:// "
+        "URLs); --outbox adds to them",
+    )
+    fleet_feed: str | None = Field(
+        None, description="the upstream feed's URL: the fleet runs its pump; unset: no pump"
+    )
+    fleet_operator_server: bool = Field(True, description="the fleet runs rhumbatron serve")
+    fleet_dead_letter_consumer: bool = Field(
+        True, description="the fleet runs the dead-letter consumer"
+    )
+    fleet_analytics_rollup: bool = Field(
+        True, description="the fleet runs the faust analytics rollup"
+    )
+    fleet_restart_backoff_s: float = Field(
+        1.0, gt=0, description="wait before a crashed member's first restart (doubling)"
+    )
+    fleet_restart_backoff_max_s: float = Field(
+        30.0, gt=0, description="longest wait before restarting a crashed member"
+    )
+    fleet_max_restarts: int = Field(
+        5,
+        ge=0,
+        le=1000,
+        description="restarts of one member within fleet_restart_window_s before the fleet "
+        "gives up on it: it stops every member and exits 1",
+    )
+    fleet_restart_window_s: float = Field(
+        600.0, gt=0, description="the window fleet_max_restarts counts a member's restarts in"
+    )
+    fleet_stop_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="how long the fleet waits for its members to stop after SIGTERM (each "
+        "finishes its batch, commits, closes its parts, leaves its group) before it kills "
+        "the rest",
+    )
+    fleet_instance_held_wait_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="static membership under group_protocol 'consumer': the wait before "
+        "starting again a member whose group.instance.id the group still holds for its killed "
+        "predecessor (it exits 75); such restarts do not count in fleet_max_restarts",
+    )
+    fleet_instance_held_max_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="how long a member's group.instance.id may stay held (each restart "
+        "refused) before the fleet gives up on it, as on a crashing member",
+    )
+    fleet_metrics_port_base: int | None = Field(
+        None,
+        ge=1,
+        le=65000,
+        description="the fleet's members' /metrics, /healthz and /readyz ports: the first "
+        "member listens on this port, the next on the one after, ...; unset: none",
+    )
+    fleet_static_membership: bool = Field(
+        False,
+        description="each subscription and worker process of the fleet is a static group member "
+        "(group_instance_id: fleet_instance_prefix and its name): restarted within "
+        "session_timeout_ms it gets its partitions back with no rebalance (docs/operations.md)",
+    )
+    fleet_instance_prefix: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="what starts the fleet's static member ids, unique per host of an "
+        "environment (default: the host name)",
+    )
+    fleet_scale_lag: int = Field(
+        10_000,
+        ge=1,
+        description="rhumbatron fleet manifests: the consumer-group lag per process at which "
+        "a subscription's KEDA ScaledObject adds one (up to its partitions)",
+    )
+    group_instance_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="this process's static membership id in its consumer group "
+        "(group.instance.id), unique in the group; unset: a dynamic member",
+    )
+    process_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="this process's name in its fleet (the fleet sets it): in its Kafka "
+        "client.id, so the group's members name their processes",
+    )
+
     # -- operator surface --------------------------------------------------------------------
     operator_host: str = Field("127.0.0.1", min_length=1)
     operator_port: int = Field(8642, ge=0, le=65535, description="0: any free port")
@@ -794,6 +914,13 @@ class Settings(BaseSettings):
         description="address the process's metrics endpoint listens on (a host name or an IP "
         "address, no scheme or port)",
     )
+    probe_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        le=60,
+        description="/readyz: how long each dependency check (a broker's metadata, a Redis "
+        "PING) may take before the process counts as not ready",
+    )
     health_stale_s: float = Field(
         60.0,
         gt=0,
@@ -880,6 +1007,9 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Highest first: what the code passes, the environment, then the config file (if any).
+        elsewhere = _ELSEWHERE.get()
+        if elsewhere is not None:  # another host's settings: its file alone
+            return (init_settings, ConfigFile(settings_cls, elsewhere))
         path = config_file()
         if path is None:
             return (init_settings, env_settings)
@@ -988,7 +1118,7 @@ class Settings(BaseSettings):
     )
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
-        if value is not None and not os.path.isfile(value):
+        if value is not None and _ELSEWHERE.get() is None and not os.path.isfile(value):
             raise ValueError(f"no such file: {value!r}; give the path of a PEM file, or unset it")
         return value
 
@@ -1052,7 +1182,9 @@ class Settings(BaseSettings):
             missing = [
                 f"RHUMBATRON_{n.upper()}"
                 for n in ("kafka_sasl_username", "kafka_sasl_password")
+                # another host's password is in its Secret, not in its settings file
                 if getattr(self, n) is None
+                and not (n == "kafka_sasl_password" and _ELSEWHERE.get() is not None)
             ]
             if missing:
                 raise ValueError(f"SASL {mechanism} needs {' and '.join(missing)}")
@@ -1115,6 +1247,11 @@ class Settings(BaseSettings):
             ("streams", "max_streams_per_env", "the plan exceeds the limit per environment"),
             ("batch_size", "batch_size_behind", "a poll that catches up takes the larger batch"),
             (
+                "fleet_restart_backoff_s",
+                "fleet_restart_backoff_max_s",
+                "the first wait before a restart exceeds its cap",
+            ),
+            (
                 "outbox_poll_min_interval_s",
                 "outbox_poll_interval_s",
                 "the publisher's idle wait starts at the shortest and doubles up to the interval",
@@ -1169,7 +1306,8 @@ class Settings(BaseSettings):
         properties. Secrets are in clear here: this dict goes to librdkafka and nowhere else."""
         config: dict[str, Any] = {
             "bootstrap.servers": self.kafka_bootstrap,
-            "client.id": f"rhumbatron-{self.env}",
+            "client.id": f"rhumbatron-{self.env}"
+            + (f"-{self.process_name}" if self.process_name else ""),
             "socket.connection.setup.timeout.ms": int(self.connect_timeout_s * 1000),
             "security.protocol": self.kafka_security_protocol,
         }
@@ -1270,6 +1408,22 @@ def shown(settings: Settings) -> dict[str, Any]:
     for name, value in settings.model_dump(mode="json").items():
         out[name] = _masked_field(name, value)
     return out
+
+
+# Set while the settings of another host are read (settings_elsewhere): the file alone gives
+# them, and the files they name are that host's, not looked for here.
+_ELSEWHERE: ContextVar[Path | None] = ContextVar("settings_elsewhere", default=None)
+
+
+def settings_elsewhere(path: Path) -> Settings:
+    """The settings of the processes of another host (a deployment's pods) from their TOML file
+    alone: no environment variable of this one, and the certificate files they name unchecked
+    (they are on that host). Refused values as :func:`load_settings` refuses them."""
+    token = _ELSEWHERE.set(path)
+    try:
+        return load_settings()
+    finally:
+        _ELSEWHERE.reset(token)
 
 
 def load_settings() -> Settings:

@@ -285,6 +285,25 @@ class Fenced(RhumbatronError):
         )
 
 
+class InstanceIdHeld(RhumbatronError):
+    """KIP-848 (``group.protocol=consumer``): the consumer group still holds this process's
+    ``group.instance.id`` for an earlier process that did not leave (killed, crashed), until its
+    session expires; librdkafka makes the consumer unusable (UNRELEASED_INSTANCE_ID, fatal).
+    A command exits with :data:`EXIT_CODE` for it, which the fleet waits out."""
+
+    EXIT_CODE = 75  # EX_TEMPFAIL: try again later
+
+    # The broker's text for UNRELEASED_INSTANCE_ID; librdkafka reports it as a bare _FATAL.
+    BROKER_TEXT = "instance ID is still used by another member"
+
+    def __init__(self, said: str) -> None:
+        super().__init__(
+            f"group.instance.id still held by an earlier process of it in the group ({said}); "
+            "under group_protocol 'consumer' the broker keeps it until that process's session "
+            "expires (group.consumer.session.timeout.ms, 45 s by default): start again after it"
+        )
+
+
 class CursorMoved(RhumbatronError):
     """The cursor is not where the caller read it (compare-and-set failed)."""
 

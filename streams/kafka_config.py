@@ -89,13 +89,15 @@ def client_config(
     isolation: str = "read_committed",
     transactional_id: str | None = None,
     gapless: bool = False,
+    instance_id: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A client's whole librdkafka dict, in the layers the module docstring gives.
 
     ``consumer``: ``group_id`` is required; ``protocol`` is ``classic`` (cooperative-sticky,
     session and heartbeat set here) or ``consumer`` (KIP-848: the broker holds those, and the
-    client refuses them). ``reader``: a random group id unless one is given. ``producer``:
+    client refuses them); ``instance_id`` makes it a static member (``group.instance.id``).
+    ``reader``: a random group id unless one is given. ``producer``:
     ``transactional_id`` makes it transactional; ``gapless`` fails every later in-flight record
     of a partition with a failed one, so a retry can never land behind its successor.
     """
@@ -112,6 +114,8 @@ def client_config(
         config["group.id"] = group_id
         config["isolation.level"] = isolation
         config.update(_group_protocol(protocol, session_timeout_ms))
+        if instance_id is not None:
+            config["group.instance.id"] = instance_id
     elif role == "reader":
         config["group.id"] = group_id or f"rhumbatron-reader-{uuid.uuid4().hex[:12]}"
     if extra:

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message,
 
 from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
-from streams.errors import CommittedUnknown, Unreachable
+from streams.errors import CommittedUnknown, InstanceIdHeld, Unreachable
 from streams.headers import RECORD_ID
 from streams.kafka_config import bootstrap_of, client_config
 from streams.producer import Producer
@@ -56,6 +56,7 @@ class KafkaTransport:
         session_timeout_ms: int,
         max_poll_interval_ms: int = 300_000,
         prefetch_kbytes: int | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.group_id = group_id
         self._bootstrap = bootstrap_of(base)
@@ -75,6 +76,7 @@ class KafkaTransport:
                 group_id=group_id,
                 protocol=protocol,
                 session_timeout_ms=session_timeout_ms,
+                instance_id=instance_id,
                 extra=extra,
             )
         )
@@ -161,7 +163,12 @@ class KafkaTransport:
             if skip and tp in skip:
                 continue
             if error is not None:
-                if error.fatal():
+                # A fatal error of the consumer itself comes as _FATAL with fatal() false
+                # (librdkafka's consumer group errors, UNRELEASED_INSTANCE_ID among them): the
+                # consumer will never fetch again, so it ends the process rather than idle.
+                if error.fatal() or error.code() == KafkaError._FATAL:
+                    if InstanceIdHeld.BROKER_TEXT in error.str():
+                        raise InstanceIdHeld(error.str())
                     raise KafkaException(error)
                 if error.code() == KafkaError._PARTITION_EOF:
                     if tp not in seeks and tp in assigned:
@@ -423,7 +430,7 @@ class KafkaOutputLog:
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
                             open_parts.discard(message.partition() or 0)
-                        elif error.fatal():
+                        elif error.fatal() or error.code() == KafkaError._FATAL:
                             raise KafkaException(error)
                         continue
                     rid = _record(message).header(RECORD_ID)

@@ -18,6 +18,7 @@ from router.cli import (
     bench_commands,
     config_commands,
     dead_letter_commands,
+    fleet_commands,
     logs,
     outbox_commands,
     project_commands,
@@ -29,7 +30,7 @@ from router.cli import (
     worker_commands,
 )
 from router.settings import CONFIG_VARIABLE, Settings, load_settings
-from streams.errors import RhumbatronError
+from streams.errors import InstanceIdHeld, RhumbatronError
 
 # The docstring above is for readers of the code; this is what `rhumbatron --help` says.
 DESCRIPTION = (
@@ -55,6 +56,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     acl_commands.register,
     bench_commands.register,
     pump_commands.register,
+    fleet_commands.register,
 )
 
 
@@ -94,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _reader_left()
+    except InstanceIdHeld as exc:
+        print(f"rhumbatron: {exc}", file=sys.stderr)
+        return InstanceIdHeld.EXIT_CODE
     except RhumbatronError as exc:
         print(f"rhumbatron: {exc}", file=sys.stderr)
         return 2

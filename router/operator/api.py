@@ -49,6 +49,7 @@ from router.operator.models import (
     DeadLetterDetail,
     DeadLetterList,
     ErrorBody,
+    FleetReport,
     Health,
     HeldProjectBody,
     Info,
@@ -425,6 +426,11 @@ def create_app(service: OperatorService) -> FastAPI:
     def lag() -> LagReport:
         """Consumer lag per subscription (consumer group) and partition."""
         return service.lag()
+
+    @app.get("/api/fleet", tags=["consumers"], responses=_ERRORS, dependencies=[Authorized])
+    def fleet() -> FleetReport:
+        """The fleet on this server's host: each process, its pid, restarts, partitions, lag."""
+        return service.fleet()
 
     @app.get(
         "/api/projects/{project_id}/view",

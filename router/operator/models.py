@@ -273,6 +273,30 @@ class LagReport(_Shape):
     subscriptions: list[SubscriptionLag]
 
 
+class FleetMemberBody(_Shape):
+    name: str
+    argv: list[str] = Field(description="its rhumbatron command line")
+    subscription: str | None = Field(description="the subscription whose group it is in")
+    state: str = Field(description="starting, running, backoff, stopping, stopped or failed")
+    pid: int | None
+    restarts: int
+    started_at: float | None = Field(description="when its current process started (epoch s)")
+    last_exit: int | None = Field(description="its last process's exit code (< 0: a signal)")
+    partitions: list[str] | None = Field(description="a subscription member's partitions")
+    lag: int | None = Field(description="the lag of a subscription member's partitions")
+
+
+class FleetReport(_Shape):
+    env: str
+    state: str = Field(
+        description="running, stopping, stopped, failed, gone (its supervisor died) or none "
+        "(no fleet of the environment has run on the server's host)"
+    )
+    pid: int | None
+    updated_at: float | None = Field(description="when the fleet last wrote its status (epoch s)")
+    members: list[FleetMemberBody]
+
+
 class RecentFailures(_Shape):
     dead_letters: list[DeadLetterSummary] = Field(description="newest first, any status")
     outbox_failed_rows: list[FailedRow]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKind, LetterStatus
 from consumers.runtime.types import TP
 from consumers.subscriptions.projector.view import read_feed, read_view
+from router import fleet
 from router.operator.models import (
     ActionResult,
     BulkLetter,
@@ -40,6 +42,8 @@ from router.operator.models import (
     DeadLetterFilter,
     DeadLetterList,
     FailedRow,
+    FleetMemberBody,
+    FleetReport,
     Health,
     HeldProjectBody,
     Info,
@@ -489,6 +493,36 @@ class OperatorService:
                 )
             )
         return LagReport(env=env, subscriptions=out)
+
+    # -- the fleet -------------------------------------------------------------------------------
+    def fleet(self) -> FleetReport:
+        """The fleet of the environment on this server's host (router/fleet.py): each member's
+        state, pid, restarts, and a subscription member's partitions and lag."""
+        settings = self.settings
+        found, owned = _kafka(
+            settings.kafka_config(), "describing the fleet's groups", fleet.current, settings
+        )
+        if found is None:
+            return FleetReport(
+                env=settings.env, state="none", pid=None, updated_at=None, members=[]
+            )
+        members = []
+        for m in found.members:
+            got = owned.get(m.name)
+            members.append(
+                FleetMemberBody(
+                    **asdict(m),
+                    partitions=got.partitions if got else None,
+                    lag=got.lag if got else None,
+                )
+            )
+        return FleetReport(
+            env=found.env,
+            state=found.state,
+            pid=found.pid,
+            updated_at=found.updated_at,
+            members=members,
+        )
 
     # -- project views -------------------------------------------------------------------------
     def project_view(self, project_id: str) -> dict[str, Any]:

@@ -1,0 +1,330 @@
+"""The fleet on Kubernetes: the members :func:`router.fleet.plan` gives, as manifests.
+
+What ``rhumbatron fleet`` runs on one machine runs here as workloads: the members that share a
+command line (``causal-router-1``, ``causal-router-2``) are the replicas of one workload. Each
+subscription is a Deployment — a StatefulSet when ``fleet_static_membership`` is set, its pod's
+stable name being its ``group.instance.id`` — with a PodDisruptionBudget and a KEDA
+``ScaledObject`` that scales it on its group's lag, at most to its partitions. The publishers,
+the pump, the workers, the dead-letter consumer, the rollup and the operator server are one
+workload each.
+
+Every pod reads the settings from the ConfigMap's TOML file (``RHUMBATRON_CONFIG``) and the
+secrets from the Secret's keys as environment variables, answers ``/healthz`` (liveness) and
+``/readyz`` (readiness) on its metrics port, and keeps no state of its own: the outbox is
+PostgreSQL, the archive S3, the rest Redis; the analytics rollup's tables are on a
+PersistentVolumeClaim. A setting that would need a pod's own disk (a SQLite outbox, the local
+archive) is a ConfigurationError naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from router.fleet import Member, plan
+from router.settings import Settings
+from streams.errors import ConfigurationError
+from streams.topology import group_id
+
+APP = "rhumbatron"
+CONFIG_DIR = "/etc/rhumbatron"
+STATE_DIR = "/var/lib/rhumbatron"
+PROBE_PORT = 9400
+# The settings a deployment keeps in its Secret: each is a key of the Secret, read as the
+# environment variable of the same name. (Everything else goes in the ConfigMap's TOML file.)
+SECRET_KEYS = (
+    "RHUMBATRON_KAFKA_SASL_PASSWORD",
+    "RHUMBATRON_REDIS_PASSWORD",
+    "RHUMBATRON_ARCHIVE_S3_ACCESS_KEY",
+    "RHUMBATRON_ARCHIVE_S3_SECRET_KEY",
+    "RHUMBATRON_OPERATOR_TOKEN",
+    "RHUMBATRON_OPERATOR_READ_TOKEN",
+    "PGPASSWORD",  # libpq's: the outboxes' URLs name their user, never a password
+)
+# What KEDA's Kafka scaler logs in with (its TriggerAuthentication), in the same Secret: the
+# mechanism as KEDA spells it (plaintext, scram_sha256, scram_sha512), "enable" for TLS, the user.
+KEDA_SECRET_KEYS = ("KEDA_KAFKA_SASL", "KEDA_KAFKA_TLS", "KEDA_KAFKA_USERNAME")
+Manifest = dict[str, Any]
+
+
+def manifests(
+    settings: Settings, config_toml: str, *, image: str, namespace: str = APP
+) -> list[Manifest]:
+    """The manifests of the fleet ``settings`` describe (``config_toml``: the TOML file those
+    settings were read from, which the ConfigMap carries), in the order to apply them."""
+    if settings.archive_store == "local" and settings.fleet_subscriptions.get("audit-archiver"):
+        raise ConfigurationError(
+            "archive_store: 'local' keeps the archive on a pod's own disk; a deployment "
+            "archives to S3 (archive_store = 's3', archive_s3_*) or not at all ('none')"
+        )
+    for address in settings.fleet_outboxes:
+        if not address.startswith(("postgresql://", "postgres://")):
+            raise ConfigurationError(
+                f"fleet_outboxes: {address!r} is a SQLite file, on a pod's own disk; a "
+                "deployment's outboxes are PostgreSQL (postgresql://…)"
+            )
+        if urlsplit(address).password:
+            raise ConfigurationError(
+                "fleet_outboxes: an outbox URL carries its password into the pods' command "
+                "lines; leave it out and keep it in the Secret as PGPASSWORD"
+            )
+    meta = {"namespace": namespace}
+    out: list[Manifest] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{APP}-config", **meta},
+            "data": {"config.toml": config_toml},
+        },
+    ]
+    partitions = len(settings.topology.stream_names()) * settings.partitions
+    for name, replicas in _workloads(plan(settings)):
+        member = replicas[0]
+        static = settings.fleet_static_membership and member.subscription is not None
+        stateful = static or member.argv[0] == "analytics-rollup"
+        out.append(_workload(settings, name, member, len(replicas), stateful, static, image, meta))
+        if stateful:
+            out.append(_headless_service(name, meta))
+        if member.subscription is not None:
+            out.append(_disruption_budget(name, meta))
+            out.append(_scaled_object(settings, name, member, len(replicas), partitions, meta))
+        if member.argv[0] == "serve":
+            out.append(_service(settings, name, meta))
+    if settings.kafka_sasl_mechanism is not None and any(m["kind"] == "ScaledObject" for m in out):
+        out.append(_trigger_authentication(settings, meta))
+    return out
+
+
+def _workloads(members: Sequence[Member]) -> list[tuple[str, list[Member]]]:
+    """Members running the same command line, as (the workload's name, its replicas)."""
+    groups: dict[tuple[str, ...], list[Member]] = {}
+    for member in members:
+        groups.setdefault(member.argv, []).append(member)
+    out = []
+    for replicas in groups.values():
+        name = replicas[0].name
+        if len(replicas) > 1 or replicas[0].subscription is not None:
+            name = name.rsplit("-", 1)[0]  # causal-router-1 -> causal-router
+        out.append((name, replicas))
+    return out
+
+
+def _labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": name}
+
+
+def _container(settings: Settings, name: str, member: Member, static: bool, image: str) -> Any:
+    env: list[dict[str, Any]] = [
+        {"name": "RHUMBATRON_CONFIG", "value": f"{CONFIG_DIR}/config.toml"},
+        {"name": "RHUMBATRON_STATE_DIR", "value": STATE_DIR},
+        {"name": "RHUMBATRON_METRICS_HOST", "value": "0.0.0.0"},
+        {"name": "RHUMBATRON_METRICS_PORT", "value": str(PROBE_PORT)},
+        # The pod's name names the process in its group (client.id) and, in a StatefulSet, is
+        # its stable static member id: a restarted pod keeps its partitions.
+        {"name": "RHUMBATRON_PROCESS_NAME", "valueFrom": _pod_name()},
+    ]
+    if static:
+        env.append({"name": "RHUMBATRON_GROUP_INSTANCE_ID", "valueFrom": _pod_name()})
+    ports = [{"name": "probes", "containerPort": PROBE_PORT}]
+    if member.argv[0] == "serve":
+        env.append({"name": "RHUMBATRON_OPERATOR_HOST", "value": "0.0.0.0"})
+        ports.append({"name": "http", "containerPort": settings.operator_port})
+    return {
+        "name": name,
+        "image": image,
+        "args": list(member.argv),
+        "env": env,
+        "envFrom": [{"secretRef": {"name": f"{APP}-secrets", "optional": True}}],
+        "ports": ports,
+        "livenessProbe": _probe("/healthz", period_s=10, failures=3),
+        "readinessProbe": _probe("/readyz", period_s=5, failures=2),
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tls", "mountPath": f"{CONFIG_DIR}/tls", "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+
+
+def _pod_name() -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def _probe(path: str, *, period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "probes"},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 3,
+    }
+
+
+def _workload(
+    settings: Settings,
+    name: str,
+    member: Member,
+    replicas: int,
+    stateful: bool,
+    static: bool,
+    image: str,
+    meta: dict[str, str],
+) -> Manifest:
+    labels = _labels(name)
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": f"{APP}-config"}},
+        {"name": "tls", "secret": {"secretName": f"{APP}-tls", "optional": True}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    keeps_tables = member.argv[0] == "analytics-rollup"
+    if not keeps_tables:
+        volumes.append({"name": "state", "emptyDir": {}})
+    pod = {
+        "metadata": {"labels": labels},
+        "spec": {
+            # The members' own graceful stop (finish the batch, commit, close the archive parts,
+            # leave the group) within fleet_stop_timeout_s, then a margin.
+            "terminationGracePeriodSeconds": int(settings.fleet_stop_timeout_s) + 5,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "fsGroup": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [_container(settings, name, member, static, image)],
+            "volumes": volumes,
+        },
+    }
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "selector": {"matchLabels": labels},
+        "template": pod,
+    }
+    if stateful:
+        spec["serviceName"] = name
+        spec["podManagementPolicy"] = "Parallel"
+        if keeps_tables:
+            spec["volumeClaimTemplates"] = [
+                {
+                    "metadata": {"name": "state"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "10Gi"}},
+                    },
+                }
+            ]
+    elif member.subscription is None and replicas == 1:
+        # One at a time: a publisher holds its outbox's lock, a pump fences the one before.
+        spec["strategy"] = {"type": "Recreate"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet" if stateful else "Deployment",
+        "metadata": {"name": name, "labels": labels, **meta},
+        "spec": spec,
+    }
+
+
+def _disruption_budget(name: str, meta: dict[str, str]) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, **meta},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _labels(name)}},
+    }
+
+
+def _service(settings: Settings, name: str, meta: dict[str, str]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, **meta},
+        "spec": {
+            "selector": _labels(name),
+            "ports": [{"name": "http", "port": settings.operator_port, "targetPort": "http"}],
+        },
+    }
+
+
+def _headless_service(name: str, meta: dict[str, str]) -> Manifest:
+    """The governing service of a StatefulSet: its pods' stable network names."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, **meta},
+        "spec": {
+            "clusterIP": "None",
+            "selector": _labels(name),
+            "ports": [{"name": "probes", "port": PROBE_PORT, "targetPort": "probes"}],
+        },
+    }
+
+
+def _scaled_object(
+    settings: Settings,
+    name: str,
+    member: Member,
+    replicas: int,
+    partitions: int,
+    meta: dict[str, str],
+) -> Manifest:
+    assert member.subscription is not None
+    trigger: dict[str, Any] = {
+        "type": "kafka",
+        "metadata": {
+            "bootstrapServers": settings.kafka_bootstrap,
+            "consumerGroup": group_id(member.subscription, settings.env),
+            # every topic the group has offsets on: its streams (and retry topic)
+            "lagThreshold": str(settings.fleet_scale_lag),
+            # a process past the partitions would own none
+            "allowIdleConsumers": "false",
+        },
+    }
+    if settings.kafka_sasl_mechanism is not None:
+        trigger["authenticationRef"] = {"name": f"{APP}-kafka"}
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": name, **meta},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet" if settings.fleet_static_membership else "Deployment",
+                "name": name,
+            },
+            "minReplicaCount": max(replicas, 1),
+            "maxReplicaCount": partitions,
+            "triggers": [trigger],
+        },
+    }
+
+
+def _trigger_authentication(settings: Settings, meta: dict[str, str]) -> Manifest:
+    """What KEDA's Kafka scaler logs in to the brokers with: the same Secret as the pods."""
+    secret = f"{APP}-secrets"
+    refs = [
+        {"parameter": "sasl", "name": secret, "key": "KEDA_KAFKA_SASL"},
+        {"parameter": "username", "name": secret, "key": "KEDA_KAFKA_USERNAME"},
+        {"parameter": "password", "name": secret, "key": "RHUMBATRON_KAFKA_SASL_PASSWORD"},
+    ]
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        refs += [
+            {"parameter": "tls", "name": secret, "key": "KEDA_KAFKA_TLS"},
+            {"parameter": "ca", "name": f"{APP}-tls", "key": "ca.crt"},
+        ]
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "TriggerAuthentication",
+        "metadata": {"name": f"{APP}-kafka", **meta},
+        "spec": {"secretTargetRef": refs},
+    }

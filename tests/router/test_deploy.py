@@ -1,0 +1,190 @@
+"""infra/deploy: the Kubernetes manifests `rhumbatron fleet manifests` renders from a
+deployment's settings are valid against Kubernetes' schemas (kubernetes-validate) and KEDA's CRD
+models (cloudcoil), carry the fleet's members as workloads with the replicas, probes, static
+membership and scaling bounds the settings give, refuse the settings a stateless pod cannot
+honour, and the committed rendering is the one the committed settings give; the Dockerfile
+passes hadolint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
+
+from router import deploy
+from router.settings import settings_elsewhere
+from streams.errors import ConfigurationError
+from streams.topology import group_id
+from tests.support.environment import ROOT
+
+DEPLOY = ROOT / "infra" / "deploy"
+CONFIG = DEPLOY / "config.toml"
+RENDERED = DEPLOY / "k8s" / "rhumbatron.yaml"
+KUBERNETES = "1.34"
+KEDA = {"ScaledObject": ScaledObject, "TriggerAuthentication": TriggerAuthentication}
+
+
+def _render(path: Path) -> list[dict[str, Any]]:
+    settings = settings_elsewhere(path)
+    return deploy.manifests(settings, path.read_text(), image="rhumbatron:test")
+
+
+def _config(tmp_path: Path, **changes: Any) -> Path:
+    """The committed deployment settings with ``changes`` (None: the key removed)."""
+    data = tomllib.loads(CONFIG.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    lines = []
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml(value)}")
+    for key, table in tables.items():
+        lines.append(f"[{key}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
+
+
+def _by(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def _env(workload: dict[str, Any]) -> dict[str, Any]:
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_the_committed_rendering_is_what_the_committed_settings_give() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", "fleet", "manifests", str(CONFIG)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == RENDERED.read_text(), (
+        "infra/deploy/k8s/rhumbatron.yaml is stale: rhumbatron fleet manifests "
+        "infra/deploy/config.toml > infra/deploy/k8s/rhumbatron.yaml"
+    )
+
+
+def test_every_manifest_is_valid_against_its_schema() -> None:
+    docs = list(yaml.safe_load_all(RENDERED.read_text()))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "StatefulSet", "PodDisruptionBudget", "ScaledObject"} <= kinds
+    for doc in docs:
+        if doc["kind"] in KEDA:
+            model = KEDA[doc["kind"]].model_validate(doc)
+            # The models accept keys they do not know: a key the round trip loses is a typo.
+            assert model.model_dump(by_alias=True, exclude_unset=True) == doc
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_a_misspelt_field_is_refused_by_each_checker() -> None:
+    docs = list(yaml.safe_load_all(RENDERED.read_text()))
+    workload = next(d for d in docs if d["kind"] == "StatefulSet")
+    workload["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(workload, KUBERNETES, strict=True)
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    scaled["spec"]["maxReplicas"] = 3
+    model = ScaledObject.model_validate(scaled)
+    assert model.model_dump(by_alias=True, exclude_unset=True) != scaled
+
+
+def test_the_workloads_are_the_fleets_members() -> None:
+    docs = _render(CONFIG)
+    settings = settings_elsewhere(CONFIG)
+    partitions = len(settings.topology.stream_names()) * settings.partitions
+    stateful, stateless = _by(docs, "StatefulSet"), _by(docs, "Deployment")
+    for slug, count in settings.fleet_subscriptions.items():
+        if count == 0:
+            assert slug not in stateful and slug not in stateless
+            continue
+        workload = stateful[slug]  # static membership: the pod's name is its member id
+        assert workload["spec"]["replicas"] == count
+        env = _env(workload)
+        assert env["RHUMBATRON_GROUP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        container = workload["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == ["consume", "--subscription", slug]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert env["RHUMBATRON_METRICS_PORT"] == str(deploy.PROBE_PORT)
+        scaled = _by(docs, "ScaledObject")[slug]["spec"]
+        assert scaled["maxReplicaCount"] == partitions
+        assert scaled["minReplicaCount"] == count
+        assert scaled["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "name": slug,
+        }
+        assert scaled["triggers"][0]["metadata"]["consumerGroup"] == group_id(slug, "prod")
+        assert _by(docs, "PodDisruptionBudget")[slug]["spec"]["maxUnavailable"] == 1
+    assert set(stateless) == {"publisher-1", "dead-letter-consumer", "operator-server"}
+    assert stateless["publisher-1"]["spec"]["strategy"] == {"type": "Recreate"}
+    rollup = stateful["analytics-rollup"]["spec"]
+    assert rollup["volumeClaimTemplates"][0]["metadata"]["name"] == "state"
+    grace = int(settings.fleet_stop_timeout_s) + 5
+    for workload in [*stateful.values(), *stateless.values()]:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert pod["securityContext"]["runAsNonRoot"] is True
+    config = _by(docs, "ConfigMap")["rhumbatron-config"]["data"]["config.toml"]
+    assert config == CONFIG.read_text()
+
+
+def test_dynamic_membership_gives_deployments(tmp_path: Path) -> None:
+    docs = _render(_config(tmp_path, fleet_static_membership=False))
+    projector = _by(docs, "Deployment")["project-view-projector"]
+    assert "RHUMBATRON_GROUP_INSTANCE_ID" not in _env(projector)
+    scaled = _by(docs, "ScaledObject")["project-view-projector"]["spec"]
+    assert scaled["scaleTargetRef"]["kind"] == "Deployment"
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"archive_store": "local"}, "archive_store"),
+        ({"fleet_outboxes": ["outbox.sqlite"]}, "fleet_outboxes"),
+        ({"fleet_outboxes": ["postgresql://u:secret@db/rhumbatron"]}, "PGPASSWORD"),
+    ],
+)
+def test_settings_a_stateless_pod_cannot_honour_are_refused(
+    tmp_path: Path, changes: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        _render(_config(tmp_path, **changes))
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    done = subprocess.run(
+        [str(hadolint), str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ARG VERSION={version}" in (DEPLOY / "Dockerfile").read_text()
