@@ -54,7 +54,7 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    with observed(settings, "analytics-rollup") as health:
+    with observed(settings, "analytics-rollup", needs=("kafka",)) as health:
         app = build_app(config)
 
         # The health beat from the worker's own event loop: a loop that hangs stops it.

@@ -4,7 +4,7 @@ its own metrics and health endpoint when one is configured."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 from router.settings import Settings
@@ -12,14 +12,20 @@ from router.wiring import collector, metrics, probes, telemetry
 
 
 @contextmanager
-def observed(settings: Settings, role: str) -> Iterator[probes.ProcessHealth]:
+def observed(
+    settings: Settings, role: str, needs: Sequence[str] = ("kafka", "redis")
+) -> Iterator[probes.ProcessHealth]:
+    """``needs``: what the command depends on, which its readiness checks reach."""
     collector.tune(settings)
     with ExitStack() as stack:
         installed = telemetry.start(settings, role)
         stack.callback(installed.shutdown)
         measured = metrics.start(settings, role)
         stack.callback(measured.close)
-        health = probes.ProcessHealth(settings.health_stale_s)
+        checks = (
+            probes.dependency_checks(settings, needs) if settings.metrics_port is not None else {}
+        )
+        health = probes.ProcessHealth(settings.health_stale_s, checks=checks)
         endpoint = probes.serve(settings, health, role, measured.registry)
         if endpoint is not None:
             stack.callback(endpoint.close)

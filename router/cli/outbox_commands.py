@@ -113,7 +113,7 @@ def publish(settings: Settings, args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with (
-            observed(settings, "publisher") as health,
+            observed(settings, "publisher", needs=("kafka",)) as health,
             build_publisher(settings, store) as publisher,
         ):
             health.ready = True  # the outbox's lock is held: this is the one publisher

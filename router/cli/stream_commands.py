@@ -76,7 +76,7 @@ def produce(settings: Settings, args: argparse.Namespace) -> int:
             "record)"
         )
     # Where traces start: each event (or the outbox's each transaction) in a span of its own.
-    with observed(settings, "producer") as health:
+    with observed(settings, "producer", needs=("kafka",)) as health:
         health.ready = True
         if args.drill:
             return produce_drill(settings, args)
@@ -219,7 +219,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 def demo(settings: Settings, args: argparse.Namespace) -> int:
     from router.demo import run_demo
 
-    with observed(settings, "demo") as health:
+    with observed(settings, "demo", needs=("kafka",)) as health:
         health.ready = True  # its parts run as processes of their own, each observed
         return run_demo(
             settings,

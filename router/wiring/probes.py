@@ -6,7 +6,9 @@
   (``ProcessHealth.beat``) within ``health_stale_s``; 503 with a JSON reason once it has not (a
   loop stuck in a call that never returns);
 - ``/readyz`` (readiness): 200 once the command says it does its work
-  (``ProcessHealth.ready``: subscribed, connected), 503 before.
+  (``ProcessHealth.ready``: subscribed, connected) and, at the time of asking, what it depends
+  on answers (``dependency_checks``: a broker gives the cluster's metadata, Redis answers a
+  PING, each bounded by ``probe_timeout_s``); 503 naming what failed otherwise.
 
 It listens on ``metrics_host:metrics_port`` (0: any free port; the bound address is printed at
 start) in a daemon thread of its own, the standard library's HTTP server: three paths need no
@@ -22,12 +24,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router.settings import Settings
+from router.wiring.subscription import redis_client
+from streams.admin import admin_client
 from streams.errors import ConfigurationError
 
 log = logging.getLogger("rhumbatron.probes")
@@ -35,16 +41,24 @@ log = logging.getLogger("rhumbatron.probes")
 PATHS = ("/metrics", "/healthz", "/readyz")
 
 
+Check = Callable[[], None]  # returns when its dependency answers, raises when it does not
+
+
 class ProcessHealth:
     """What the process says of itself: ``beat()`` from its main loop (live), ``ready`` once it
-    does its work (subscribed, connected). A process counts as live from its start until
-    ``stale_after_s`` passes without a beat."""
+    does its work (subscribed, connected), and ``checks`` of what it depends on, run on each
+    readiness question. A process counts as live from its start until ``stale_after_s`` passes
+    without a beat."""
 
     def __init__(
-        self, stale_after_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self,
+        stale_after_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        checks: Mapping[str, Check] | None = None,
     ) -> None:
         self.ready = False
         self.stale_after_s = stale_after_s
+        self.checks = dict(checks or {})
         self._clock = clock
         self._beat = clock()
 
@@ -65,9 +79,46 @@ class ProcessHealth:
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """(ready, what /readyz says)."""
-        if self.ready:
-            return True, {"status": "ready"}
-        return False, {"status": "starting", "reason": "not yet subscribed or connected"}
+        if not self.ready:
+            return False, {"status": "starting", "reason": "not yet subscribed or connected"}
+        failed = {}
+        for name, check in self.checks.items():
+            try:
+                check()
+            except Exception as exc:  # whatever the client raises: the dependency is not there
+                failed[name] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            return False, {
+                "status": "unreachable",
+                "reason": "; ".join(f"{name}: {said}" for name, said in failed.items()),
+                "failed": sorted(failed),
+            }
+        return True, {"status": "ready", "checked": sorted(self.checks)}
+
+
+def dependency_checks(settings: Settings, needs: Sequence[str]) -> dict[str, Check]:
+    """The readiness checks of ``needs`` (``kafka``, ``redis``), each with a client of its own
+    made at its first use and bounded by ``probe_timeout_s``."""
+    timeout = settings.probe_timeout_s
+    clients: dict[str, Any] = {}
+
+    def kafka() -> None:
+        if "kafka" not in clients:
+            clients["kafka"] = admin_client(settings.kafka_config())
+        try:
+            metadata = clients["kafka"].list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise ConnectionError(f"{settings.kafka_bootstrap}: {exc.args[0].str()}") from exc
+        if not metadata.brokers:
+            raise ConnectionError(f"{settings.kafka_bootstrap}: no broker answered")
+
+    def redis() -> None:
+        if "redis" not in clients:
+            clients["redis"] = redis_client(settings, timeout=timeout)
+        clients["redis"].ping()
+
+    known = {"kafka": kafka, "redis": redis}
+    return {name: known[name] for name in needs}
 
 
 class Endpoint:

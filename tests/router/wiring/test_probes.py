@@ -84,6 +84,51 @@ def test_the_endpoint_serves_metrics_and_both_probes_on_a_free_port(
         socket.create_connection(("127.0.0.1", endpoint.port), timeout=2)
 
 
+@pytest.mark.integration
+def test_readiness_asks_the_broker_and_redis_each_time() -> None:
+    """Ready on the real broker and Redis; once one of them is somewhere nothing answers, not
+    ready, naming it; and ready again when it answers."""
+    reachable = probes.dependency_checks(Settings(probe_timeout_s=5), ("kafka", "redis"))
+    health = probes.ProcessHealth(checks=reachable)
+    health.ready = True
+    ok, said = health.readiness()
+    assert ok and said == {"status": "ready", "checked": ["kafka", "redis"]}
+
+    gone = Settings(
+        kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", probe_timeout_s=1
+    )
+    health.checks = {
+        "kafka": probes.dependency_checks(gone, ("kafka",))["kafka"],
+        "redis": reachable["redis"],
+    }
+    ok, said = health.readiness()
+    assert not ok and said["status"] == "unreachable" and said["failed"] == ["kafka"]
+    assert "127.0.0.1:1" in str(said["reason"])
+    health.checks = probes.dependency_checks(gone, ("kafka", "redis"))
+    ok, said = health.readiness()
+    assert not ok and said["failed"] == ["kafka", "redis"]
+    health.checks = reachable
+    assert health.readiness()[0]
+
+
+def test_a_failing_check_makes_the_endpoint_not_ready() -> None:
+    def down() -> None:
+        raise ConnectionError("Connection refused")
+
+    health = probes.ProcessHealth(checks={"redis": down})
+    health.ready = True
+    endpoint = probes.serve(Settings(metrics_port=0), health, "test")
+    assert endpoint is not None
+    try:
+        status, _, body = _get(endpoint.url + "/readyz")
+        said = json.loads(body)
+        assert status == 503 and said["failed"] == ["redis"]
+        assert said["reason"] == "redis: ConnectionError: Connection refused"
+        assert _get(endpoint.url + "/healthz")[0] == 200  # alive: only not ready
+    finally:
+        endpoint.close()
+
+
 def test_no_port_no_endpoint() -> None:
     assert probes.serve(Settings(), probes.ProcessHealth(), "test") is None
 
