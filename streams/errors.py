@@ -24,6 +24,7 @@ swallows one.
     │   │   └── PublisherLeaseHeld  another publisher holds a PostgreSQL outbox's advisory lock
     │   └── OutboxSchemaError       a PostgreSQL database without the outbox schema, or another version
     ├── Fenced                      a progress write by a stale owner: the partition moved on
+    ├── InstanceIdHeld              KIP-848 still holds this static member id for a killed process
     ├── CursorMoved                 a compare-and-set found the cursor moved since it was read
     ├── PendingEffects              new Kafka effects refused while earlier ones are unpublished
     ├── ProducerLeaseLost           this process's transactional-id lease expired under it

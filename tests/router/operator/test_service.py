@@ -496,6 +496,7 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
         "/api/outboxes",
         "/api/held-projects",
         "/api/lag",
+        "/api/fleet",
         "/api/projects/{project_id}/view",
         "/api/projects/{project_id}/feed",
     }

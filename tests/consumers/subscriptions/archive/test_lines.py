@@ -62,7 +62,11 @@ def delivery(tp: TP, offset: int) -> Delivery:
     topic=st.text(min_size=1, max_size=30),
     partition=st.integers(0, 10_000),
     offsets=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=4),
-    project=st.text(alphabet=st.characters(min_codepoint=0x20), min_size=1, max_size=20),
+    project=st.text(
+        alphabet=st.characters(min_codepoint=0x20, exclude_categories=["Cs"]),
+        min_size=1,
+        max_size=20,
+    ),  # lone surrogates are not text an envelope can carry (refused by decode_event)
 )
 def test_lines_are_the_joined_form(
     topic: str, partition: int, offsets: list[int], project: str
