@@ -65,6 +65,7 @@ class KafkaTransport:
         extra: dict[str, Any] = {
             "max.poll.interval.ms": max_poll_interval_ms,
             "enable.partition.eof": True,
+            "on_commit": self._on_commit,
         }
         if prefetch_kbytes is not None:
             # What librdkafka fetches ahead of the polls, per consumer (its default is 64 MB).
@@ -91,6 +92,11 @@ class KafkaTransport:
         self._position: dict[TP, int] = {}
         self._moved: set[TP] = set()  # partitions assigned or revoked since a poll's first call
         self._tps: dict[tuple[str, int], TP] = {}  # one TP per topic partition read
+        # Group offsets asked for, per partition, and those of them the group refused (a commit
+        # in the middle of a rebalance is refused, and nothing may follow it for a partition
+        # read to its end): asked again at the next poll while still the latest and owned.
+        self._asked: dict[TP, int] = {}
+        self._refused: dict[TP, int] = {}
 
     def subscribe(
         self, topics: list[str], on_assign: AssignCallback, on_revoke: RevokeCallback
@@ -117,6 +123,8 @@ class KafkaTransport:
             self._moved.update(tps)
             for tp in tps:
                 self._position.pop(tp, None)
+                self._asked.pop(tp, None)
+                self._refused.pop(tp, None)
 
         def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
             tps = [TP(p.topic, p.partition) for p in partitions]
@@ -129,6 +137,8 @@ class KafkaTransport:
             for tp in tps:
                 self._seeks.pop(tp, None)
                 self._position.pop(tp, None)
+                self._asked.pop(tp, None)
+                self._refused.pop(tp, None)
 
         self.consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
@@ -138,6 +148,9 @@ class KafkaTransport:
         for more: a batch never waits to fill up (at a steady trickle that wait would be each
         record's latency)."""
         self._apply_seeks()
+        if self._refused:
+            again, self._refused = self._refused, {}
+            self.commit_offsets(again)
         try:
             first = self.consumer.consume(1, timeout=timeout)
             self._moved.clear()
@@ -225,11 +238,31 @@ class KafkaTransport:
         ]
         if not parts:
             return
+        for p in parts:
+            self._asked[TP(p.topic, p.partition)] = p.offset
         try:
             self.consumer.commit(offsets=parts, asynchronous=True)
         except KafkaException as exc:
             # Group offsets only feed lag tooling here; the cursor in the store is authoritative.
             log.warning("offset commit failed (lag figures may trail): %s", exc.args[0].str())
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to an asynchronous commit (served inside a poll). A partition whose
+        offset the group refused is asked again, unless a later offset was asked since or it is
+        no longer ours (its next owner commits its own)."""
+        if error is not None and error.code() == KafkaError._NO_OFFSET:
+            return
+        refused: list[str] = []
+        for p in partitions:
+            failed = error if error is not None else p.error
+            if failed is None:
+                continue
+            tp = self._tps.get((p.topic, p.partition)) or TP(p.topic, p.partition)
+            if tp in self._assigned and self._asked.get(tp) == p.offset:
+                self._refused[tp] = p.offset
+                refused.append(f"{tp.topic}[{tp.partition}]@{p.offset}: {failed.str()}")
+        if refused:
+            log.info("group offsets refused, asked again: %s", "; ".join(refused))
 
     def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]

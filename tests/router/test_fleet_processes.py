@@ -117,11 +117,6 @@ def _stop(fleet: subprocess.Popen[bytes], log: Path) -> float:
     return took
 
 
-@pytest.mark.xfail(
-    reason="known defect, open in issue 16: after a kill under load, one member's committed "
-    "offsets can stay behind (lag ~700 for 120 s) although every event was applied once",
-    strict=False,
-)
 def test_a_killed_member_is_restarted_and_a_stop_leaves_nothing_undone(
     small: Settings, tmp_path: Path
 ) -> None:

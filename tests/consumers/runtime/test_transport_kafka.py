@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import confluent_kafka
 import pytest
@@ -21,6 +22,7 @@ from consumers.runtime.transport import (
     RevokeCallback,
     Transport,
 )
+from consumers.runtime.types import TP
 from router.settings import Settings
 from streams.admin import admin_client, delete_topics
 from streams.kafka_config import client_config
@@ -141,3 +143,92 @@ class KafkaBench:
 class TestKafkaTransport(TransportContract):
     def make_bench(self) -> KafkaBench:
         return KafkaBench(make_settings())
+
+
+class _RefusesFirstCommit:
+    """A member's real consumer, but the group refuses its first asynchronous commit (as a
+    coordinator in the middle of a rebalance answers, REBALANCE_IN_PROGRESS): nothing of it is
+    committed, and the refusal reaches the commit callback at the next poll, as librdkafka's
+    answers do."""
+
+    def __init__(self, transport: KafkaTransport) -> None:
+        self.real = transport.consumer
+        self.answer = transport._on_commit
+        self.refused: list[TopicPartition] | None = None
+        self.asked: list[list[tuple[int, int]]] = []  # (partition, offset) of each commit
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        assert asynchronous, "the transport commits group offsets asynchronously"
+        self.asked.append([(p.partition, p.offset) for p in offsets])
+        if len(self.asked) == 1:
+            self.refused = [TopicPartition(p.topic, p.partition, p.offset) for p in offsets]
+            return
+        self.real.commit(offsets=offsets, asynchronous=True)
+
+    def consume(self, num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
+        if self.refused is not None:
+            refused, self.refused = self.refused, None
+            self.answer(
+                confluent_kafka.KafkaError(confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS),
+                refused,
+            )
+        return list(self.real.consume(num_messages, timeout=timeout))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def _refusing_member(bench: KafkaBench) -> tuple[KafkaTransport, _RefusesFirstCommit]:
+    member = bench.member()
+    assert isinstance(member, KafkaTransport)
+    refusing = _RefusesFirstCommit(member)
+    member.consumer = cast(confluent_kafka.Consumer, refusing)
+    return member, refusing
+
+
+@pytest.fixture
+def bench() -> Iterator[KafkaBench]:
+    made = KafkaBench(make_settings())
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_an_offset_commit_the_group_refused_is_asked_again_at_the_next_poll(
+    bench: KafkaBench,
+) -> None:
+    """A partition read to its end commits once; refused (a rebalance was under way) and never
+    asked again, its lag would stay until its next record."""
+    bench.append(0, b"v")
+    member, refusing = _refusing_member(bench)
+    tp = TP(bench.topic, 0)
+    member.commit_offsets({tp: 1})
+
+    def committed() -> int | None:
+        member.poll(1, 0.1)
+        got = member.committed([tp])[tp]
+        return got.offset if got else None
+
+    assert eventually(committed, lambda c: c == 1, "the refused offset, asked again") == 1
+    assert refusing.asked == [[(0, 1)], [(0, 1)]]
+
+
+def test_a_refused_offset_already_superseded_is_not_asked_again(bench: KafkaBench) -> None:
+    for _ in range(2):
+        bench.append(0, b"v")
+    member, refusing = _refusing_member(bench)
+    tp = TP(bench.topic, 0)
+    member.commit_offsets({tp: 1})  # refused
+    member.commit_offsets({tp: 2})  # asked before the refusal is known
+
+    def committed() -> int | None:
+        member.poll(1, 0.1)
+        got = member.committed([tp])[tp]
+        return got.offset if got else None
+
+    eventually(committed, lambda c: c == 2, "the later offset")
+    for _ in range(3):
+        member.poll(1, 0.1)
+    assert refusing.asked == [[(0, 1)], [(0, 2)]]  # never back to 1
+    assert committed() == 2
