@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams import failpoints, tracing
-from streams.errors import TransactionFailed, Unreachable
+from streams.errors import DeliveryFailed, TransactionFailed, Unreachable
 from streams.kafka_config import bootstrap_of, client_config, reader_reads_on
 from streams.producer import Producer
 from streams.pump.identity import Checkpoint
@@ -143,7 +143,16 @@ class KafkaSink:
         producer = self.producer
         producer.begin()
         try:
-            yield producer
+            try:
+                yield producer
+            except DeliveryFailed as exc:
+                # A transactional producer's fatal error (another pump took over its id between
+                # this one's sends) comes from a send as "Local: Fatal error": name the fencing.
+                if any(f.fatal for f in exc.failures):
+                    raise TransactionFailed(
+                        producer.transactional_id or "?", str(exc), fenced=True
+                    ) from exc
+                raise
             producer.commit()
         except BaseException:
             if producer.in_transaction:
