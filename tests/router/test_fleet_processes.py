@@ -55,17 +55,23 @@ def _fleet_settings(**kw: Any) -> Settings:
     )
 
 
-@pytest.fixture
-def small() -> Iterator[Settings]:
+def _provisioned_ledger_fleet(**kw: Any) -> Iterator[Settings]:
+    """The publisher, two ledger members and an archiver: nothing else of the fleet."""
     s = _fleet_settings(
         fleet_subscriptions={**NONE, "ledger": 2, "audit-archiver": 1},
         fleet_dead_letter_consumer=False,
         fleet_analytics_rollup=False,
         fleet_operator_server=False,
+        **kw,
     )
     provision_environment(s)
     yield s
     cleanup_environment(s)
+
+
+@pytest.fixture
+def small() -> Iterator[Settings]:
+    yield from _provisioned_ledger_fleet()
 
 
 def _start(s: Settings, *args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -125,18 +131,9 @@ def test_a_killed_member_is_restarted_and_a_stop_leaves_nothing_undone(
 
 @pytest.fixture
 def static_848() -> Iterator[Settings]:
-    s = _fleet_settings(
-        fleet_subscriptions={**NONE, "ledger": 2, "audit-archiver": 1},
-        fleet_dead_letter_consumer=False,
-        fleet_analytics_rollup=False,
-        fleet_operator_server=False,
-        fleet_static_membership=True,
-        fleet_instance_held_wait_s=5.0,
-        group_protocol="consumer",
+    yield from _provisioned_ledger_fleet(
+        fleet_static_membership=True, fleet_instance_held_wait_s=5.0, group_protocol="consumer"
     )
-    provision_environment(s)
-    yield s
-    cleanup_environment(s)
 
 
 def test_a_killed_static_member_under_kip_848_waits_out_its_held_id(
