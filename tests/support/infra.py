@@ -47,9 +47,12 @@ class PrivateServices:
 
     >>> with PrivateServices() as svc:
     ...     svc.kafka_stop(); svc.kafka_start()
+
+    With ``cluster``, entering starts the 3-node cluster (nodes 1-3, :attr:`cluster_bootstrap`)
+    instead of the single broker.
     """
 
-    def __init__(self, *, kafka: bool = True, redis: bool = True) -> None:
+    def __init__(self, *, kafka: bool = True, redis: bool = True, cluster: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
         # Controllers listen 10000 above each broker port, the single broker's secured listener
         # 1000 above it; the cluster uses three ports.
@@ -57,6 +60,7 @@ class PrivateServices:
         self.redis_port = _pick_port() if redis else 0
         self._want_kafka = kafka
         self._want_redis = redis
+        self._want_cluster = kafka and cluster
 
     @property
     def bootstrap(self) -> str:
@@ -116,10 +120,17 @@ class PrivateServices:
         self.run("cluster-up")
 
     def __enter__(self) -> PrivateServices:
-        if self._want_kafka:
-            self.kafka_start()
-        if self._want_redis:
-            self.redis_start()
+        try:
+            if self._want_cluster:
+                self.cluster_up()
+            elif self._want_kafka:
+                self.kafka_start()
+            if self._want_redis:
+                self.redis_start()
+        except BaseException:
+            # A cluster half up holds a JVM per node started: stop them, not only report.
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
