@@ -110,6 +110,7 @@ CASE_MODULES = (
     "bench.faust_cases",
     "bench.latency_cases",
     "bench.scale_cases",
+    "bench.scale_out_cases",
 )
 
 # The table's order (and a round's: its cases run in the order of their names here; see order_key
