@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_case
+from bench.runtime_cases import consume, cpu_row, subscription_case
 
 SLUG = "analytics-projector"
 
@@ -22,5 +22,6 @@ def analytics(env: BenchEnv) -> list[Row]:
             "events/s",
             vs="raw-consume",
             note=f"{run.stats.applied} applied",
-        )
+        ),
+        cpu_row("analytics", run),
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_case
+from bench.runtime_cases import consume, cpu_row, subscription_case
 from router.settings import Settings
 from router.wiring.archive import count_parts
 
@@ -24,5 +24,6 @@ def archiver(env: BenchEnv) -> list[Row]:
         size = sum(p.stat().st_size for p in Path(tmp).rglob("*.ndjson.gz"))
         note = f"{count_parts(s)} parts, {size / 1e6:.1f} MB gz"
     return [
-        rate("archiver", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note)
+        rate("archiver", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note),
+        cpu_row("archiver", run),
     ]

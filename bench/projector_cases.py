@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_case
+from bench.runtime_cases import consume, cpu_row, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.projector.view import count_views
 
@@ -25,4 +25,5 @@ def projector(env: BenchEnv) -> list[Row]:
             vs="raw-consume",
             note=f"{views} views",
         ),
+        cpu_row("projector", run),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.harness import BenchEnv
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, subscription_case
+from bench.runtime_cases import consume, cpu_row, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.causal_router.processor import read_router_metrics
 
@@ -21,5 +21,6 @@ def causal_router(env: BenchEnv) -> list[Row]:
     return [
         rate(
             "causal-router", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note
-        )
+        ),
+        cpu_row("causal-router", run),
     ]

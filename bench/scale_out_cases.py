@@ -5,18 +5,17 @@ explains the ratio.
 Two pairs of runs. Unpinned (``projector-1p``, ``projector-2p``): everything shares this machine's
 cores, the broker and Redis included; that is the ratio a fleet on this machine gets. Pinned
 (``projector-1p-pinned``, ``projector-2p-pinned``): the broker and every Redis thread on CPU 0,
-the projector processes on CPU 1 (``sched_setaffinity``, the call ``taskset`` makes; the broker's
-and Redis's own masks are put back afterwards). Pinned, two processes share one core: if their
-rate stays that of one, the projector is bound by its own CPU, not by the broker or Redis.
+the projector processes on CPU 1 (``taskset``; the broker's and Redis's own masks are put back
+afterwards). Pinned, two processes share one core: if their rate stays that of one, the
+projector is bound by its own CPU, not by the broker or Redis.
 
-From the pinned one-process run: the projector's CPU per event (``projector-cpu-us``, user and
-system time of the process between its start and its last event, over the events it handled)
-and the broker's and Redis's (``projector-broker-cpu-us``, ``projector-redis-cpu-us``, from
-``/proc/PID/stat`` over the same run); ``projector-core-rate`` is one core's worth of projector
-CPU, 1 s over ``projector-cpu-us``: the rate one projector process reaches per core once the
-broker and Redis are elsewhere. The broker and Redis are found by infra/local.sh's pid files; when
-they are not there (a bench against servers of elsewhere), the pinned runs and the CPU rows of
-the servers are left out, said in the unpinned rows' notes.
+From the pinned one-process run, per event it handled: the projector process's user and system
+CPU from its start to its last event (``projector-1p-pinned-cpu-us``), and the broker's and
+Redis's over the same run (``-broker-cpu-us``, ``-redis-cpu-us``, from ``/proc/PID/stat``).
+``projector-core-rate`` is 1 s over the first: the rate one projector process reaches per core
+once the broker and Redis are elsewhere. The broker and Redis are found by infra/local.sh's pid
+files; when they are not there (a bench against servers elsewhere), the pinned runs and the
+servers' CPU are left out, said in the unpinned rows' notes.
 
 A rate is timed from the first event any of the processes handled to the last: the steady rate of
 the group, its first join left out (the other subscription rows count theirs), the rebalance when
@@ -277,19 +276,19 @@ def scale_out(env: BenchEnv) -> list[Row]:
             note=f"2 processes on one core; {where}: {_split(two_p)}; {_servers_cpu(two_p)}",
         ),
         Row(
-            "projector-cpu-us",
+            "projector-1p-pinned-cpu-us",
             alone.cpu_s * us,
             "us/event",
             note="CPU of the one pinned projector process per event it handled",
         ),
         Row(
-            "projector-broker-cpu-us",
+            "projector-1p-pinned-broker-cpu-us",
             one_p.broker_cpu_s * us,
             "us/event",
             note="the broker's CPU over that run, per event",
         ),
         Row(
-            "projector-redis-cpu-us",
+            "projector-1p-pinned-redis-cpu-us",
             one_p.redis_cpu_s * us,
             "us/event",
             note="Redis's CPU over that run, per event",
@@ -298,8 +297,8 @@ def scale_out(env: BenchEnv) -> list[Row]:
             "projector-core-rate",
             1e6 / (alone.cpu_s * us),
             "events/s",
-            note="1 CPU s over projector-cpu-us: one projector process's rate per core with the "
-            "broker and Redis on other machines",
+            note="1 CPU s over projector-1p-pinned-cpu-us: one projector process's rate per core "
+            "with the broker and Redis on other machines",
         ),
     ]
 

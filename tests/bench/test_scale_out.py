@@ -90,9 +90,13 @@ def test_one_round_measures_one_and_two_projector_processes_and_their_cpu() -> N
     if found is None or (os.cpu_count() or 1) < 2:
         return
     assert rows["projector-2p-pinned"]["vs"] == "projector-1p-pinned"
-    for name in ("projector-cpu-us", "projector-broker-cpu-us", "projector-redis-cpu-us"):
+    for name in (
+        "projector-1p-pinned-cpu-us",
+        "projector-1p-pinned-broker-cpu-us",
+        "projector-1p-pinned-redis-cpu-us",
+    ):
         assert rows[name]["value"] > 0, name
     assert rows["projector-core-rate"]["value"] == pytest.approx(
-        1e6 / rows["projector-cpu-us"]["value"]
+        1e6 / rows["projector-1p-pinned-cpu-us"]["value"]
     )
     assert {pid: os.sched_getaffinity(pid) for pid in found.values()} == masks  # theirs again
