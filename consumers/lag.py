@@ -3,6 +3,13 @@
 lag = log end offset - committed offset (a partition with no commit counts from the log start),
 over the topics the group reads (``streams.topology.GroupReads``, derived for each group by
 ``router.wiring.groups``) and nothing else.
+
+The committed offsets are fetched by a consumer that names the group and never joins it, not by
+the AdminClient's ListConsumerGroupOffsets: in librdkafka (2.16, confluentinc/librdkafka#4605)
+an admin request to a group coordinator whose connection drops mid-request aborts the whole
+process (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``), and
+the consume, worker and serve processes ask the lag while they run: a coordinator broker lost
+would kill them (tests/chaos/test_broker_failover.py).
 """
 
 from __future__ import annotations
@@ -11,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streams.admin import ensure_reachable
+from streams.kafka_config import client_config
 from streams.topology import GroupReads
 
 
@@ -41,6 +49,24 @@ def _offsets(
     return out
 
 
+def _committed(
+    base: Mapping[str, Any], group: str, partitions: list[TopicPartition], timeout: float
+) -> dict[tuple[str, int], int | None]:
+    """``group``'s committed offset of each partition (None: never committed), asked through the
+    consumer group protocol's OffsetFetch (see the module docstring for why not the admin's)."""
+    # A reader never subscribes, so it never joins the group nor commits to it.
+    consumer = Consumer(client_config(base, "reader", group_id=group))
+    try:
+        found = consumer.committed(partitions, timeout=timeout)
+    finally:
+        consumer.close()
+    failed = [tp for tp in found if tp.error is not None]
+    if failed:
+        # Not "never committed": that would count the partition's lag from its log start.
+        raise KafkaException(failed[0].error)
+    return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in found}
+
+
 def group_lag(
     admin: AdminClient,
     base: Mapping[str, Any],
@@ -58,11 +84,7 @@ def group_lag(
     ]
     if not partitions:
         return []
-    request = [ConsumerGroupTopicPartitions(reads.group, partitions)]
-    committed: dict[tuple[str, int], int | None] = {}
-    for future in admin.list_consumer_group_offsets(request, request_timeout=timeout).values():
-        for tp in future.result().topic_partitions:
-            committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+    committed = _committed(base, reads.group, partitions, timeout)
     subscribed = set(reads.subscribed)
     partitions = [
         tp
