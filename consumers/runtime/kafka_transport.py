@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message,
 
 from consumers.runtime.transport import AssignCallback, Committed, RevokeCallback
 from consumers.runtime.types import TP, OutRecord, Record
-from streams.errors import CommittedUnknown, InstanceIdHeld, Unreachable
+from streams.errors import CommittedUnknown, ConfigurationError, InstanceIdHeld, Unreachable
 from streams.headers import RECORD_ID
 from streams.kafka_config import bootstrap_of, client_config
 from streams.producer import Producer
@@ -60,6 +60,7 @@ class KafkaTransport:
     ) -> None:
         self.group_id = group_id
         self._bootstrap = bootstrap_of(base)
+        self._session_timeout_ms = session_timeout_ms
         # Partition EOF events tell when a partition has been read to its end (librdkafka knows
         # about transaction markers and the last stable offset; a position does not).
         extra: dict[str, Any] = {
@@ -183,6 +184,9 @@ class KafkaTransport:
                     if InstanceIdHeld.BROKER_TEXT in error.str():
                         raise InstanceIdHeld(error.str())
                     raise KafkaException(error)
+                if error.code() == KafkaError.INVALID_SESSION_TIMEOUT:
+                    # librdkafka would ask to join again every few seconds, for ever.
+                    raise ConfigurationError(self._refused_session_timeout())
                 if error.code() == KafkaError._PARTITION_EOF:
                     if tp not in seeks and tp in assigned:
                         self._at_end.add(tp)
@@ -199,6 +203,14 @@ class KafkaTransport:
             record = _record(message, tp)
             position[tp] = record.offset + 1
             out.append(record)
+
+    def _refused_session_timeout(self) -> str:
+        return (
+            f"session_timeout_ms={self._session_timeout_ms}: the broker refused it as the "
+            f"session timeout of group {self.group_id} ({self._bootstrap}); it must lie within "
+            "the broker's group.min.session.timeout.ms and group.max.session.timeout.ms "
+            "(6,000 and 1,800,000 ms by default)"
+        )
 
     def _apply_seeks(self) -> None:
         for tp, offset in list(self._seeks.items()):

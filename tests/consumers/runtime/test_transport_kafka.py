@@ -25,6 +25,7 @@ from consumers.runtime.transport import (
 from consumers.runtime.types import TP
 from router.settings import Settings
 from streams.admin import admin_client, delete_topics
+from streams.errors import ConfigurationError
 from streams.kafka_config import client_config
 from tests.contracts.transport import (
     SETTLE_S,
@@ -232,3 +233,22 @@ def test_a_refused_offset_already_superseded_is_not_asked_again(bench: KafkaBenc
         member.poll(1, 0.1)
     assert refusing.asked == [[(0, 1)], [(0, 2)]]  # never back to 1
     assert committed() == 2
+
+
+def test_a_session_timeout_the_broker_refuses_ends_the_poll_naming_the_setting(
+    bench: KafkaBench,
+) -> None:
+    """The broker's floor is group.min.session.timeout.ms (6 s by default); below it librdkafka
+    would ask to join again every few seconds, for ever, and the process would idle unassigned."""
+    transport = KafkaTransport(
+        bench.base, group_id=bench.group, protocol="classic", session_timeout_ms=3000
+    )
+    bench.closing.append(transport)
+    transport.subscribe([bench.topic], no_rebalance, ignore)
+    deadline = time.monotonic() + 60
+    with pytest.raises(ConfigurationError) as refused:
+        while time.monotonic() < deadline:
+            transport.poll(10, 0.5)
+    message = str(refused.value)
+    assert "session_timeout_ms=3000" in message and "group.min.session.timeout.ms" in message
+    assert bench.group in message
