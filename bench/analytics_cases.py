@@ -4,9 +4,9 @@ metric points, written to the points topic in its transactions."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv
+from bench.harness import BenchEnv, cpu_row
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, cpu_row, subscription_case
+from bench.runtime_cases import consume, subscription_case
 
 SLUG = "analytics-projector"
 
@@ -23,5 +23,5 @@ def analytics(env: BenchEnv) -> list[Row]:
             vs="raw-consume",
             note=f"{run.stats.applied} applied",
         ),
-        cpu_row("analytics", run),
+        cpu_row("analytics", run.cpu, run.stats.records),
     ]

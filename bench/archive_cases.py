@@ -7,9 +7,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.harness import BenchEnv
+from bench.harness import BenchEnv, cpu_row
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, cpu_row, subscription_case
+from bench.runtime_cases import consume, subscription_case
 from router.settings import Settings
 from router.wiring.archive import count_parts
 
@@ -25,5 +25,5 @@ def archiver(env: BenchEnv) -> list[Row]:
         note = f"{count_parts(s)} parts, {size / 1e6:.1f} MB gz"
     return [
         rate("archiver", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note),
-        cpu_row("archiver", run),
+        cpu_row("archiver", run.cpu, run.stats.records),
     ]

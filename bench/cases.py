@@ -8,10 +8,9 @@ from __future__ import annotations
 import time
 
 from bench import raw
-from bench.harness import BenchEnv, case, own_streams
+from bench.harness import BenchEnv, case, own_streams, process_cpu_s, servers
 from bench.rows import Row, rate
 from bench.runtime_cases import PROJECTS
-from bench.scale_out_cases import process_cpu_s, servers
 from streams.envelopes import encode
 from streams.workload import slotted_events, workload
 

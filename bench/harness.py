@@ -117,6 +117,7 @@ CASE_MODULES = (
 # for a row not named here).
 ROW_ORDER = (
     "raw-produce",
+    "raw-produce-broker-cpu-us",
     "raw-consume",
     "publisher",
     "publisher-postgres",
@@ -171,6 +172,84 @@ def case(
         return fn
 
     return register
+
+
+# -- CPU: this process's, and the broker's and Redis's -------------------------------------------
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """User and system seconds of this process, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system seconds of a process, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
+def _server_pid(relative: str) -> int | None:
+    """A server's pid from infra/local.sh's pid file, if that process is alive."""
+    state = Path(os.environ.get("RHUMBATRON_LOCAL_DIR", ROOT / ".local"))
+    try:
+        pid = int((state / relative).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def servers() -> dict[str, int] | None:
+    """The pids of infra/local.sh's single broker and Redis (``broker``, ``redis``), or None
+    when either is not running from there (a bench against servers elsewhere)."""
+    broker, redis = _server_pid("kafka/single/kafka.pid"), _server_pid("redis/redis.pid")
+    if broker is None or redis is None:
+        return None
+    return {"broker": broker, "redis": redis}
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds over a stretch: this process's, and the servers' (None: not found)."""
+
+    own_s: float
+    broker_s: float | None
+    redis_s: float | None
+
+
+class CpuMeter:
+    """``with CpuMeter() as meter: ...``, then ``meter.use``: the CPU the stretch took."""
+
+    def __enter__(self) -> CpuMeter:
+        self._pids = servers() or {}
+        self._own = own_cpu_s()
+        self._servers = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
+        spent = {name: after[name] - self._servers[name] for name in after}
+        self.use = CpuUse(own_cpu_s() - self._own, spent.get("broker"), spent.get("redis"))
+
+
+def cpu_row(name: str, use: CpuUse, events: int, what: str = "events") -> Row:
+    """``<name>-cpu-us``: the process's CPU per event (or row) it handled, with the broker's and
+    Redis's over the same stretch in the note: the sizing arithmetic's figures
+    (docs/operations.md)."""
+    per = 1e6 / max(events, 1)
+    servers_note = (
+        f"; broker {use.broker_s * per:.1f} us, Redis {use.redis_s * per:.1f} us per {what[:-1]}"
+        if use.broker_s is not None and use.redis_s is not None
+        else "; the broker's and Redis's CPU not measured (not infra/local.sh's)"
+    )
+    return Row(
+        f"{name}-cpu-us",
+        use.own_s * per,
+        f"us/{what[:-1]}",
+        note=f"user and system CPU of the process over its {events} {what}{servers_note}",
+    )
 
 
 # -- the child side --------------------------------------------------------------------------------

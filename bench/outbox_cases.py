@@ -27,7 +27,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from bench.harness import BenchEnv, case, own_streams
+from bench.harness import BenchEnv, CpuMeter, case, cpu_row, own_streams
 from bench.rows import Row, rate
 from bench.runtime_cases import PROJECTS, isolated
 from router.settings import Settings
@@ -186,7 +186,7 @@ def _publish(env: BenchEnv, name: str, backend: str) -> list[Row]:
     try:
         store = open_outbox(s, env.scratch["address"], create=False)
         started = time.perf_counter()
-        with build_publisher(s, store) as publisher:
+        with CpuMeter() as meter, build_publisher(s, store) as publisher:
             totals = publisher.run(until_empty=True)
         seconds = time.perf_counter() - started
         store.close()
@@ -206,7 +206,8 @@ def _publish(env: BenchEnv, name: str, backend: str) -> list[Row]:
             vs="raw-produce",
             note=f"{backend} outbox, {s.outbox_ordering} ordering, "
             f"{s.outbox_rows_per_project_per_pass}/project/pass",
-        )
+        ),
+        cpu_row(name, meter.use, totals.published, "rows"),
     ]
 
 

@@ -3,9 +3,9 @@ workload, beside ``raw-consume`` of the same records (bench.runtime_cases)."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv
+from bench.harness import BenchEnv, cpu_row
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, cpu_row, subscription_case
+from bench.runtime_cases import consume, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.projector.view import count_views
 
@@ -25,5 +25,5 @@ def projector(env: BenchEnv) -> list[Row]:
             vs="raw-consume",
             note=f"{views} views",
         ),
-        cpu_row("projector", run),
+        cpu_row("projector", run.cpu, run.stats.records),
     ]

@@ -3,9 +3,9 @@ beside ``raw-consume`` of the same records (bench.runtime_cases)."""
 
 from __future__ import annotations
 
-from bench.harness import BenchEnv
+from bench.harness import BenchEnv, cpu_row
 from bench.rows import Row, rate
-from bench.runtime_cases import consume, cpu_row, subscription_case
+from bench.runtime_cases import consume, subscription_case
 from consumers.redis_conn import connect
 from consumers.subscriptions.causal_router.processor import read_router_metrics
 
@@ -22,5 +22,5 @@ def causal_router(env: BenchEnv) -> list[Row]:
         rate(
             "causal-router", run.stats.records, run.seconds, "events/s", vs="raw-consume", note=note
         ),
-        cpu_row("causal-router", run),
+        cpu_row("causal-router", run.cpu, run.stats.records),
     ]

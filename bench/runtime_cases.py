@@ -11,7 +11,6 @@ has its own group and its own keys."""
 from __future__ import annotations
 
 import multiprocessing
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from bench import raw
-from bench.harness import BenchEnv, case, delete_keys
+from bench.harness import BenchEnv, CpuMeter, CpuUse, case, cpu_row, delete_keys
 from bench.rows import Row, rate
 from consumers.redis_conn import connect
 from consumers.runtime.runner_base import Stats
@@ -132,37 +131,21 @@ def redis_bytes(env: BenchEnv, pattern: str) -> int:
 class Consumed:
     seconds: float
     stats: Stats
-    cpu_s: float  # user and system seconds of this process (all its threads) over the run
-
-
-def cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def cpu_row(name: str, run: Consumed) -> Row:
-    """``<name>-cpu-us``: the subscription's CPU per event it handled, the sizing arithmetic's
-    figure (docs/operations.md): one core runs 1 s over it of events with the broker elsewhere."""
-    return Row(
-        f"{name}-cpu-us",
-        run.cpu_s * 1e6 / max(run.stats.records, 1),
-        "us/event",
-        note="user and system CPU of the subscription's process per event, its group join "
-        "included (the broker and Redis not counted)",
-    )
+    cpu: CpuUse  # this process's CPU over the run, and the broker's and Redis's
 
 
 def consume(env: BenchEnv, slug: str, settings: Settings | None = None) -> Consumed:
     """One process of ``slug`` over the shared workload until it has handled env.size records:
     the time from opening it (its group join included, as in the raw consume) to the last."""
-    started, cpu_at_start = time.perf_counter(), cpu_s()
-    subscription = open_subscription(settings or env.settings, slug)
-    runner = subscription.runner
-    try:
-        runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
-    finally:
-        subscription.close()
-    return Consumed(time.perf_counter() - started, runner.stats, cpu_s() - cpu_at_start)
+    started = time.perf_counter()
+    with CpuMeter() as meter:
+        subscription = open_subscription(settings or env.settings, slug)
+        runner = subscription.runner
+        try:
+            runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
+        finally:
+            subscription.close()
+    return Consumed(time.perf_counter() - started, runner.stats, meter.use)
 
 
 def subscription_case(
@@ -197,7 +180,7 @@ def ledger(env: BenchEnv) -> list[Row]:
     claimed = run.stats.applied
     return [
         rate("ledger", run.stats.records, run.seconds, "events/s", vs="raw-consume"),
-        cpu_row("ledger", run),
+        cpu_row("ledger", run.cpu, run.stats.records),
         Row(
             "claim-bytes",
             claim_bytes / max(claimed, 1),

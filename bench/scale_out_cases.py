@@ -25,7 +25,6 @@ the second process joins the first counted in.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.harness import BenchEnv, case
+from bench.harness import BenchEnv, case, own_cpu_s, process_cpu_s, servers
 from bench.latency_cases import settings_environ
 from bench.rows import Row, rate
 from bench.runtime_cases import forget_subscription, fresh_subscription
@@ -47,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SLUG = "project-view-projector"
 IDLE_S = 3.0  # a process exits once it has had nothing for this long
 SERVER_CPU, PROJECTOR_CPU = 0, 1  # the pinned runs' cores
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -81,14 +79,9 @@ class Run:
         )
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def child() -> None:
     """One projector process (settings from RHUMBATRON_*): runs until idle, prints a Ran."""
-    cpu_at_open = _cpu_s()
+    cpu_at_open = own_cpu_s()
     subscription = open_subscription(Settings(), SLUG)
     runner = subscription.runner
     first: list[float] = []
@@ -98,7 +91,7 @@ def child() -> None:
         if runner.stats.records != last["records"]:
             now = time.time()
             first[:] = first or [now]
-            last.update(records=runner.stats.records, at=now, cpu=_cpu_s())
+            last.update(records=runner.stats.records, at=now, cpu=own_cpu_s())
         return False
 
     try:
@@ -111,32 +104,7 @@ def child() -> None:
     print(orjson.dumps(ran.__dict__).decode(), flush=True)
 
 
-# -- the servers: their pids, CPU and cores --------------------------------------------------------
-
-
-def _server_pid(relative: str) -> int | None:
-    """A server's pid from infra/local.sh's pid file, if that process is alive."""
-    state = Path(os.environ.get("RHUMBATRON_LOCAL_DIR", ROOT / ".local"))
-    try:
-        pid = int((state / relative).read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
-
-
-def servers() -> dict[str, int] | None:
-    """The broker's and Redis's pids (infra/local.sh's single broker), or None."""
-    broker, redis = _server_pid("kafka/single/kafka.pid"), _server_pid("redis/redis.pid")
-    if broker is None or redis is None:
-        return None
-    return {"broker": broker, "redis": redis}
-
-
-def process_cpu_s(pid: int) -> float:
-    """User and system seconds of a process, all its threads (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+# -- pinning to cores ----------------------------------------------------------------------------
 
 
 def _cores(cores: set[int]) -> str:

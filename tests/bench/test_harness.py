@@ -141,6 +141,7 @@ def test_rows_come_in_the_table_order_whatever_order_they_were_measured_in() -> 
     got = [r["name"] for r in aggregate(results)]
     assert got[: ROW_ORDER.index("publisher-postgres") + 2] == [
         "raw-produce",
+        "raw-produce-broker-cpu-us",
         "raw-consume",
         "publisher",
         "publisher-postgres",

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.scale_out_cases import pinned, process_cpu_s, servers
+from bench.harness import process_cpu_s, servers
+from bench.scale_out_cases import pinned
 
 ROOT = Path(__file__).resolve().parents[2]
 THREADS = "import threading, time\n[threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]\ntime.sleep(60)"
