@@ -8,6 +8,7 @@ ports (the Kafka jars are shared). ``PrivateServices`` is a context manager.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from types import TracebackType
 from tests.support.environment import ROOT
 
 LOCAL_SH = ROOT / "infra" / "local.sh"
+PORT_FLOOR = 11000  # private ports start above the shared ones (9092-9094, 10092, 6379, 5432)
 
 
 def _free(port: int) -> bool:
@@ -29,17 +31,25 @@ def _free(port: int) -> bool:
     return True
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out as the local end of outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _pick_port(span: int = 1, offsets: tuple[int, ...] = (0,)) -> int:
-    """A port P such that P..P+span-1 (and each +offset) are free."""
+    """A port P such that P..P+span-1 (and each +offset) are free, all below the kernel's
+    ephemeral range: a port in it that a test leaves unbound for a while (a broker killed, a node
+    still starting) can meanwhile become the local end of some outgoing connection (or a client's
+    self-connect to the dead port), and the server then cannot bind it again."""
+    top = _ephemeral_floor() - span - max(offsets)
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base: int = s.getsockname()[1]
-        if base + span + max(offsets) > 65000:
-            continue
+        base = random.randrange(PORT_FLOOR, top)
         if all(_free(base + i + off) for i in range(span) for off in offsets):
             return base
-    raise RuntimeError("no free port range found")
+    raise RuntimeError(f"no free port range found between {PORT_FLOOR} and {top}")
 
 
 class PrivateServices:
