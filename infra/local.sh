@@ -6,6 +6,8 @@
 #   infra/local.sh up | down | status
 #   infra/local.sh kafka-start [ID] | kafka-stop [ID] | kafka-kill [ID]   (no ID: the single broker)
 #   infra/local.sh redis-start | redis-stop | redis-kill
+#   infra/local.sh redis-cluster-up | redis-cluster-down | redis-cluster-kill PORT
+#                                 (3 masters, 3 replicas on RHUMBATRON_REDIS_CLUSTER_PORT=7000..7005)
 #   infra/local.sh postgres-start | postgres-stop | postgres-kill   (Debian's PostgreSQL, 127.0.0.1:5432)
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
@@ -464,6 +466,94 @@ redis_signal() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# A Redis Cluster of REDIS_CLUSTER_NODES local redis-server processes (3 masters, 3 replicas by
+# default) on REDIS_CLUSTER_PORT and the ports after it, each append-only in
+# $STATE/redis-cluster/<port>. cluster-node-timeout is short (REDIS_CLUSTER_NODE_TIMEOUT_MS) so a
+# killed master's replica is promoted within a few seconds, which is what the failover tests
+# measure; a production cluster keeps Redis's default (15 s) or its own.
+REDIS_CLUSTER_PORT="${RHUMBATRON_REDIS_CLUSTER_PORT:-7000}"
+REDIS_CLUSTER_NODES=6
+REDIS_CLUSTER_NODE_TIMEOUT_MS="${RHUMBATRON_REDIS_CLUSTER_NODE_TIMEOUT_MS:-2000}"
+REDIS_CLUSTER_READY_TIMEOUT=60
+
+redis_cluster_ports() { seq "$REDIS_CLUSTER_PORT" $((REDIS_CLUSTER_PORT + REDIS_CLUSTER_NODES - 1)); }
+redis_cluster_pidfile() { echo "$STATE/redis-cluster/$1/redis.pid"; }
+
+redis_cluster_node_start() {
+  local port="$1" dir="$STATE/redis-cluster/$1" pidfile
+  pidfile="$(redis_cluster_pidfile "$port")"
+  if alive "$pidfile"; then return; fi
+  mkdir -p "$dir"
+  cat >"$dir/redis.conf" <<CONF
+bind 127.0.0.1
+port $port
+protected-mode yes
+daemonize yes
+pidfile $pidfile
+logfile $dir/redis.log
+dir $dir
+cluster-enabled yes
+cluster-config-file $dir/nodes.conf
+cluster-node-timeout $REDIS_CLUSTER_NODE_TIMEOUT_MS
+appendonly yes
+appendfsync everysec
+save ""
+CONF
+  redis-server "$dir/redis.conf" || fail "redis-server on port $port did not start; see $dir/redis.log"
+}
+
+redis_cluster_ok() {
+  redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
+}
+
+redis_cluster_up() {
+  redis_install
+  local port i seeds=() missing=0
+  for port in $(redis_cluster_ports); do redis_cluster_node_start "$port"; seeds+=("127.0.0.1:$port"); done
+  for port in $(redis_cluster_ports); do
+    for i in $(seq 1 100); do
+      redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && break
+      [ "$i" = 100 ] && fail "redis cluster node $port did not answer PING within 10s; see $STATE/redis-cluster/$port/redis.log"
+      sleep 0.1
+    done
+  done
+  # A node that knows no other has never been joined: create the cluster once, over all of them.
+  if [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_CLUSTER_PORT" cluster info | grep -c '^cluster_known_nodes:1\b' || true)" = 1 ]; then
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$STATE/redis-cluster/create.log" 2>&1 \
+      || fail "redis-cli --cluster create failed; see $STATE/redis-cluster/create.log"
+  fi
+  for i in $(seq 1 $((REDIS_CLUSTER_READY_TIMEOUT * 10))); do
+    missing=0
+    for port in $(redis_cluster_ports); do redis_cluster_ok "$port" || missing=1; done
+    if [ "$missing" = 0 ]; then
+      say "redis cluster ready: $(IFS=,; echo "${seeds[*]}") (3 masters, 3 replicas, append-only in $STATE/redis-cluster)"
+      return
+    fi
+    sleep 0.1
+  done
+  fail "redis cluster did not reach cluster_state:ok on every node within ${REDIS_CLUSTER_READY_TIMEOUT}s; see $STATE/redis-cluster/*/redis.log"
+}
+
+# Stops (TERM) or kills (KILL) the nodes on the ports given, or every node.
+redis_cluster_signal() {
+  local signal="$1" port pidfile pid
+  shift
+  # shellcheck disable=SC2046
+  [ $# -gt 0 ] || set -- $(redis_cluster_ports)
+  for port in "$@"; do
+    case "$port" in *[!0-9]* | '') fail "unknown redis cluster port '$port'" ;; esac
+    pidfile="$(redis_cluster_pidfile "$port")"
+    if ! alive "$pidfile"; then rm -f "$pidfile"; continue; fi
+    pid="$(cat "$pidfile")"
+    kill "-$signal" "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    rm -f "$pidfile"
+    say "redis cluster node $port $([ "$signal" = KILL ] && echo killed || echo stopped) (pid $pid)"
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
 # PostgreSQL (Debian's packages) for the PostgreSQL outbox and its tests (docs/outbox.md). initdb
 # and postgres refuse to run as root, so as root they run as the `postgres` user, with a data
 # directory that user owns outside the checkout (.local may be a 0700 tree it cannot enter);
@@ -700,11 +790,14 @@ cluster_down() {
 
 cmd="${1:-}"; shift || true
 node="${1:-single}"
-case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac
+case "$cmd" in
+  redis-cluster-*) ;;
+  *) case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac ;;
+esac
 mkdir -p "$STATE/kafka"
 case "$cmd" in
   up) kafka_start single; redis_start; pg_start; prometheus_install ;;
-  down) cluster_down; kafka_signal TERM single; redis_signal TERM; pg_signal TERM ;;
+  down) cluster_down; kafka_signal TERM single; redis_signal TERM; redis_cluster_signal TERM; pg_signal TERM ;;
   status) status ;;
   jars) jars ;;
   browser) browser ;;
@@ -720,5 +813,8 @@ case "$cmd" in
   postgres-kill) pg_signal KILL ;;
   cluster-up) cluster_up ;;
   cluster-down) cluster_down ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, cluster-up, cluster-down" ;;
+  redis-cluster-up) redis_cluster_up ;;
+  redis-cluster-down) redis_cluster_signal TERM ;;
+  redis-cluster-kill) [ $# -gt 0 ] || fail "redis-cluster-kill needs the port of the node to kill"; redis_cluster_signal KILL "$@" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
 esac

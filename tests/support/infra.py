@@ -20,6 +20,7 @@ from tests.support.environment import ROOT
 
 LOCAL_SH = ROOT / "infra" / "local.sh"
 PORT_FLOOR = 11000  # private ports start above the shared ones (9092-9094, 10092, 6379, 5432)
+REDIS_CLUSTER_NODES = 6  # infra/local.sh's: 3 masters, 3 replicas
 
 
 def _free(port: int) -> bool:
@@ -59,15 +60,28 @@ class PrivateServices:
     ...     svc.kafka_stop(); svc.kafka_start()
 
     With ``cluster``, entering starts the 3-node cluster (nodes 1-3, :attr:`cluster_bootstrap`)
-    instead of the single broker.
+    instead of the single broker. With ``redis_cluster``, entering also starts a Redis Cluster of
+    3 masters and 3 replicas on six ports of its own (:attr:`redis_cluster_nodes`).
     """
 
-    def __init__(self, *, kafka: bool = True, redis: bool = True, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        kafka: bool = True,
+        redis: bool = True,
+        cluster: bool = False,
+        redis_cluster: bool = False,
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
         # Controllers listen 10000 above each broker port, the single broker's secured listener
         # 1000 above it; the cluster uses three ports.
         self.kafka_port = _pick_port(3, (0, 1000, 10000)) if kafka else 0
         self.redis_port = _pick_port() if redis else 0
+        # Each cluster node's bus listens 10000 above its port.
+        self.redis_cluster_port = (
+            _pick_port(REDIS_CLUSTER_NODES, (0, 10000)) if redis_cluster else 0
+        )
+        self._want_redis_cluster = redis_cluster
         self._want_kafka = kafka
         self._want_redis = redis
         self._want_cluster = kafka and cluster
@@ -92,12 +106,23 @@ class PrivateServices:
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
+    @property
+    def redis_cluster_nodes(self) -> list[str]:
+        """Every node's ``host:port``, masters and replicas (which is which changes on failover)."""
+        return [f"127.0.0.1:{self.redis_cluster_port + i}" for i in range(REDIS_CLUSTER_NODES)]
+
+    @property
+    def redis_cluster_seeds(self) -> str:
+        """The value of RHUMBATRON_REDIS_CLUSTER for this cluster."""
+        return ",".join(self.redis_cluster_nodes)
+
     def run(self, *args: str) -> str:
         env = dict(os.environ)
         env.update(
             RHUMBATRON_LOCAL_DIR=str(self.dir),
             RHUMBATRON_KAFKA_PORT=str(self.kafka_port or 9092),
             RHUMBATRON_REDIS_PORT=str(self.redis_port or 6379),
+            RHUMBATRON_REDIS_CLUSTER_PORT=str(self.redis_cluster_port or 7000),
         )
         result = subprocess.run(
             [str(LOCAL_SH), *args], env=env, capture_output=True, text=True, timeout=180
@@ -129,6 +154,13 @@ class PrivateServices:
     def cluster_up(self) -> None:
         self.run("cluster-up")
 
+    def redis_cluster_up(self) -> None:
+        self.run("redis-cluster-up")
+
+    def redis_cluster_kill(self, port: int) -> None:
+        """SIGKILL the cluster node on ``port`` (no shutdown, no last fsync)."""
+        self.run("redis-cluster-kill", str(port))
+
     def __enter__(self) -> PrivateServices:
         try:
             if self._want_cluster:
@@ -137,6 +169,8 @@ class PrivateServices:
                 self.kafka_start()
             if self._want_redis:
                 self.redis_start()
+            if self._want_redis_cluster:
+                self.redis_cluster_up()
         except BaseException:
             # A cluster half up holds a JVM per node started: stop them, not only report.
             self.__exit__(None, None, None)
