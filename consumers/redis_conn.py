@@ -1,5 +1,12 @@
 """Connecting to Redis with bounded timeouts; failures name the address tried.
 
+:func:`connect` makes a client of one server, :func:`connect_cluster` one of a Redis Cluster
+(``redis.cluster.RedisCluster``, typed here as ``redis.Redis``: the stores call the commands both
+offer). On a cluster, a script's keys and a ``MULTI``'s keys must share one hash slot, and the
+stores keep that: every key of one (subscription, partition) carries the partition's hash tag.
+:func:`run_script_calls` sends each call to the primary of its slot and, when asked, ends with
+``WAIT`` there, on the same connection (``WAIT`` counts the writes of its own connection).
+
 :func:`redis_errors` is the boundary for the readers an operator calls (views, dead letters,
 worker figures): a redis-py error raised inside becomes :class:`Unreachable` (no answer) or
 :class:`ServerRefused` (an error answer), naming the address and what was being done. The
@@ -10,14 +17,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
 
-from streams.errors import ServerRefused, Unreachable
+from streams.errors import ConfigurationError, ServerRefused, Unreachable
 
 # A connection idle this long is pinged before it is used again, so one a server restart
 # dropped is replaced instead of failing the next command.
@@ -35,16 +43,71 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
 
 
+def is_cluster(client: redis.Redis[bytes]) -> bool:
+    """Whether ``client`` is a Redis Cluster's (see :func:`connect_cluster`)."""
+    return _cluster_of(client) is not None
+
+
+def _cluster_of(client: redis.Redis[bytes]) -> RedisCluster[bytes] | None:
+    # connect_cluster types its client as redis.Redis; this is where it is told apart.
+    found: object = client
+    return found if isinstance(found, RedisCluster) else None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``WAIT replicas timeout_ms`` after a write: fewer acknowledgements fail the write."""
+
+    replicas: int
+    timeout_ms: int
+
+
+class ReplicasBehind(redis.RedisError):
+    """A write reached its primary but not ``replicas`` replicas within the timeout: a failover
+    now could lose it. Raised as a redis-py error so the runtime's and the workers' retry
+    policies take it like any other failed commit (a script's commit is idempotent: its
+    cursor compare-and-set refuses a second apply, and the retry re-reads)."""
+
+    def __init__(self, address: str, wait: Wait, acknowledged: int) -> None:
+        super().__init__(
+            f"Redis {address}: {acknowledged} of {wait.replicas} replicas acknowledged the "
+            f"commit within {wait.timeout_ms} ms (RHUMBATRON_REDIS_WAIT_REPLICAS, "
+            f"RHUMBATRON_REDIS_WAIT_TIMEOUT_MS); the commit is retried. Check the replicas' "
+            "link (INFO replication), or lower RHUMBATRON_REDIS_WAIT_REPLICAS"
+        )
+        self.wait = wait
+        self.acknowledged = acknowledged
+
+
+Calls = Sequence[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]]
+
+
 def run_script_calls(
-    client: redis.Redis[bytes],
-    script: Script,
-    calls: Sequence[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]],
+    client: redis.Redis[bytes], script: Script, calls: Calls, *, wait: Wait | None = None
 ) -> list[Any]:
     """Run ``script`` once per (keys, args) of ``calls``, all in one pipeline (one round trip,
     no transaction: each call is atomic on its own, and may keep its own hash slot); answers in
     order. A script Redis does not know (its cache flushed, or Redis restarted) is loaded and
     the calls it refused, which ran nothing, are sent again. redis-py's own ``Script`` in a
-    pipeline asks ``SCRIPT EXISTS`` first on every execute: a second round trip each time."""
+    pipeline asks ``SCRIPT EXISTS`` first on every execute: a second round trip each time.
+
+    On a cluster the calls go in one pipeline per primary, to the primary of their first key's
+    slot. With ``wait``, each pipeline ends with ``WAIT``; fewer acknowledgements than asked is
+    :class:`ReplicasBehind`, raised after every call ran (their writes stand on the primary)."""
+    cluster = _cluster_of(client)
+    if cluster is not None:
+        return _run_on_cluster(cluster, script, calls, wait)
+    return _run_on(client, client, script, calls, wait, client_address(client))
+
+
+def _run_on(
+    client: redis.Redis[bytes],
+    loader: Any,
+    script: Script,
+    calls: Calls,
+    wait: Wait | None,
+    address: str,
+) -> list[Any]:
     answers: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for attempt in range(2):
@@ -52,7 +115,13 @@ def run_script_calls(
         for i in todo:
             keys, args = calls[i]
             pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if wait is not None:
+            pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
         results = pipe.execute(raise_on_error=False)
+        if wait is not None:
+            acknowledged = results.pop()
+            if isinstance(acknowledged, Exception):
+                raise acknowledged
         again: list[int] = []
         for i, result in zip(todo, results, strict=True):
             if isinstance(result, redis.exceptions.NoScriptError) and attempt == 0:
@@ -61,10 +130,36 @@ def run_script_calls(
                 raise result
             else:
                 answers[i] = result
+        if wait is not None and int(acknowledged) < wait.replicas:
+            raise ReplicasBehind(address, wait, int(acknowledged))
         if not again:
             break
-        client.script_load(script.text)
+        loader.script_load(script.text)
         todo = again
+    return answers
+
+
+def _run_on_cluster(
+    client: RedisCluster[bytes], script: Script, calls: Calls, wait: Wait | None
+) -> list[Any]:
+    by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+    for i, (keys, _) in enumerate(calls):
+        node = client.get_node_from_key(keys[0])
+        assert node is not None  # a primary is asked for: None is for a missing replica
+        by_node.setdefault(node.name, (node, []))[1].append(i)
+    answers: list[Any] = [None] * len(calls)
+    for name, (node, indexes) in by_node.items():
+        primary = client.get_redis_connection(node)
+        try:
+            got = _run_on(primary, client, script, [calls[i] for i in indexes], wait, name)
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+            # A primary gone (killed, failed over) or a slot moved (MOVED): the map of slots is
+            # read again, so the caller's retry goes to the slot's new primary.
+            if not isinstance(exc, redis.exceptions.NoScriptError):
+                _reread_slots(client)
+            raise
+        for i, answer in zip(indexes, got, strict=True):
+            answers[i] = answer
     return answers
 
 
@@ -118,6 +213,76 @@ def connect(
     return client
 
 
+def _reread_slots(client: RedisCluster[bytes]) -> None:
+    # Still failing over, the map may not be readable: the next retry asks again.
+    with suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+        client.nodes_manager.initialize()
+
+
+def connect_cluster(
+    seeds: str,
+    *,
+    url: str,
+    timeout: float,
+    username: str | None = None,
+    password: str | None = None,
+    ssl_ca_file: str | None = None,
+    ssl_cert_file: str | None = None,
+    ssl_key_file: str | None = None,
+) -> redis.Redis[bytes]:
+    """A client of the Redis Cluster whose seed nodes ``seeds`` names (``host:port,...``, as
+    RHUMBATRON_REDIS_CLUSTER holds them); the login and TLS come from ``url`` and the rest as for
+    :func:`connect`. The map of slots is read here, so unreachable seeds, or a seed that is not
+    in cluster mode, are reported here.
+
+    Typed as ``redis.Redis``: the stores use the commands both clients offer, and the cluster's
+    own rules (one slot a script or a ``MULTI``) are kept by the keys' hash tags."""
+    url_username, url_password, _ = _split_credentials(url)
+    options: dict[str, Any] = {}
+    if urlsplit(url).scheme == "rediss":
+        options["ssl"] = True
+        if ssl_ca_file is not None:
+            options["ssl_ca_certs"] = ssl_ca_file
+        if ssl_cert_file is not None:
+            options["ssl_certfile"] = ssl_cert_file
+        if ssl_key_file is not None:
+            options["ssl_keyfile"] = ssl_key_file
+    nodes = []
+    for seed in seeds.split(","):
+        host, _, port = seed.strip().rpartition(":")
+        nodes.append(ClusterNode(host, int(port)))
+    try:
+        client: RedisCluster[bytes] = RedisCluster(
+            startup_nodes=nodes,
+            username=username if username is not None else url_username,
+            password=password if password is not None else url_password,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            health_check_interval=HEALTH_CHECK_INTERVAL_S,
+            **options,
+        )
+        client.ping(target_nodes=RedisCluster.PRIMARIES)
+    except redis.exceptions.RedisClusterException as exc:
+        if "cluster mode is not enabled" in str(exc).lower():
+            raise ConfigurationError(
+                f"RHUMBATRON_REDIS_CLUSTER={seeds}: {exc}; name the nodes of a Redis Cluster "
+                "there, or unset it to use the single server of RHUMBATRON_REDIS_URL"
+            ) from exc
+        raise Unreachable(
+            "Redis Cluster",
+            seeds,
+            f"{type(exc).__name__}: {exc}; check RHUMBATRON_REDIS_CLUSTER (its seed nodes) "
+            "and that the cluster is up (infra/local.sh redis-cluster-up locally)",
+        ) from exc
+    except redis.RedisError as exc:
+        raise Unreachable(
+            "Redis Cluster",
+            seeds,
+            f"{type(exc).__name__}: {exc}{_login_hint(exc)}; check RHUMBATRON_REDIS_CLUSTER",
+        ) from exc
+    return cast("redis.Redis[bytes]", client)
+
+
 def _split_credentials(url: str) -> tuple[str | None, str | None, str]:
     """The user and password a URL carries, and the URL without them: redis-py lets a URL's
     credentials win over its keyword arguments, and ours must lose to the separate settings."""
@@ -142,7 +307,11 @@ def _login_hint(exc: redis.RedisError) -> str:
 
 
 def client_address(client: redis.Redis[bytes]) -> str:
-    """The address a client talks to, for messages (``host:port``, or a unix socket's path)."""
+    """The address a client talks to, for messages (``host:port``, or a unix socket's path;
+    a cluster's primaries, ``host:port,host:port ...``)."""
+    cluster = _cluster_of(client)
+    if cluster is not None:
+        return ",".join(sorted(n.name for n in cluster.get_primaries())) or "Redis Cluster"
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return str(kwargs["path"])

@@ -206,6 +206,28 @@ class Settings(BaseSettings):
     redis_ssl_key_file: str | None = Field(
         None, description="rediss:// only: the client certificate's key (PEM), when it is apart"
     )
+    redis_cluster: str | None = Field(
+        None,
+        description="host:port[,host:port ...]: seed nodes of a Redis Cluster; when set, the "
+        "runtime, the workers and every store use it (redis.cluster.RedisCluster) instead of "
+        "redis_url's host and port (the login and TLS settings still apply). Every key of one "
+        "(subscription, partition) shares a hash tag, so a partition's commit is one slot",
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="replicas that must acknowledge every store commit (Redis WAIT, on the "
+        "primary that holds the commit's keys) before it counts as done; fewer within "
+        "redis_wait_timeout_ms fails the commit, which is retried. 0: no WAIT (asynchronous "
+        "replication: a failover may lose the last acknowledged commits, see docs/operations.md)",
+    )
+    redis_wait_timeout_ms: int = Field(
+        1000,
+        gt=0,
+        le=60_000,
+        description="how long a commit waits for redis_wait_replicas acknowledgements",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="bound on reaching Kafka or Redis")
     flush_timeout_s: float = Field(
         30.0,
@@ -1076,6 +1098,21 @@ class Settings(BaseSettings):
         if url.scheme != "unix" and not url.hostname:
             raise ValueError(f"expected a host: {url.scheme}://host[:port]/db")
         return value
+
+    @field_validator("redis_cluster")
+    @classmethod
+    def _redis_cluster(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        nodes = [n.strip() for n in value.split(",")]
+        for node in nodes:
+            host, _, port = node.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(
+                    f"expected host:port[,host:port ...] (the cluster's seed nodes) with ports "
+                    f"1-65535, got {node!r}"
+                )
+        return ",".join(nodes)
 
     @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
     @classmethod

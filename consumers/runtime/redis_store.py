@@ -4,7 +4,8 @@ compare-and-setting the cursor.
 
 Every key of one (subscription, partition) carries the same hash tag,
 ``rh:<env>:{<slug>|<topic>|<partition>}:…``, so a script never spans hash slots and Redis can be
-sharded by partition. The scripts are given the partition's key prefix and name the claim, effect
+sharded by partition (Redis Cluster: :func:`consumers.redis_conn.connect_cluster`). The scripts
+are given the partition's key prefix and name the claim, effect
 and failure keys under it themselves: they all share the hash tag (and so the slot) of the
 progress key each script is declared with.
 
@@ -36,7 +37,7 @@ import msgpack  # type: ignore[import-untyped]
 import orjson
 import redis
 
-from consumers.redis_conn import Script, run_script_calls
+from consumers.redis_conn import Script, Wait, run_script_calls
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
@@ -268,6 +269,9 @@ end
 return {'OK'}
 """
 )
+
+# KEYS[1]: the partition's epoch. A script, not a bare INCR, so it can travel with a WAIT.
+_ACQUIRE = "return redis.call('INCR', KEYS[1])"
 
 _CLEAR_PENDING = """
 local cur = redis.call('GET', KEYS[2]) or '0'
@@ -509,6 +513,7 @@ class RedisStore:
         claim_ttl_ms: int,
         failure_ttl_s: int = 7 * 86_400,
         claim_buckets: int = 1024,
+        wait: Wait | None = None,
     ) -> None:
         if claim_buckets < 1:
             raise ValueError(f"claim_buckets must be at least 1, not {claim_buckets}")
@@ -519,13 +524,18 @@ class RedisStore:
         self.claim_ttl_ms = claim_ttl_ms
         self.failure_ttl_s = failure_ttl_s
         self.claim_buckets = claim_buckets
+        # Every write script (acquire, commit, replace_fold, clear_pending) ends with this WAIT:
+        # a commit fewer replicas acknowledged is refused as a redis-py error. The epoch too: a
+        # failover that forgot an INCR would hand the new owner's epoch back to the old one.
+        self.wait = wait
         self.days = math.ceil(claim_ttl_ms / DAY_MS) + 1
         self._scripts = {
             "decisions": Script(_DECISIONS),
             "commit": Script(_COMMIT),
             "replace": Script(_REPLACE_FOLD),
+            "clear": Script(_CLEAR_PENDING),
+            "acquire": Script(_ACQUIRE),
         }
-        self._clear = client.register_script(_CLEAR_PENDING)
 
     # -- keys ----------------------------------------------------------------------------------
     def prefix(self, tp: TP) -> str:
@@ -563,11 +573,20 @@ class RedisStore:
             self.client,
             self._scripts[name],
             [([prefix + "progress"], [packed, prefix]) for prefix, packed in calls],
+            wait=None if name == "decisions" else self.wait,
         )
 
     # -- Store ---------------------------------------------------------------------------------
     def acquire(self, tp: TP) -> int:
-        return int(self.client.incr(self.prefix(tp) + "epoch"))
+        if self.wait is None:
+            return int(self.client.incr(self.prefix(tp) + "epoch"))
+        (epoch,) = run_script_calls(
+            self.client,
+            self._scripts["acquire"],
+            [([self.prefix(tp) + "epoch"], [])],
+            wait=self.wait,
+        )
+        return int(epoch)
 
     def epoch(self, tp: TP) -> int:
         return int(self.client.get(self.prefix(tp) + "epoch") or 0)
@@ -675,7 +694,12 @@ class RedisStore:
         return decode_pending(self.client.get(self.prefix(tp) + "pending") or b"")
 
     def clear_pending(self, tp: TP, epoch: int) -> None:
-        result = self._clear(keys=self._core_keys(tp), args=[str(epoch)])
+        (result,) = run_script_calls(
+            self.client,
+            self._scripts["clear"],
+            [(self._core_keys(tp), [str(epoch)])],
+            wait=self.wait,
+        )
         if result[0] == b"FENCED":
             raise Fenced(tp, epoch, int(result[1] or 0))
 

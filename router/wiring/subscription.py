@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from consumers.redis_conn import connect
+from consumers.redis_conn import Wait, connect, connect_cluster
 from consumers.runtime.controls import Controls, RedisAuditLog
 from consumers.runtime.dead_letter_ops import DeadLetterActions
 from consumers.runtime.dead_letters import KafkaRedisDeadLetters
@@ -71,8 +71,20 @@ def policy(settings: Settings, slug: str) -> RuntimePolicy:
 
 def redis_client(settings: Settings, *, timeout: float | None = None) -> redis.Redis[bytes]:
     """The one client the settings describe: their URL, login and TLS files; every call bounded
-    by ``timeout`` (default: ``connect_timeout_s``)."""
+    by ``timeout`` (default: ``connect_timeout_s``). With ``redis_cluster`` set, a client of that
+    Redis Cluster (its seed nodes; the URL's login and TLS)."""
     password = settings.redis_password
+    if settings.redis_cluster is not None:
+        return connect_cluster(
+            settings.redis_cluster,
+            url=settings.redis_url,
+            timeout=settings.connect_timeout_s if timeout is None else timeout,
+            username=settings.redis_username,
+            password=None if password is None else password.get_secret_value(),
+            ssl_ca_file=settings.redis_ssl_ca_file,
+            ssl_cert_file=settings.redis_ssl_cert_file,
+            ssl_key_file=settings.redis_ssl_key_file,
+        )
     return connect(
         settings.redis_url,
         timeout=settings.connect_timeout_s if timeout is None else timeout,
@@ -93,7 +105,15 @@ def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Cloc
         claim_ttl_ms=settings.claim_ttl_ms,
         failure_ttl_s=settings.batch_failure_ttl_s,
         claim_buckets=settings.claim_buckets,
+        wait=redis_wait(settings),
     )
+
+
+def redis_wait(settings: Settings) -> Wait | None:
+    """The WAIT every store commit ends with, or None (``redis_wait_replicas`` 0)."""
+    if settings.redis_wait_replicas == 0:
+        return None
+    return Wait(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
 
 
 def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDeadLetters:

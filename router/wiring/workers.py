@@ -18,7 +18,7 @@ from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
 from router.wiring.metrics import worker_instruments
 from router.wiring.provisioning import require_topics, worker_topics
-from router.wiring.subscription import dead_letters, redis_client
+from router.wiring.subscription import dead_letters, redis_client, redis_wait
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
 from router.workers.model import CommandHandler, WorkerPolicy
@@ -144,6 +144,7 @@ def open_worker(
             client,
             env=settings.env,
             ttl_ms=settings.queue_retention_ms + settings.command_dedupe_margin_ms,
+            wait=redis_wait(settings),
         ),
         clock,
         metrics=RedisWorkerMetrics(client, env=settings.env),

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import redis
 
+from consumers.redis_conn import Script, Wait, run_script_calls
+
 
 def prefix(env: str) -> str:
     return f"rh:{env}:{{workers}}:"
@@ -41,11 +43,16 @@ return #KEYS
 
 
 class RedisCommandLedger:
-    def __init__(self, client: redis.Redis[bytes], *, env: str, ttl_ms: int) -> None:
+    def __init__(
+        self, client: redis.Redis[bytes], *, env: str, ttl_ms: int, wait: Wait | None = None
+    ) -> None:
         self.client = client
         self.prefix = prefix(env) + "done:"
         self.ttl_ms = ttl_ms
-        self._mark = client.register_script(_MARK_DONE)
+        # The worker's commit: with a WAIT, a mark fewer replicas acknowledged fails the batch
+        # (retried) before its Kafka offsets are committed, so a failover cannot forget it.
+        self.wait = wait
+        self._mark = Script(_MARK_DONE)
 
     def done_among(self, command_ids: Iterable[str]) -> set[str]:
         ids = list(dict.fromkeys(command_ids))
@@ -59,7 +66,7 @@ class RedisCommandLedger:
         command each in a pipeline cost more to pack than the round trip it saved."""
         keys = [self.prefix + i for i in dict.fromkeys(command_ids)]
         if keys:
-            self._mark(keys=keys, args=[self.ttl_ms])
+            run_script_calls(self.client, self._mark, [(keys, [self.ttl_ms])], wait=self.wait)
 
 
 class MemoryCommandLedger:

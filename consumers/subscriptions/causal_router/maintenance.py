@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 import redis
 
+from consumers.redis_conn import is_cluster
 from consumers.runtime.types import JSON
 from consumers.subscriptions.causal_router.commands import (
     FORKS_SWEEP,
@@ -220,11 +221,21 @@ class MaintenanceTick:
         except Exception:
             self.client.delete(lock)  # let the next check try again
             raise
-        pipe = self.client.pipeline()
-        if plan.marks:
-            pipe.hset(self.marks_key, mapping={k: str(v) for k, v in plan.marks.items()})
-        pipe.set(self.day_key, day)
-        pipe.execute()
+        marks = {k: str(v) for k, v in plan.marks.items()}
+        if is_cluster(self.client):
+            # The two keys hash to two slots on a Redis Cluster (no hash tag: renaming them would
+            # orphan a running environment's marks), so no MULTI: the marks go first, and a
+            # crash between the two leaves today's tick to run again with them, as a crash
+            # before this write leaves it to run again without them.
+            if marks:
+                self.client.hset(self.marks_key, mapping=marks)  # type: ignore[arg-type]
+            self.client.set(self.day_key, day)
+        else:
+            pipe = self.client.pipeline()
+            if marks:
+                pipe.hset(self.marks_key, mapping=marks)  # type: ignore[arg-type]
+            pipe.set(self.day_key, day)
+            pipe.execute()
         log.info(
             "maintenance %s: %d commands sent, %d left for the next tick: %s",
             day,
