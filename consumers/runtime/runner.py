@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -180,7 +181,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             )
             part.redelivery = self.policy.redelivery_partition(tp)
             self.parts[tp] = part
-            starts[tp] = progress.acked_through + 1 if progress.has_cursor() else None
+            starts[tp] = self._start(tp, progress)
             if self.redelivery is not None and part.redelivery is not None:
                 self.redelivery.assign(part.redelivery, progress.redelivered_next)
             log.info(
@@ -191,6 +192,21 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 starts[tp],
             )
         return starts
+
+    def _start(self, tp: TP, progress: Progress) -> int | None:
+        """Where a new owner reads ``tp`` from: after the stored cursor; without one, for effects
+        in Redis, the log start. The group's committed offset is for lag tooling only and is
+        committed after the store, so it can be ahead of what Redis holds: a Redis that lost its
+        latest writes (append-only with fsync every second loses up to about two seconds when
+        the machine fails or the disk stalls; a restore from an older copy) may have lost a
+        partition's first cursor with its claims and effects, and reading from the committed
+        offset would never apply those events. Other effects keep the committed offset: Kafka
+        effects commit it in their transaction, files record their parts against it."""
+        if progress.has_cursor():
+            return progress.acked_through + 1
+        if self.processor.effect_kind == EffectKind.REDIS:
+            return self.transport.log_start(tp)
+        return None
 
     def _on_revoke(self, tps: list[TP]) -> None:
         # An open part closes before its partition goes: the next owner starts after it.
@@ -228,6 +244,22 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
+        try:
+            self._handle(records)
+        except BaseException:
+            # Broken off (the store went away mid-batch, a crash): what the poll handed over is
+            # not done. Put it back, so that nothing takes these partitions as read through it,
+            # least of all the offsets committed on the way out (by ``close`` and the revoke
+            # callback): past the cursor, the group would read lag 0 while those records wait.
+            with suppress(Exception):  # the error that broke the batch is the one to raise
+                for part in list(self.parts.values()):
+                    self._defer(part)
+            raise
+        self._commit_read_through()
+        return len(records)
+
+    def _handle(self, records: list[Record]) -> None:
+        """Apply and commit one poll's records."""
         read: dict[tuple[str, int], list[Record]] = {}  # by topic and partition, in order
         for record in records:
             key = (record.topic, record.partition)
@@ -266,8 +298,6 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             self._commit(outcomes)
         finally:
             self._close_traces()  # the failed applies' spans, once their failures are handled
-        self._commit_read_through()
-        return len(records)
 
     def _poll_size(self) -> int:
         """How many records the next poll may bring: ``batch_size_behind`` while the last poll

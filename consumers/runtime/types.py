@@ -331,7 +331,7 @@ class Progress:
     def has_cursor(self) -> bool:
         """A cursor was set: work was acknowledged, or an operator moved it (``reprocess_from``
         bumps the revision, so a cursor set to before the first offset is still a cursor).
-        Without one, a new owner starts where the group's committed offset says."""
+        Without one, a new owner of effects in Redis reads from the log start (runner._start)."""
         return self.acked_through >= 0 or self.cursor_revision > 0
 
     def txn_marker(self) -> str:

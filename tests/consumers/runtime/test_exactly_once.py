@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import pytest
 
+from consumers.runtime.memory_store import MemoryStore
 from consumers.runtime.memory_transport import cuts_from
 from consumers.runtime.transport import Committed
 from consumers.runtime.types import JSON, TP, Delivery, Effects
@@ -526,3 +527,52 @@ def test_an_owner_frozen_mid_batch_asks_again_before_acting_when_it_wakes() -> N
     runner.run_once(timeout=0)
     assert SideEffects.acted == [1], "a process that lost the partition acted after waking"
     assert tp not in runner.parts and runner.stats.fenced == 1
+
+
+def test_redis_effects_lost_with_their_first_cursor_are_applied_again() -> None:
+    """A Redis that lost its latest writes (append-only with fsync every second: up to about two
+    seconds when the machine fails or the disk stalls; a restore from an older copy) can have
+    lost a partition's first cursor with its claims and effects, while the group's offsets,
+    committed to Kafka after each batch, survive. The next owner must read that partition from
+    its start, not from the committed offset, or those events are never applied."""
+    world = World()
+    x, y, tp = _two_projects(world)
+    for n in range(1, 4):
+        world.publish(event(x, n))
+        world.publish(event(y, n))
+    world.drain(world.runner())
+    assert world.ledger() == {x: [1, 2, 3], y: [1, 2, 3]}
+    assert world.log.offsets["group-ledger"][tp].offset == 6  # the offsets outlived the state
+    world.store = MemoryStore()  # Redis restarted without the partition's writes
+    world.drain(world.runner())
+    assert world.ledger() == {x: [1, 2, 3], y: [1, 2, 3]}
+    assert world.ledger_counts() == {e: 1 for e in world.ledger_counts()}
+
+
+def test_a_batch_broken_off_by_its_store_commits_no_offset_past_its_cursor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis lost in the middle of a batch (the claims lookup raises): the process exits through
+    ``close``, which commits the group's offsets. The records the poll handed over were never
+    applied, so the offset committed must stay at the cursor: past them, lag tooling reads 0
+    while they wait, and an owner without a cursor would start after them."""
+    world = World()
+    x, y, tp = _two_projects(world)
+    world.drain(world.runner())  # the group exists, nothing committed yet
+    for n in range(1, 4):
+        world.publish(event(x, n))
+        world.publish(event(y, n))
+    runner = world.runner()
+
+    def gone(*args: object, **kwargs: object) -> object:
+        raise ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(world.store, "decisions_many", gone)
+    with pytest.raises(ConnectionError):
+        runner.run_once(timeout=0)
+    runner.close()
+    committed = world.log.offsets.get("group-ledger", {}).get(tp)
+    assert committed is None or committed.offset == 0, committed
+    monkeypatch.undo()
+    world.drain(world.runner())
+    assert world.ledger() == {x: [1, 2, 3], y: [1, 2, 3]}
