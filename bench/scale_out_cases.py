@@ -40,6 +40,7 @@ from bench.latency_cases import settings_environ
 from bench.rows import Row, rate
 from bench.runtime_cases import forget_subscription, fresh_subscription
 from router.settings import Settings
+from router.wiring import collector
 from router.wiring.subscription import open_subscription
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,8 +82,10 @@ class Run:
 
 def child() -> None:
     """One projector process (settings from RHUMBATRON_*): runs until idle, prints a Ran."""
+    settings = Settings()
+    collector.tune(settings)  # as the bench's own children and every long-running command
     cpu_at_open = own_cpu_s()
-    subscription = open_subscription(Settings(), SLUG)
+    subscription = open_subscription(settings, SLUG)
     runner = subscription.runner
     first: list[float] = []
     last = {"records": 0, "at": 0.0, "cpu": cpu_at_open}
