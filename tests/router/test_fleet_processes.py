@@ -17,17 +17,14 @@ from typing import Any
 
 import pytest
 
-from consumers.runtime.types import TP
-from consumers.subscriptions.ledger import read_ledger
 from router.fleet import FleetStatus, read_status, status_path
 from router.settings import Settings
 from router.wiring.archive import archived_events
 from router.wiring.provisioning import provision_environment
-from router.wiring.subscription import redis_client, store
-from streams.clock import SystemClock
 from streams.errors import InstanceIdHeld
 from streams.workload import workload, write_workload
 from tests.support.environment import ROOT, cleanup_environment, make_settings, subprocess_env
+from tests.support.ledger_oracle import applied, assert_applied_once_in_order
 from tests.support.outbox import outbox_for
 from tests.support.waiting import wait_until
 
@@ -155,10 +152,7 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
     names = {"publisher-1", "ledger-1", "ledger-2", "audit-archiver-1"}
     try:
         wait_until(lambda: _all_running(s, names), 120, "every member running")
-        client = redis_client(s)
-        wait_until(
-            lambda: len(read_ledger(client, s.env)["counts"]) > 0, 120, "the ledger applying"
-        )
+        wait_until(lambda: applied(s) > 0, 120, "the ledger applying")
         victim = _members(s)["ledger-1"]
         os.kill(victim.pid, signal.SIGKILL)
         wait_until(
@@ -186,11 +180,7 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
                 "ledger-1 running again once the broker released its id",
             )
         write_workload(outbox_for(s, outbox), drafts[EVENTS // 2 :], writers=2, events_per_write=5)
-        wait_until(
-            lambda: len(read_ledger(client, s.env)["counts"]) == EVENTS,
-            180,
-            "every event applied",
-        )
+        wait_until(lambda: applied(s) == EVENTS, 180, "every event applied")
 
         seen: list[Any] = []
 
@@ -219,16 +209,7 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
     assert {m.name: (m.state, m.last_exit) for m in found.members} == {
         n: ("stopped", 0) for n in names
     }
-    ledger = read_ledger(redis_client(s), s.env)
-    assert set(ledger["counts"].values()) == {1}  # each event's effect once
-    per_project: dict[str, int] = {}
-    for d in drafts:
-        per_project[d.project_id] = per_project.get(d.project_id, 0) + 1
-    assert ledger["projects"] == {p: list(range(1, n + 1)) for p, n in per_project.items()}
-    ledger_store = store(s, redis_client(s), "ledger", SystemClock())
-    for topic in s.topology.stream_names():
-        for partition in range(s.partitions):
-            assert not ledger_store.load(TP(topic, partition)).pending_effects
+    assert_applied_once_in_order(s, drafts)  # each effect once, in order, nothing pending
     assert archived_events(s) == EVENTS  # every open part closed at the stop
     return took
 
