@@ -6,7 +6,7 @@ VENV_STAMP := .venv/.installed
 # the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
 export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
-.PHONY: demo test test-slow up down check bench venv unit browser
+.PHONY: demo test test-slow chaos up down check bench venv unit browser
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -36,6 +36,12 @@ test: up browser
 # The heavier suites: property soaks with many more generated examples.
 test-slow: up
 	$(PY) -m pytest -q -n 2 -m slow
+
+# The chaos matrix (tests/chaos/matrix, docs/reliability.md): one row per fault scenario against
+# the real servers (private ones for a row that kills a server), `chaos: N/M rows passed` at the
+# end, the matrix as JSON in .local/chaos.json; non-zero when any row fails.
+chaos: up
+	$(PY) -m tests.chaos.matrix
 
 unit: venv
 	$(PY) -m pytest -q -m "not integration and not chaos and not slow"
