@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from streams.errors import ConfigurationError, ServerRefused, Unreachable
+from streams.errors import ConfigurationError, ReplicasBehind, ServerRefused, Unreachable
 
 # A connection idle this long is pinged before it is used again, so one a server restart
 # dropped is replaced instead of failing the next command.
@@ -60,23 +60,6 @@ class Wait:
 
     replicas: int
     timeout_ms: int
-
-
-class ReplicasBehind(redis.RedisError):
-    """A write reached its primary but not ``replicas`` replicas within the timeout: a failover
-    now could lose it. Raised as a redis-py error so the runtime's and the workers' retry
-    policies take it like any other failed commit (a script's commit is idempotent: its
-    cursor compare-and-set refuses a second apply, and the retry re-reads)."""
-
-    def __init__(self, address: str, wait: Wait, acknowledged: int) -> None:
-        super().__init__(
-            f"Redis {address}: {acknowledged} of {wait.replicas} replicas acknowledged the "
-            f"commit within {wait.timeout_ms} ms (RHUMBATRON_REDIS_WAIT_REPLICAS, "
-            f"RHUMBATRON_REDIS_WAIT_TIMEOUT_MS); the commit is retried. Check the replicas' "
-            "link (INFO replication), or lower RHUMBATRON_REDIS_WAIT_REPLICAS"
-        )
-        self.wait = wait
-        self.acknowledged = acknowledged
 
 
 Calls = Sequence[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]]
@@ -131,7 +114,7 @@ def _run_on(
             else:
                 answers[i] = result
         if wait is not None and int(acknowledged) < wait.replicas:
-            raise ReplicasBehind(address, wait, int(acknowledged))
+            raise ReplicasBehind(address, wait.replicas, wait.timeout_ms, int(acknowledged))
         if not again:
             break
         loader.script_load(script.text)

@@ -25,6 +25,7 @@ swallows one.
     │   └── OutboxSchemaError       a PostgreSQL database without the outbox schema, or another version
     ├── Fenced                      a progress write by a stale owner: the partition moved on
     ├── InstanceIdHeld              KIP-848 still holds this static member id for a killed process
+    ├── ReplicasBehind              a Redis commit not on the replicas WAIT asked for: the process stops
     ├── CursorMoved                 a compare-and-set found the cursor moved since it was read
     ├── PendingEffects              new Kafka effects refused while earlier ones are unpublished
     ├── ProducerLeaseLost           this process's transactional-id lease expired under it
@@ -284,6 +285,25 @@ class Fenced(RhumbatronError):
             f"write to {tp} refused: owner epoch {epoch} is stale (current {current}); "
             "another process owns the partition now"
         )
+
+
+class ReplicasBehind(RhumbatronError):
+    """A Redis write reached its primary but not the ``replicas`` replicas ``WAIT`` asked for
+    (``redis_wait_replicas``) within its timeout: a failover now could lose it, so the process
+    does not go on from it (no Kafka offsets, no Kafka effects, no next batch). It ends the
+    process like any Redis error in its loop; the partition's next owner redoes the batch, which
+    the cursor's compare-and-set and the claims make exact."""
+
+    def __init__(self, address: str, replicas: int, timeout_ms: int, acknowledged: int) -> None:
+        super().__init__(
+            f"Redis {address}: {acknowledged} of {replicas} replicas acknowledged the commit "
+            f"within {timeout_ms} ms (RHUMBATRON_REDIS_WAIT_REPLICAS, "
+            "RHUMBATRON_REDIS_WAIT_TIMEOUT_MS); the batch is redone by the partition's next "
+            "owner. Check the replicas' link (INFO replication), or lower "
+            "RHUMBATRON_REDIS_WAIT_REPLICAS"
+        )
+        self.replicas = replicas
+        self.acknowledged = acknowledged
 
 
 class InstanceIdHeld(RhumbatronError):

@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from consumers.redis_conn import ReplicasBehind, Wait, connect_cluster, is_cluster
+from consumers.redis_conn import Wait, connect_cluster, is_cluster
 from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.store import Commit, Store
@@ -29,7 +29,7 @@ from router.workers.stores import (
     read_metrics,
 )
 from streams.clock import ManualClock
-from streams.errors import ConfigurationError, Unreachable
+from streams.errors import ConfigurationError, ReplicasBehind, Unreachable
 from tests.consumers.runtime import test_dead_letters_kafka
 from tests.contracts.store import StoreContract
 from tests.contracts.worker_ledgers import CommandLedgerContract, WorkerMetricsContract
