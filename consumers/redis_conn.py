@@ -168,23 +168,11 @@ def connect(
     apart wins over the URL's. The ``ssl_*`` files apply to a ``rediss://`` URL: the CA bundle the
     server's certificate is checked against, and a client certificate and its key for a server
     that asks for one (``tls-auth-clients``)."""
-    url_username, url_password, bare_url = _split_credentials(url)
-    options: dict[str, Any] = {}
-    if ssl_ca_file is not None:
-        options["ssl_ca_certs"] = ssl_ca_file
-    if ssl_cert_file is not None:
-        options["ssl_certfile"] = ssl_cert_file
-    if ssl_key_file is not None:
-        options["ssl_keyfile"] = ssl_key_file
+    _, _, bare_url = _split_credentials(url)
     client: redis.Redis[bytes] = redis.Redis.from_url(
         bare_url,
-        username=username if username is not None else url_username,
-        password=password if password is not None else url_password,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
         retry_on_timeout=False,
-        **options,
+        **_options(url, timeout, username, password, (ssl_ca_file, ssl_cert_file, ssl_key_file)),
     )
     try:
         client.ping()
@@ -220,30 +208,15 @@ def connect_cluster(
 
     Typed as ``redis.Redis``: the stores use the commands both clients offer, and the cluster's
     own rules (one slot a script or a ``MULTI``) are kept by the keys' hash tags."""
-    url_username, url_password, _ = _split_credentials(url)
-    options: dict[str, Any] = {}
+    options = _options(url, timeout, username, password, (ssl_ca_file, ssl_cert_file, ssl_key_file))
     if urlsplit(url).scheme == "rediss":
         options["ssl"] = True
-        if ssl_ca_file is not None:
-            options["ssl_ca_certs"] = ssl_ca_file
-        if ssl_cert_file is not None:
-            options["ssl_certfile"] = ssl_cert_file
-        if ssl_key_file is not None:
-            options["ssl_keyfile"] = ssl_key_file
     nodes = []
     for seed in seeds.split(","):
         host, _, port = seed.strip().rpartition(":")
         nodes.append(ClusterNode(host, int(port)))
     try:
-        client: RedisCluster[bytes] = RedisCluster(
-            startup_nodes=nodes,
-            username=username if username is not None else url_username,
-            password=password if password is not None else url_password,
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            health_check_interval=HEALTH_CHECK_INTERVAL_S,
-            **options,
-        )
+        client: RedisCluster[bytes] = RedisCluster(startup_nodes=nodes, **options)
         client.ping(target_nodes=RedisCluster.PRIMARIES)
     except redis.exceptions.RedisClusterException as exc:
         if "cluster mode is not enabled" in str(exc).lower():
@@ -264,6 +237,30 @@ def connect_cluster(
             f"{type(exc).__name__}: {exc}{_login_hint(exc)}; check RHUMBATRON_REDIS_CLUSTER",
         ) from exc
     return cast("redis.Redis[bytes]", client)
+
+
+def _options(
+    url: str,
+    timeout: float,
+    username: str | None,
+    password: str | None,
+    tls_files: tuple[str | None, str | None, str | None],
+) -> dict[str, Any]:
+    """What either client is made with: the login (one given apart wins over the URL's), every
+    call bounded by ``timeout``, idle connections pinged, and the TLS files given (the CA bundle,
+    the client certificate, its key; the settings allow them with ``rediss://`` only)."""
+    url_username, url_password, _ = _split_credentials(url)
+    options: dict[str, Any] = {
+        "username": username if username is not None else url_username,
+        "password": password if password is not None else url_password,
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+    }
+    for key, path in zip(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), tls_files, strict=True):
+        if path is not None:
+            options[key] = path
+    return options
 
 
 def _split_credentials(url: str) -> tuple[str | None, str | None, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
@@ -74,19 +75,10 @@ def redis_client(settings: Settings, *, timeout: float | None = None) -> redis.R
     by ``timeout`` (default: ``connect_timeout_s``). With ``redis_cluster`` set, a client of that
     Redis Cluster (its seed nodes; the URL's login and TLS)."""
     password = settings.redis_password
-    if settings.redis_cluster is not None:
-        return connect_cluster(
-            settings.redis_cluster,
-            url=settings.redis_url,
-            timeout=settings.connect_timeout_s if timeout is None else timeout,
-            username=settings.redis_username,
-            password=None if password is None else password.get_secret_value(),
-            ssl_ca_file=settings.redis_ssl_ca_file,
-            ssl_cert_file=settings.redis_ssl_cert_file,
-            ssl_key_file=settings.redis_ssl_key_file,
-        )
-    return connect(
-        settings.redis_url,
+    cluster = settings.redis_cluster
+    make = connect if cluster is None else partial(connect_cluster, cluster)
+    return make(
+        url=settings.redis_url,
         timeout=settings.connect_timeout_s if timeout is None else timeout,
         username=settings.redis_username,
         password=None if password is None else password.get_secret_value(),
