@@ -11,6 +11,9 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+import redis
+from redis.exceptions import RedisClusterException
+
 from router.cli import (
     acl_commands,
     analytics_commands,
@@ -102,8 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RhumbatronError as exc:
         print(f"rhumbatron: {exc}", file=sys.stderr)
         return 2
+    except (redis.RedisError, RedisClusterException) as exc:
+        # Redis lost mid-run: the loops take redis-py's errors as they are (starting up, a Redis
+        # that does not answer is already one of ours). Nothing is lost: the batch in hand was
+        # put back, and the process's next start reads on from the cursor Redis holds.
+        print(f"rhumbatron: Redis failed while running: {_redis_failure(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _redis_failure(exc: Exception) -> str:
+    said = str(exc) or "no answer"
+    return f"{type(exc).__name__}: {said}; what was not committed is done again on the next start"
 
 
 def _reader_left() -> int:
