@@ -161,6 +161,12 @@ def _end_publish(span: trace.Span, delivery: DeliveryReport) -> None:
     span.end()
 
 
+def _is_fatal(error: KafkaError) -> bool:
+    """The producer is unusable: its fatal error itself, or a send refused because of one
+    (librdkafka then reports ``_FATAL``, "Local: Fatal error", with ``fatal()`` false)."""
+    return bool(error.fatal()) or error.code() == KafkaError._FATAL
+
+
 class Producer:
     def __init__(
         self,
@@ -225,7 +231,7 @@ class Producer:
             elif err is not None:
                 self._failures.append(
                     FailedRecord(
-                        topic, key, delivery.describe_error(), err.retriable(), err.fatal()
+                        topic, key, delivery.describe_error(), err.retriable(), _is_fatal(err)
                     )
                 )
 
@@ -261,7 +267,7 @@ class Producer:
                     on_delivery(DeliveryReport(topic, -1, -1, key, error))
                     return
                 raise DeliveryFailed(
-                    [FailedRecord(topic, key, error.str(), error.retriable(), error.fatal())]
+                    [FailedRecord(topic, key, error.str(), error.retriable(), _is_fatal(error))]
                 ) from exc
 
     def produce_event(
