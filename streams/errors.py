@@ -62,6 +62,7 @@ swallows one.
     ├── MoreWork                    a command handler asks for another delivery of its command
     ├── LetterBeingRetried          the dead-letter consumer asks to read a record again later
     ├── CommittedUnknown            the group's committed offsets cannot be known yet: ask later
+    ├── ClaimsFound                 a commit not looked up first met claims: look them up, again
     └── ProcessorError              carries a processor's exception (and its step) to the runner
 
 Library errors (librdkafka, redis-py, sqlite3, OSError of our own files, a settings value pydantic
@@ -538,6 +539,16 @@ class LetterBeingRetried(InternalSignal):
 class CommittedUnknown(InternalSignal):
     """The group's committed offsets cannot be known right now (an open transaction); recovery
     asks again on a later loop."""
+
+
+class ClaimsFound(InternalSignal):
+    """A commit whose claims the caller did not look up first (``Commit.looked`` false) met a
+    claim of one of its events already stored: nothing of it was written. The runner looks the
+    batch's claims up and processes it again, as a batch with duplicates always was."""
+
+    def __init__(self, tp: object) -> None:
+        self.tp = tp
+        super().__init__(f"{tp}: a commit not looked up first met stored claims")
 
 
 class ProcessorError(InternalSignal):

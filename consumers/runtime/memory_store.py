@@ -12,7 +12,7 @@ import orjson
 
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
-from streams.errors import CursorMoved, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, Fenced, PendingEffects
 
 # -- effect semantics, mirrored by the Lua script of redis_store ---------------------------------
 
@@ -187,7 +187,7 @@ class MemoryStore:
         for commit in commits:
             try:
                 self.commit(commit)
-            except (Fenced, CursorMoved, PendingEffects) as refused:
+            except (Fenced, CursorMoved, PendingEffects, ClaimsFound) as refused:
                 answers.append(refused)
             else:
                 answers.append(None)
@@ -207,6 +207,10 @@ class MemoryStore:
                 raise PendingEffects(tp)
             claims = self._claims.setdefault(tp, set())
             rev = commit.progress.cursor_revision
+            if not commit.looked:
+                ids = {event_id for event_id, _ in claims}
+                if any(e in ids for e in (*commit.claims, *commit.dead_claims, *commit.unclaimed)):
+                    raise ClaimsFound(tp)
             wanted: list[tuple[str, int | str]] = [(e, rev) for e in commit.claims]
             wanted += [(e, f"{rev}d") for e in commit.dead_claims]
             for event_id, member in wanted:

@@ -41,9 +41,13 @@ from consumers.redis_conn import Script, Wait, run_script_calls
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
-from streams.errors import CursorMoved, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, Fenced, PendingEffects
 
 DAY_MS = 86_400_000
+# How long a store trusts its memory of which of today's claim hashes it gave their expiry: the
+# expiry is one call a hash a day instead of one a hash a commit, and a hash Redis lost and a
+# later commit wrote again is given its expiry again within this long.
+EXPIRY_MEMORY_S = 60.0
 
 # What every script shares: a claim's revisions, chunked variadic calls (well under Lua's stack
 # limit), the claim lookup of every live day (new hashes, then the old sets) and the claim write.
@@ -98,9 +102,35 @@ local function look(P, days, fields, subs, rev, want, found, known)
     end
   end
 end
--- Adds token tok(i) to the value of fields[i] in today's hash of subs[i], and today to the
--- partition's days with claims (which lives as long as its latest day; older days leave it).
-local function write_claims(P, day, oldest, expire_at, fields, subs, tok, known)
+-- Today among the partition's days with claims (the set lives as long as its latest day; a day
+-- past the oldest live one leaves it, its hashes deleted: their expiry is the fallback). Whether
+-- today was new there: then every hash touched today is given its expiry, whatever the caller
+-- remembers having done (a Redis that lost its data lost the set too).
+local function note_day(P, day, oldest, expire_at, buckets)
+  local mk = P .. 'claims:days'
+  for _, d in ipairs(redis.call('SMEMBERS', mk)) do
+    if tonumber(d) < oldest then
+      redis.call('SREM', mk, d)
+      local dp = P .. 'claims:' .. d .. ':'
+      for b = 0, buckets - 1 do redis.call('UNLINK', dp .. b) end
+    end
+  end
+  local new = redis.call('SADD', mk, day) == 1
+  if redis.call('EXPIRETIME', mk) < expire_at then redis.call('EXPIREAT', mk, expire_at) end
+  return new
+end
+-- The expiry of today's hashes: those named in expire (the caller's, which has not given them
+-- theirs yet today), or every one touched when expire is nil or today is new.
+local function expire_hashes(dp, touched, expire, new, expire_at)
+  if new or not expire then
+    for k in pairs(touched) do redis.call('EXPIREAT', k, expire_at) end
+  else
+    for _, b in ipairs(expire) do redis.call('EXPIREAT', dp .. b, expire_at) end
+  end
+end
+-- Adds token tok(i) to the value of fields[i] in today's hash of subs[i]. Returns whether today
+-- was new among the partition's days.
+local function write_claims(P, day, oldest, expire_at, buckets, fields, subs, tok, known, expire)
   local dp = P .. 'claims:' .. day .. ':'
   local now, touched = {}, {}
   for i = 1, #fields do
@@ -119,13 +149,52 @@ local function write_claims(P, day, oldest, expire_at, fields, subs, tok, known)
     now[f] = cur
     touched[k] = true
   end
-  for k in pairs(touched) do redis.call('EXPIREAT', k, expire_at) end
-  local mk = P .. 'claims:days'
-  for _, d in ipairs(redis.call('SMEMBERS', mk)) do
-    if tonumber(d) < oldest then redis.call('SREM', mk, d) end
+  local new = note_day(P, day, oldest, expire_at, buckets)
+  expire_hashes(dp, touched, expire, new, expire_at)
+  return new
+end
+-- For a commit not looked up first: is any of these events claimed at all, at any revision up
+-- to rev, applied or dead-lettered, on a live day before today, or today for those past the
+-- first nclaim (checked only; today's hashes of the others: see claim_new), or in the old day
+-- sets?
+local function claimed_before(P, days, fields, subs, rev, nclaim)
+  local written = {}
+  for _, d in ipairs(redis.call('SMEMBERS', P .. 'claims:days')) do written[d] = true end
+  for di = 1, #days do
+    if written[tostring(days[di])] then
+      local dp = P .. 'claims:' .. days[di] .. ':'
+      for i = (di == 1 and nclaim + 1 or 1), #fields do
+        if redis.call('HEXISTS', dp .. subs[i], fields[i]) == 1 then return true end
+      end
+    end
   end
-  redis.call('SADD', mk, day)
-  if redis.call('EXPIRETIME', mk) < expire_at then redis.call('EXPIREAT', mk, expire_at) end
+  for di = 1, #days do
+    local old = P .. 'claims:' .. days[di]
+    if redis.call('EXISTS', old) == 1 then
+      for i = 1, #fields do
+        for r = 0, tonumber(rev) do
+          if redis.call('SISMEMBER', old, fields[i] .. r) == 1 then return true end
+          if redis.call('SISMEMBER', old, fields[i] .. r .. 'd') == 1 then return true end
+        end
+      end
+    end
+  end
+  return false
+end
+-- Claims today's new fields of the first n, one HSETNX each: a field already there is an event
+-- claimed today (at whatever revision), and then the fields this call set are taken back and it
+-- returns nil, having written nothing. Else the touched hashes, for their expiry.
+local function claim_new(dp, fields, subs, n, tok)
+  local touched = {}
+  for i = 1, n do
+    local k = dp .. subs[i]
+    if redis.call('HSETNX', k, fields[i], tok(i)) == 0 then
+      for j = i - 1, 1, -1 do redis.call('HDEL', dp .. subs[j], fields[j]) end
+      return nil
+    end
+    touched[k] = true
+  end
+  return touched
 end
 """
 
@@ -159,20 +228,27 @@ if acked ~= a[2] or rev ~= a[3] or gen ~= a[4] then return {'MOVED', acked, rev}
 -- New pending Kafka effects must never replace ones not yet known to be published.
 if a[5] == 1 and redis.call('EXISTS', pending) == 1 then return {'PENDING'} end
 local days, fields, subs, napplied, crev = a[7], a[8], a[9], a[10], a[11]
+local looked, expire, buckets, nclaim = a[20] == 1, a[21], a[22], a[23]
 local function want(i) if i <= napplied then return 1 end return 2 end
-local known = {}
-if #fields > 0 then
-  local found = {}
+local dead = crev .. 'd'
+local function tok(i) if i <= napplied then return crev end return dead end
+local newday = false
+if #fields > 0 and looked then
+  local known, found = {}, {}
   look(P, days, fields, subs, crev, want, found, known)
   for i = 1, #fields do if found[i] then return {'CLAIMED'} end end
-end
--- Every check passed: from here on the script only writes.
-if #fields > 0 then
-  local dead = crev .. 'd'
-  write_claims(P, days[1], days[#days], a[6], fields, subs, function(i)
-    if i <= napplied then return crev end
-    return dead
-  end, known)
+  -- Every check passed: from here on the script only writes.
+  newday = write_claims(P, days[1], days[#days], a[6], buckets, fields, subs, tok, known, expire)
+elseif #fields > 0 then
+  if claimed_before(P, days, fields, subs, crev, nclaim) then return {'CLAIMS'} end
+  if nclaim > 0 then
+    local dp = P .. 'claims:' .. days[1] .. ':'
+    local touched = claim_new(dp, fields, subs, nclaim, tok)
+    if not touched then return {'CLAIMS'} end
+    -- The claims are written and every check passed: from here on the script only writes.
+    newday = note_day(P, days[1], days[#days], a[6], buckets)
+    expire_hashes(dp, touched, expire, newday, a[6])
+  end
 end
 if #a[12] > 0 then variadic('HSET', progress, a[12], 1) end
 if #a[13] > 0 then variadic('HSET', P .. 'state', a[13], 1) end
@@ -235,6 +311,7 @@ end
 for _, batch in ipairs(a[17]) do redis.call('DEL', P .. 'fail:' .. batch) end
 if #a[18] > 0 then variadic('SADD', P .. 'excluded', a[18], 1) end
 if #a[19] > 0 then variadic('SREM', P .. 'excluded', a[19], 1) end
+if newday then return {'OK', 1} end
 return {'OK'}
 """
 )
@@ -264,7 +341,7 @@ if #a[8] > 0 then variadic('SREM', P .. 'excluded', a[8], 1) end
 if #a[9] > 0 then variadic('SADD', P .. 'excluded', a[9], 1) end
 if #a[10] > 0 then
   local dead = a[12] .. 'd'
-  write_claims(P, a[13], a[15], a[14], a[10], a[11], function(i) return dead end, nil)
+  write_claims(P, a[13], a[15], a[14], a[16], a[10], a[11], function(i) return dead end, nil, nil)
 end
 return {'OK'}
 """
@@ -529,6 +606,8 @@ class RedisStore:
         # failover that forgot an INCR would hand the new owner's epoch back to the old one.
         self.wait = wait
         self.days = math.ceil(claim_ttl_ms / DAY_MS) + 1
+        # By partition prefix: (day, since when, today's claim hashes given their expiry).
+        self._expired: dict[str, tuple[int, float, set[int]]] = {}
         self._scripts = {
             "decisions": Script(_DECISIONS),
             "commit": Script(_COMMIT),
@@ -640,10 +719,25 @@ class RedisStore:
             for k, v in self.client.hgetall(self.prefix(tp) + "state").items()
         }
 
-    def _packed(self, commit: Commit, days: list[int], expire_at: int) -> bytes:
+    def _unexpired(self, prefix: str, day: int, subs: list[int]) -> list[int]:
+        """Which of today's claim hashes in ``subs`` this store has not given their expiry yet
+        (remembered for EXPIRY_MEMORY_S: a hash deleted and written again since, by a Redis
+        that lost data or evicted it, gets its expiry at its next commit after that)."""
+        now = self.clock.monotonic()
+        memory = self._expired.get(prefix)
+        if memory is None or memory[0] != day or now - memory[1] > EXPIRY_MEMORY_S:
+            memory = self._expired[prefix] = (day, now, set())
+        done = memory[2]
+        return [b for b in dict.fromkeys(subs) if b not in done]
+
+    def _packed(self, commit: Commit, days: list[int], expire_at: int) -> tuple[bytes, list[int]]:
+        """The commit script's argument, and today's claim hashes it gives their expiry."""
         claims = list(dict.fromkeys(commit.claims))
         dead = list(dict.fromkeys(commit.dead_claims))
-        fields, subs = self._claim_fields(claims + dead)
+        nclaim = len(claims) + len(dead)
+        unclaimed = [] if commit.looked else commit.unclaimed
+        fields, subs = self._claim_fields(claims + dead + unclaimed)
+        expire = self._unexpired(self.prefix(commit.tp), days[0], subs[:nclaim]) if nclaim else []
         sets: list[str | bytes] = []
         deletes: list[str] = []
         for project, state in commit.states.items():
@@ -672,8 +766,12 @@ class RedisStore:
                 list(commit.cleared_failures),
                 [str(o) for o in commit.excluded_add],
                 [str(o) for o in commit.excluded_remove],
+                1 if commit.looked else 0,
+                expire,
+                self.claim_buckets,
+                nclaim,
             ]
-        )
+        ), expire
 
     def commit(self, commit: Commit) -> None:
         refused = self.commit_many([commit])[0]
@@ -683,12 +781,24 @@ class RedisStore:
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
         days = self._days()
         expire_at = self._claims_expire_at()
-        calls = [(self.prefix(c.tp), self._packed(c, days, expire_at)) for c in commits]
-        answers = self._run_all("commit", calls)
-        return [
-            _refusal(c.tp, c, answer)  # type: ignore[arg-type]
-            for c, answer in zip(commits, answers, strict=True)
-        ]
+        packed = [self._packed(c, days, expire_at) for c in commits]
+        answers = self._run_all(
+            "commit",
+            [(self.prefix(c.tp), arg) for c, (arg, _) in zip(commits, packed, strict=True)],
+        )
+        refusals: list[Exception | None] = []
+        for c, (_, expire), answer in zip(commits, packed, answers, strict=True):
+            assert isinstance(answer, list)
+            refusal = _refusal(c.tp, c, answer)
+            refusals.append(refusal)
+            if refusal is None and expire:
+                prefix = self.prefix(c.tp)
+                day, since, done = self._expired[prefix]
+                if len(answer) > 1:  # today was new to the partition (Redis lost the days?)
+                    done = set()
+                    self._expired[prefix] = (day, since, done)
+                done.update(expire)
+        return refusals
 
     def pending(self, tp: TP) -> list[OutRecord]:
         return decode_pending(self.client.get(self.prefix(tp) + "pending") or b"")
@@ -733,6 +843,7 @@ class RedisStore:
                 self._today(),
                 self._claims_expire_at(),
                 self._days()[-1],
+                self.claim_buckets,
             ]
         )
         (result,) = self._run_all("replace", [(self.prefix(tp), packed)])
@@ -779,6 +890,8 @@ def _refusal(tp: TP, commit: Commit, result: list[bytes]) -> Exception | None:
         return CursorMoved(tp, expected, (int(result[1]), int(result[2])))
     if status == "PENDING":
         return PendingEffects(tp)
+    if status == "CLAIMS":
+        return ClaimsFound(tp)
     if status == "CLAIMED":
         # A claim appeared that this owner did not see when it read: treat as a moved cursor.
         expected = (commit.expected_acked, commit.expected_revision)

@@ -61,7 +61,7 @@ from consumers.runtime.types import (
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, decode_with_wire
-from streams.errors import EnvelopeError, Fenced, ProcessorError
+from streams.errors import ClaimsFound, EnvelopeError, Fenced, ProcessorError
 from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.runtime")
@@ -100,6 +100,10 @@ class _Slice:
     candidates: list[tuple[Record, Event]] = field(default_factory=list)  # events consumed
     # By record index: the value, when it is its event's canonical encoding (keeps_wire only).
     wires: dict[int, bytes] = field(default_factory=dict)
+    # Whether its claims are looked up before processing (else the commit checks them, and a
+    # commit that meets one is refused and the slice processed again, looked up: ``again``).
+    look: bool = True
+    again: bool = False
 
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
@@ -278,7 +282,34 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 continue
             by_tp.setdefault(origin, []).extend(same)
         slices = [self._decoded(self.parts[tp], recs) for tp, recs in by_tp.items()]
-        decisions = self._decisions(slices)
+        for piece in slices:
+            piece.look = self._must_look(piece)
+        met = self._process_and_commit(slices)
+        if met:
+            # Their commits met claims (duplicates, or events of an earlier revision) and wrote
+            # nothing: the same records again, looked up first, as the batch of one partition
+            # with duplicates always was.
+            again = [piece for piece in slices if piece.part.tp in met]
+            for piece in again:
+                piece.look = piece.again = True
+            self._process_and_commit(again)
+
+    def _must_look(self, piece: _Slice) -> bool:
+        """Whether a slice's claims are looked up before it is processed. The live path leaves
+        them to its commit (one round trip a poll, not two), which refuses it if any of its
+        events has a claim stored at all. Looked up first: a files processor's (its claims
+        commit with a part, polls later), and records an earlier claim may not make duplicates
+        (an operator's redelivery, the re-run range of a reprocess_from), which the commit's
+        check would refuse every time."""
+        if self.processor.effect_kind == EffectKind.FILES:
+            return True
+        rerun_through = piece.progress.rerun_through
+        return any(r.offset <= rerun_through or self._is_redelivery(r) for r, _ in piece.candidates)
+
+    def _process_and_commit(self, slices: list[_Slice]) -> set[TP]:
+        """Process every slice and commit them together; the partitions whose commit met claims
+        it had not looked up (:meth:`_commit`)."""
+        decisions = self._decisions([s for s in slices if s.look])
         try:
             outcomes = []
             for piece in slices:
@@ -295,7 +326,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._drop(part)
                     continue
                 outcomes.append(outcome)
-            self._commit(outcomes)
+            return self._commit(outcomes)
         finally:
             self._close_traces()  # the failed applies' spans, once their failures are handled
 
@@ -402,8 +433,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             if missing:
                 part.states.update(self.store.states(part.tp, missing))
 
+        if piece.again:  # its poison went to the dead-letter store the first time
+            poison = []
         letters = [self._poison_letter(part.tp, r, exc) for r, exc in poison]
         self.stats.poison += len(poison)
+        counted = {"filtered": 0, "duplicates": 0, "redelivered": 0}
         if traces is not None:
             for r, problem in poison:
                 offset = self._origin_offset(r)
@@ -413,6 +447,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []
         claims: list[str] = []
+        unclaimed: list[str] = []  # fresh but not applied: failed, or held behind a failure
         seen_ids: set[str] = set(part.open_part.claims) if part.open_part else set()
         lines: list[Line] = []
         applied_ms: list[int] = []
@@ -429,7 +464,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 continue
             if consumes is not None and event.event_type not in consumes:
                 done[i] = True
-                self.stats.filtered += 1
+                counted["filtered"] += 1
                 continue
             # A redelivery (an operator's retry of a dead letter) is a duplicate only if the
             # event was applied since; a stream copy also if it was dead-lettered.
@@ -441,12 +476,13 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 or (not redelivered and record.offset in stale)
             ):
                 done[i] = True
-                self.stats.duplicates += 1
+                counted["duplicates"] += 1
                 if traces is not None:
                     offset = self._origin_offset(record)
                     traces.skipped(proc.slug, record, event, "duplicate", offset=offset)
                 continue
             if event.project_id in held:
+                unclaimed.append(event.event_id)
                 continue
             delivery = deliveries(record, redelivered, piece.wires.get(i))
             if traces is not None:  # current while the processor runs
@@ -471,6 +507,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 if traces is not None:
                     traces.fail(record, exc.cause)
                 failed.append((record, event, exc.cause))
+                unclaimed.append(event.event_id)
                 held.add(event.project_id)
                 log.warning(
                     "%s: %s at %s@%d failed: %s",
@@ -498,9 +535,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             if proc.reducer_version:
                 changed[event.project_id] = new_state
             if redelivered:
-                self.stats.redelivered += 1
+                counted["redelivered"] += 1
                 readmitted.append(delivery.offset)
-        self.stats.applied += len(claims)
+        counted["applied"] = len(claims)
+        for name, n in counted.items():
+            setattr(self.stats, name, getattr(self.stats, name) + n)
         if out:
             out = proc.finish_batch(out, ops, owner_check)
 
@@ -546,10 +585,16 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             pending=out if out else None,
             cleared_failures=_passed_batches(progress, new),
             excluded_remove=readmitted,
+            looked=piece.look,
+            unclaimed=[] if piece.look else unclaimed,
         )
-        return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms)
+        return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms, counted)
 
-    def _commit(self, outcomes: list[Outcome]) -> None:
+    def _commit(self, outcomes: list[Outcome]) -> set[TP]:
+        """Commit the outcomes (each partition's atomic on its own) and what follows each that
+        applied: its Kafka effects, its group offset, its failures. The partitions whose commit
+        met claims it had not looked up, writing nothing: their counts are taken back, and the
+        caller processes them again."""
         ready: list[Outcome] = []
         for outcome in outcomes:
             part = self.parts.get(outcome.commit.tp)
@@ -581,11 +626,17 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 continue
             ready.append(outcome)
         # Every partition's commit in one store call, each atomic on its own.
-        accepted = self._store_commit_many([(self.parts[o.commit.tp], o.commit) for o in ready])
+        refusals = self._store_commit_many([(self.parts[o.commit.tp], o.commit) for o in ready])
         committed: list[Outcome] = []
-        for outcome, ok in zip(ready, accepted, strict=True):
+        met: set[TP] = set()
+        for outcome, refusal in zip(ready, refusals, strict=True):
+            if isinstance(refusal, ClaimsFound):
+                met.add(outcome.commit.tp)
+                for name, n in outcome.counted.items():
+                    setattr(self.stats, name, getattr(self.stats, name) - n)
+                continue
             part = self.parts.get(outcome.commit.tp)
-            if not ok or part is None:
+            if refusal is not None or part is None:
                 continue
             part.progress = outcome.commit.progress
             self._keep_states(part, outcome.commit.states)
@@ -611,6 +662,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 self._handle_failure(part, outcome)
             elif outcome.first_unapplied is None and part.retry_from is not None:
                 part.retry_from = None
+        return met
 
     def _check_controls(self) -> None:
         """Notice cursor moves and rebuilt folds made by operator controls while this process owns

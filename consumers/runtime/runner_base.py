@@ -23,7 +23,7 @@ from consumers.runtime.types import (
 )
 from streams.clock import Clock
 from streams.envelopes import Event
-from streams.errors import CursorMoved, EnvelopeError, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, EnvelopeError, Fenced, PendingEffects
 from streams.headers import ORIGIN_OFFSET
 from streams.topology import redelivery_origin, redelivery_partition
 
@@ -115,6 +115,9 @@ class Outcome:
     letters: list[DeadLetter]
     lines: list[Line] = field(default_factory=list)
     applied_ms: list[int] = field(default_factory=list)  # the applied events' timestamps
+    # What processing added to Stats (applied, duplicates, filtered, redelivered), taken back
+    # when the commit is refused with ClaimsFound and the slice is processed again.
+    counted: dict[str, int] = field(default_factory=dict)
 
 
 class RunnerBase:
@@ -246,20 +249,21 @@ class RunnerBase:
         self.failpoint("runtime.before_store_commit")
         return self._commit_or_refuse(part, commit)
 
-    def _store_commit_many(self, commits: Sequence[tuple[PartitionState, Commit]]) -> list[bool]:
+    def _store_commit_many(
+        self, commits: Sequence[tuple[PartitionState, Commit]]
+    ) -> list[Exception | None]:
         """:meth:`_store_commit` for every partition of a poll in one store call: per commit, in
-        order, whether it applied (a refused one's partition is handled as there)."""
+        order, None if it applied, else what refused it (a refused one's partition is handled as
+        there; ClaimsFound is left to the caller, which looks up and processes again)."""
         if not commits:
             return []
         for _ in commits:
             self.failpoint("runtime.before_store_commit")
         refusals = self.store.commit_many([commit for _, commit in commits])
-        accepted = []
         for (part, _), refusal in zip(commits, refusals, strict=True):
-            if refusal is not None:
+            if refusal is not None and not isinstance(refusal, ClaimsFound):
                 self._refused(part, refusal)
-            accepted.append(refusal is None)
-        return accepted
+        return refusals
 
     def _commit_or_refuse(self, part: PartitionState, commit: Commit) -> bool:
         """The store commit and what a refusal means for the partition, shared by the batch's

@@ -42,6 +42,14 @@ class Commit:
     # retried and applied): kept per partition so every refold reads all of them.
     excluded_add: list[int] = field(default_factory=list)
     excluded_remove: list[int] = field(default_factory=list)
+    # Whether the caller looked this commit's claims up before processing (Store.decisions).
+    # False is the live path's fast way, one round trip a poll instead of two: the commit is
+    # then refused with ClaimsFound, writing nothing, if any of its events has a claim stored at
+    # all (any revision, applied or dead-lettered), and the caller looks up and processes again.
+    looked: bool = True
+    # With looked false: event ids judged fresh but not applied (failed, or held back behind a
+    # failure of their project), whose claims are checked as the claims' are, and not written.
+    unclaimed: list[str] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -84,7 +92,7 @@ class Store(Protocol):
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
         """:meth:`commit` for several partitions at once (at most one commit per partition),
         each atomic on its own: per commit, in order, None if it applied or the Fenced,
-        CursorMoved or PendingEffects that refused it (having written nothing of it). One round
+        CursorMoved, PendingEffects or ClaimsFound that refused it (having written nothing of it). One round
         trip for every partition of a poll; an error reaching the store raises."""
 
     def pending(self, tp: TP) -> list[OutRecord]: ...

@@ -7,11 +7,12 @@ import pytest
 
 from consumers.runtime.store import Commit, Store
 from consumers.runtime.types import TP, OutRecord, Progress, RedisOp
-from streams.errors import CursorMoved, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, Fenced, PendingEffects
 
 TPX = TP("rhumbatron_events_00_t", 1)
 EVT = "evt_" + "ab" * 16
 EVT2 = "evt_" + "cd" * 16
+EVT3 = "evt_" + "ef" * 16
 
 
 class StoreContract:
@@ -46,6 +47,71 @@ class StoreContract:
         assert store.claimed(TPX, 1, [EVT]) == set()
         with pytest.raises(CursorMoved):  # the same claim twice means someone raced us
             store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
+
+    def test_a_commit_not_looked_up_is_refused_by_any_claim_of_its_events(self) -> None:
+        """``looked=False`` (the live path's one round trip): a claim of any of its events, at
+        this revision or an earlier one, applied or dead-lettered, among its claims or only
+        checked (``unclaimed``), refuses it with ClaimsFound, and it writes nothing: not its
+        other claims (taken back), not its effects, states or cursor."""
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+        store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), dead_claims=[EVT2]))
+        new = "evt_" + "12" * 16
+        cases = [
+            (0, {"claims": [new, EVT]}),  # applied at this revision, after a new one
+            (0, {"claims": [EVT2, new]}),  # dead-lettered at it
+            (0, {"claims": [new], "unclaimed": [EVT]}),  # judged fresh, failed, claimed after all
+            (1, {"claims": [new, EVT]}),  # applied at an earlier revision
+        ]
+        for revision, claims in cases:
+            if revision:  # an operator's reprocess moved the cursor to revision 1
+                store.replace_fold(
+                    TPX, None, (1, 0), Progress(acked_through=1, cursor_revision=1), None
+                )
+            before = store.load(TPX)
+            refused = store.commit_many(
+                [
+                    Commit(
+                        TPX,
+                        epoch,
+                        1,
+                        revision,
+                        Progress(acked_through=5, cursor_revision=revision),
+                        redis=[RedisOp("SET", "k", ("v",))],
+                        states={"p": {}},
+                        looked=False,
+                        **claims,  # type: ignore[arg-type]
+                    )
+                ]
+            )
+            assert [type(r) for r in refused] == [ClaimsFound], (revision, claims)
+            assert store.load(TPX).as_fields() == before.as_fields()
+            assert store.decisions(TPX, revision, [new]) == (set(), set()), claims
+            assert store.read(TPX, "k") is None and store.states(TPX, ["p"]) == {"p": None}
+
+    def test_a_commit_not_looked_up_without_claims_met_lands_whole(self) -> None:
+        store = self.make_store()
+        epoch = store.acquire(TPX)
+        store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+        answers = store.commit_many(
+            [
+                Commit(
+                    TPX,
+                    epoch,
+                    0,
+                    0,
+                    Progress(acked_through=3),
+                    claims=[EVT2],
+                    unclaimed=[EVT3],  # checked, not claimed: it failed
+                    redis=[RedisOp("SET", "k", ("v",))],
+                    looked=False,
+                )
+            ]
+        )
+        assert answers == [None]
+        assert store.decisions(TPX, 0, [EVT, EVT2, EVT3]) == ({EVT, EVT2}, set())
+        assert store.read(TPX, "k") == "v" and store.load(TPX).acked_through == 3
 
     def test_effects_claims_state_and_cursor_land_together(self) -> None:
         store = self.make_store()

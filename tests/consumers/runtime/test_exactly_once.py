@@ -552,8 +552,8 @@ def test_redis_effects_lost_with_their_first_cursor_are_applied_again() -> None:
 def test_a_batch_broken_off_by_its_store_commits_no_offset_past_its_cursor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Redis lost in the middle of a batch (the claims lookup raises): the process exits through
-    ``close``, which commits the group's offsets. The records the poll handed over were never
+    """Redis lost in the middle of a batch (the claims lookup or the commit raises): the process
+    exits through ``close``, which commits the group's offsets. The records the poll handed over were never
     applied, so the offset committed must stay at the cursor: past them, lag tooling reads 0
     while they wait, and an owner without a cursor would start after them."""
     world = World()
@@ -568,6 +568,7 @@ def test_a_batch_broken_off_by_its_store_commits_no_offset_past_its_cursor(
         raise ConnectionError("Connection closed by server.")
 
     monkeypatch.setattr(world.store, "decisions_many", gone)
+    monkeypatch.setattr(world.store, "commit_many", gone)
     with pytest.raises(ConnectionError):
         runner.run_once(timeout=0)
     runner.close()

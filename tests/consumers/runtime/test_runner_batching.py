@@ -1,5 +1,6 @@
-"""The loop's batching on the in-memory twin: one store lookup and one store commit for every
-partition of a poll, a refused partition handled alone, and larger polls while behind."""
+"""The loop's batching on the in-memory twin: one store commit for every partition of a poll
+(claims checked by the commit; a lookup and a second commit only for partitions whose commit met
+claims), a refused partition handled alone, and larger polls while behind."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PROJECTS = ["pa", "pb", "pc", "pj", "pk", "pd", "pe", "pl"]  # two on each of th
 
 class CountingStore(MemoryStore):
     """A MemoryStore that counts its lookups and commits, and can act from outside once, right
-    after the poll's lookup (another owner, an operator)."""
+    before the poll's commit (another owner, an operator)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,11 +38,7 @@ class CountingStore(MemoryStore):
         self, asks: Sequence[tuple[TP, int, Sequence[str]]]
     ) -> list[tuple[set[str], set[str]]]:
         self._count("decisions_many")
-        answers = [MemoryStore.decisions(self, tp, rev, ids) for tp, rev, ids in asks]
-        if self.meanwhile is not None:
-            act, self.meanwhile = self.meanwhile, None
-            act()
-        return answers
+        return [MemoryStore.decisions(self, tp, rev, ids) for tp, rev, ids in asks]
 
     def commit(self, commit: Commit) -> None:
         self._count("commit")
@@ -49,6 +46,9 @@ class CountingStore(MemoryStore):
 
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
         self._count("commit_many")
+        if self.meanwhile is not None:
+            act, self.meanwhile = self.meanwhile, None
+            act()
         refusals: list[Exception | None] = []
         for c in commits:
             try:
@@ -71,13 +71,35 @@ def _world() -> tuple[World, CountingStore, list[TP]]:
     return world, store, tps
 
 
-def test_a_poll_over_several_partitions_asks_and_commits_the_store_once() -> None:
+def test_a_poll_over_several_partitions_commits_the_store_once() -> None:
     world, store, tps = _world()
     runner = world.runner(batch_size=500)
     assert runner.run_once(timeout=0) == 3 * len(PROJECTS)
-    assert store.calls == {"decisions_many": 1, "commit_many": 1}
+    assert store.calls == {"commit_many": 1}
     assert all(store.load(tp).acked_through >= 0 for tp in tps)
     assert world.ledger() == {p: [1, 2, 3] for p in PROJECTS}
+
+
+def test_a_partition_whose_commit_meets_claims_is_looked_up_and_processed_again_alone() -> None:
+    """A copy of an applied event in a poll: its partition's commit meets the claim and writes
+    nothing; that partition alone is looked up and processed again (the copy a duplicate), and
+    every count is the one a looked-up batch gives."""
+    world, store, _ = _world()
+    first = world.runner(batch_size=500)
+    first.run_once(timeout=0)
+    copied = event(PROJECTS[0], 2)  # a publisher's re-send of an applied event
+    world.publish(copied)
+    world.publish(event(PROJECTS[0], 4))
+    world.publish(event(PROJECTS[1], 4))
+    for p in PROJECTS[2:]:
+        world.publish(event(p, 4))
+    store.calls.clear()
+    handled = first.run_once(timeout=0)
+    assert handled == len(PROJECTS) + 1
+    assert store.calls == {"commit_many": 2, "decisions_many": 1}
+    assert first.stats.duplicates == 1
+    assert first.stats.applied == 3 * len(PROJECTS) + len(PROJECTS)
+    assert world.ledger() == {p: [1, 2, 3, 4] for p in PROJECTS}
 
 
 def test_one_fenced_partition_is_dropped_while_the_others_of_its_poll_commit() -> None:

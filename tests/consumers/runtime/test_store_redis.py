@@ -20,7 +20,7 @@ from consumers.runtime.redis_store import (
 from consumers.runtime.store import Commit, Store
 from consumers.runtime.types import TP, Progress
 from streams.clock import ManualClock
-from streams.errors import CursorMoved
+from streams.errors import ClaimsFound, CursorMoved
 from tests.contracts.store import EVT, EVT2, TPX, StoreContract
 from tests.support.environment import TEST_REDIS
 
@@ -177,3 +177,75 @@ def test_commits_and_lookups_survive_a_flushed_script_cache() -> None:
 def test_a_claim_bucket_count_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="claim_buckets"):
         _store(_client(), claim_buckets=0)
+
+
+def test_a_commit_not_looked_up_meets_a_claim_of_an_earlier_day() -> None:
+    client = _client()
+    clock = _now()
+    store = RedisStore(
+        client,
+        env="t" + secrets.token_hex(5),
+        slug="contract",
+        clock=clock,
+        claim_ttl_ms=8 * DAY_S * 1000,
+    )
+    epoch = store.acquire(TPX)
+    store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+    clock.advance(2 * DAY_S)  # the copy arrives two days later: its claim is in that day's hash
+    late = Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT2, EVT], looked=False)
+    assert [type(r) for r in store.commit_many([late])] == [ClaimsFound]
+    assert store.decisions(TPX, 0, [EVT2]) == (set(), set())
+
+
+def _claim_hashes(client: redis.Redis[bytes], store: RedisStore) -> list[bytes]:
+    keys = client.scan_iter(match=store.prefix(TPX) + "claims:*", count=1000)
+    return [k for k in keys if not k.endswith(b":claims:days")]
+
+
+def test_every_claim_hash_has_its_expiry_given_once_a_day_and_again_after_a_loss() -> None:
+    """The expiry of today's claim hashes is one EXPIREAT a hash a day, not one a commit: every
+    hash still has it, also one written again after Redis lost it (and the days with it)."""
+    client = _client()
+    store = _store(client, claim_buckets=8)
+    epoch = store.acquire(TPX)
+    ids = ["evt_" + secrets.token_hex(16) for _ in range(400)]
+    for n in range(0, 400, 100):
+        acked = n - 100 if n else -1
+        store.commit(
+            Commit(TPX, epoch, acked, 0, Progress(acked_through=n), claims=ids[n : n + 100])
+        )
+    hashes = _claim_hashes(client, store)
+    assert len(hashes) == 8 and all(client.ttl(k) > 8 * DAY_S for k in hashes)
+    for key in hashes:  # marked: an expiry given again would put the 9 days back
+        client.expire(key, 1000)
+    more = ["evt_" + secrets.token_hex(16) for _ in range(100)]  # 100 claims touch all 8
+    store.commit(Commit(TPX, epoch, 300, 0, Progress(acked_through=400), claims=more))
+    assert all(0 < client.ttl(k) <= 1000 for k in hashes)  # this store had given them theirs
+    # Redis loses the claims (a restart without its data): written again, they expire again.
+    client.delete(*hashes, store.prefix(TPX) + "claims:days")
+    again = ["evt_" + secrets.token_hex(16) for _ in range(100)]
+    store.commit(Commit(TPX, epoch, 400, 0, Progress(acked_through=500), claims=again))
+    rewritten = _claim_hashes(client, store)
+    assert rewritten and all(client.ttl(k) > 8 * DAY_S for k in rewritten)
+
+
+def test_a_day_past_the_claims_life_is_deleted_when_the_partition_next_claims() -> None:
+    client = _client()
+    clock = _now()
+    store = RedisStore(
+        client,
+        env="t" + secrets.token_hex(5),
+        slug="contract",
+        clock=clock,
+        claim_ttl_ms=2 * DAY_S * 1000,
+        claim_buckets=4,
+    )
+    epoch = store.acquire(TPX)
+    ids = ["evt_" + secrets.token_hex(16) for _ in range(40)]
+    store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=ids))
+    first = set(_claim_hashes(client, store))
+    for key in first:  # as if their expiry were lost: the day's end still deletes them
+        client.persist(key)
+    clock.advance(4 * DAY_S)
+    store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
+    assert not first & set(_claim_hashes(client, store))
