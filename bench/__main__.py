@@ -19,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--env", help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--module", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         result = run_one(
@@ -28,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quick=args.quick,
             run_dir=args.run_dir,
             round_no=args.round,
+            module=args.module,
         )
         print(json.dumps(result))
         return 0

@@ -149,10 +149,13 @@ DERIVED = {"scale-projects": ("scale-100k", "projector")}
 OTHERS = ("raw-", "faust-")
 
 
-def load_cases() -> None:
+def load_cases(*, only: str | None = None) -> None:
+    """Import the case modules (their import registers their cases); ``only``: that one alone,
+    as a child does, so a case's peak RSS holds no other case's imports (faust's, the PostgreSQL
+    driver's): what it measures is its own process, as a deployment runs it."""
     import importlib
 
-    for name in CASE_MODULES:
+    for name in CASE_MODULES if only is None else (only,):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -254,10 +257,18 @@ def cpu_row(name: str, use: CpuUse, events: int, what: str = "events") -> Row:
 
 # -- the child side --------------------------------------------------------------------------------
 def run_one(
-    name: str, env_name: str, size: int, *, quick: bool, run_dir: Path, round_no: int
+    name: str,
+    env_name: str,
+    size: int,
+    *,
+    quick: bool,
+    run_dir: Path,
+    round_no: int,
+    module: str | None = None,
 ) -> dict[str, Any]:
-    """Run one case in this process and return what it measured and this process's peak RSS."""
-    load_cases()
+    """Run one case in this process and return what it measured and this process's peak RSS.
+    ``module``: the one that registers the case (else every case module is imported)."""
+    load_cases(only=module)
     settings = Settings(env=env_name, partitions=PARTITIONS, connect_timeout_s=BROKER_TIMEOUT_S)
     collector.tune(settings)  # as every long-running command is (router/cli/observed.py)
     env = BenchEnv(settings=settings, size=size, quick=quick, run_dir=run_dir, round=round_no)
@@ -591,6 +602,8 @@ def run_child(
         str(round_no),
         "--run-dir",
         str(run_dir),
+        "--module",
+        CASES[name].fn.__module__,
     ]
     if quick:
         command.append("--quick")
