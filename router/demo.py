@@ -49,8 +49,7 @@ from router.wiring.subscription import redis_client
 from streams.envelopes import Command, Draft, Event, build, encode
 from streams.errors import ConfigurationError, EnvelopeError
 from streams.files import open_private, private_dir, write_private
-from streams.outbox.postgres import is_postgres_url
-from streams.outbox.store import RowState
+from streams.outbox.store import RowState, is_postgres_url
 from streams.producer import Producer
 from streams.pump.identity import Identity
 from streams.pump.reference_server import FeedServer, workload_feed

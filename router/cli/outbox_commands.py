@@ -20,9 +20,8 @@ from router.wiring.outbox import build_publisher, init_postgres_outbox, open_out
 from router.wiring.provisioning import compact_names, missing_topics
 from streams.errors import NotProvisioned, Unreachable
 from streams.outbox import ops
-from streams.outbox.postgres import is_postgres_url
 from streams.outbox.publisher import PublisherTotals
-from streams.outbox.store import OutboxStore, RowState
+from streams.outbox.store import OutboxStore, RowState, is_postgres_url
 from streams.workload import workload, write_workload
 
 TENANT = "tenant-demo"

@@ -13,30 +13,28 @@ import signal
 import socket
 import sys
 from types import FrameType
-
-import uvicorn
+from typing import TYPE_CHECKING
 
 from router.cli.common import non_negative_int
 from router.cli.observed import observed
 from router.operator.pid_file import PidFile
-from router.operator.server import (
-    Tls,
-    address_of,
-    bind,
-    listens_remotely,
-    server,
-    tls_files,
-)
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.probes import ProcessHealth
 from streams.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the web stack is imported by `serve` alone, not by every command
+    import uvicorn
+
+    from router.operator.server import Tls
 
 
 def serve(settings: Settings, args: argparse.Namespace) -> int:
     port = settings.operator_port if args.port is None else args.port
     if not 0 <= port <= 65535:
         raise ConfigurationError(f"port {port} is out of range 0..65535 (0: any free port)")
+    from router.operator.server import bind, tls_files
+
     tls = tls_files(args.tls_cert, args.tls_key)
     stop = _Stop()
     previous = signal.signal(signal.SIGTERM, stop)
@@ -75,6 +73,8 @@ class _Stop:
 def _serve_on(
     settings: Settings, sock: socket.socket, tls: Tls | None, stop: _Stop, health: ProcessHealth
 ) -> int:
+    from router.operator.server import address_of, listens_remotely, server
+
     service = OperatorService(settings)
     try:
         print(

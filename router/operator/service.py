@@ -411,7 +411,7 @@ class OperatorService:
     def outbox_paths(self) -> list[Path | str]:
         """The outboxes reported: a SQLite file as a Path, a PostgreSQL outbox as its URL."""
         from router.wiring.causal import router_outbox_path
-        from streams.outbox.postgres import is_postgres_url
+        from streams.outbox.store import is_postgres_url
 
         if self.settings.operator_outboxes:
             return [p if is_postgres_url(p) else Path(p) for p in self.settings.operator_outboxes]

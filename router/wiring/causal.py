@@ -26,6 +26,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeGuard
 
 import redis
 
@@ -48,9 +49,8 @@ from streams.clock import Clock
 from streams.envelopes import Command
 from streams.errors import PublisherLocked
 from streams.files import private_dir
-from streams.outbox.postgres import PostgresOutbox, is_postgres_url
 from streams.outbox.sqlite import SqliteOutbox
-from streams.outbox.store import OutboxStore
+from streams.outbox.store import OutboxStore, is_postgres_url
 from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.causal_router")
@@ -140,11 +140,18 @@ def companion(
 ) -> RouterCompanion:
     """The companion of ``router.wiring.processors.COMPANIONS``: the publisher of the processor's
     outbox and the maintenance tick."""
-    if not isinstance(processor, CausalRouter) or not isinstance(
-        processor.outbox, (SqliteOutbox, PostgresOutbox)
-    ):
+    if not isinstance(processor, CausalRouter) or not _outbox_store(processor.outbox):
         raise TypeError(f"the causal router's companion needs its outbox store, got {processor!r}")
     return RouterCompanion(settings, client, clock, processor.outbox)
+
+
+def _outbox_store(outbox: object) -> TypeGuard[OutboxStore]:
+    if isinstance(outbox, SqliteOutbox):
+        return True
+    # Only a router whose outbox is PostgreSQL's imports the driver.
+    from streams.outbox.postgres import PostgresOutbox
+
+    return isinstance(outbox, PostgresOutbox)
 
 
 def read_states(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> dict[str, JSON]:

@@ -4,17 +4,19 @@ PostgreSQL for a ``postgresql://`` URL), the publisher's policy and its Kafka se
 from __future__ import annotations
 
 import os
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from router.settings import Settings
 from streams.clock import Clock
-from streams.outbox.postgres import PostgresOptions, PostgresOutbox, init_outbox, is_postgres_url
 from streams.outbox.publisher import Publisher
 from streams.outbox.sender import KafkaSender, SenderFactory
 from streams.outbox.sqlite import SqliteOutbox
 from streams.outbox.sqlite_schema import SqliteOptions
 from streams.outbox.states import Ordering, PublisherPolicy
-from streams.outbox.store import OutboxStore
+from streams.outbox.store import OutboxStore, is_postgres_url
+
+if TYPE_CHECKING:  # the driver is imported where a PostgreSQL outbox is opened, not before
+    from streams.outbox.postgres import PostgresOptions, PostgresOutbox
 
 
 @overload
@@ -36,6 +38,8 @@ def open_outbox(
     beforehand by ``rhumbatron outbox init``; ``create`` does not apply), anything else a SQLite
     file (``create``: made on first use)."""
     if is_postgres_url(address):
+        from streams.outbox.postgres import PostgresOutbox
+
         return PostgresOutbox(os.fspath(address), options=postgres_options(settings), clock=clock)
     return SqliteOutbox(
         address,
@@ -51,6 +55,8 @@ def open_outbox(
 
 
 def postgres_options(settings: Settings) -> PostgresOptions:
+    from streams.outbox.postgres import PostgresOptions
+
     return PostgresOptions(
         max_envelope_bytes=settings.max_envelope_bytes,
         missed_report_limit=settings.outbox_missed_report_limit,
@@ -63,6 +69,8 @@ def postgres_options(settings: Settings) -> PostgresOptions:
 
 def init_postgres_outbox(settings: Settings, url: str) -> str:
     """``rhumbatron outbox init --outbox URL``: apply the shipped schema; the line to print."""
+    from streams.outbox.postgres import init_outbox
+
     return init_outbox(
         url,
         connect_timeout_s=settings.connect_timeout_s,

@@ -20,7 +20,6 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from router.settings import Settings
 from router.wiring.subscription import redis_client
 from streams.errors import CheckpointError, Unreachable
-from streams.pump.http import HttpFeed
 from streams.pump.identity import Identity
 from streams.pump.kafka import KafkaSink
 from streams.pump.pump import Limits, Pump, PumpStats
@@ -78,6 +77,8 @@ def sink(settings: Settings, feed: str) -> KafkaSink:
 def open_pump(settings: Settings, feed: str, *, attested: Identity | None = None) -> Iterator[Pump]:
     """The pump of ``feed``: its sink open (so any older pump of the feed is fenced) before the
     checkpoint is read."""
+    from streams.pump.http import HttpFeed  # httpx: imported by the pump alone
+
     http = HttpFeed(
         feed,
         timeout_s=settings.pump_request_timeout_s,

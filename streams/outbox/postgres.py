@@ -81,11 +81,6 @@ def schema_sql() -> str:
     return resources.files("streams.outbox").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
 
 
-def is_postgres_url(address: str | os.PathLike[str]) -> bool:
-    text = os.fspath(address)
-    return text.startswith(("postgresql://", "postgres://"))
-
-
 @dataclass(frozen=True, slots=True)
 class PostgresOptions:
     """The backend's knobs; the commands take them from settings (the outbox_postgres_* ones,

@@ -15,6 +15,7 @@ Times are seconds since the Unix epoch (floats), taken from an injected clock.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -23,6 +24,14 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from streams.envelopes import Draft, Event
+
+
+def is_postgres_url(address: str | os.PathLike[str]) -> bool:
+    """An outbox address is a PostgreSQL outbox's URL, or else a SQLite file's path. Told apart
+    here, beside the contract, so a command that only needs to know which never imports the
+    PostgreSQL driver."""
+    text = os.fspath(address)
+    return text.startswith(("postgresql://", "postgres://"))
 
 
 class RowState(StrEnum):
