@@ -85,7 +85,7 @@ class FailureMixin(TracingMixin):
         part.progress = new
         self.store.clear_failures(part.tp, batch_key)
         if resume_at is not None:
-            self.transport.seek(part.tp, resume_at)
+            self._seek(part, resume_at)
         # Redelivered records held back behind the failing events are read again too.
         self._rewind_redelivery(part)
         log.error(
@@ -105,8 +105,9 @@ class FailureMixin(TracingMixin):
         part.retry_at = self.clock.monotonic() + delay
         part.retry_from = first_unapplied
         self.transport.pause([part.tp])
+        part.rewinds += 1
         if first_unapplied is not None:
-            self.transport.seek(part.tp, first_unapplied)
+            self._seek(part, first_unapplied)
 
     def _resume_due(self) -> None:
         now = self.clock.monotonic()
@@ -114,7 +115,7 @@ class FailureMixin(TracingMixin):
             if part.retry_at is not None and now >= part.retry_at:
                 part.retry_at = None
                 if part.retry_from is not None:
-                    self.transport.seek(part.tp, part.retry_from)
+                    self._seek(part, part.retry_from)
                 self.transport.resume([part.tp])
                 self._rewind_redelivery(part)
 
