@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from streams.admin import admin_client
 from streams.envelopes import Draft
 from streams.headers import DEAD_LETTER_ID
 from streams.topology import dead_letter_topic
+from streams.workload import slotted_events
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
     LEDGER,
@@ -39,6 +41,7 @@ from tests.chaos.matrix.scenarios import (
     Scenario,
     TransactionalZombie,
 )
+from tests.support.causal_router import drive, make_router, open_test_outbox
 
 # The ledger fails, every time, an event whose payload says so; the router's fold refuses an
 # intent whose resources are not a list of paths (consumers/subscriptions/causal_router/payload.py).
@@ -50,13 +53,27 @@ WRITE_FAILED = "dead-letter write failed"
 REFUSED = ("transaction failed, will re-send", "record(s) failed (")
 
 
+def _decides(drafts: Sequence[Draft], event_id: str) -> bool:
+    """Whether the rules decide a command on this event of its project's drafts."""
+    project = next(d.project_id for d in drafts if d.event_id == event_id)
+    events = slotted_events([d for d in drafts if d.project_id == project], tenant_id="t")
+    with tempfile.TemporaryDirectory() as tmp:
+        router = make_router(open_test_outbox(Path(tmp) / "outbox.sqlite"))
+        return any(c.payload.get("causedBy") == event_id for c in drive(router, events))
+
+
 def router_poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], list[str]]:
-    """The workload with its first ``intent.declared`` from ``AtEvent`` on made a poison for
+    """The workload with its first ``intent.declared`` from ``AtEvent`` on that the rules
+    answer with a command (an agent woken: so the commands without it differ) made a poison for
     the ledger and the router, and its id."""
     assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
     out = list(drafts)
     start = int(len(out) * scenario.when.fraction)
-    at = next(n for n in range(start, len(out)) if out[n].event_type == "intent.declared")
+    at = next(
+        n
+        for n in range(start, len(out))
+        if out[n].event_type == "intent.declared" and _decides(out, out[n].event_id)
+    )
     out[at] = dataclasses.replace(out[at], payload={**out[at].payload, **ROUTER_POISON})
     return out, [out[at].event_id]
 
