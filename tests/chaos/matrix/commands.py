@@ -273,6 +273,12 @@ def check(
     )
     found, figures = command_checks.check(e, rules)
     found["I5"] = clean_end(s)
+    fault = scenario.fault
+    if isinstance(fault, Churn) and fault.role.startswith("worker-"):
+        queue = fault.role.removeprefix("worker-")
+        figures["retries_through_a_rebalance"] = command_checks.waited_through_a_move(
+            e.journal, queue
+        )
     return found, figures
 
 
