@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, batch_letter_id
-from consumers.runtime.runner_base import Outcome, PartitionState
+from consumers.runtime.runner_base import DueLetter, Outcome, PartitionState
 from consumers.runtime.store import Commit
 from consumers.runtime.tracing import TracingMixin
 from consumers.runtime.types import (
@@ -45,19 +45,33 @@ class FailureMixin(TracingMixin):
             self._schedule_retry(part, resume_at, attempts)
             return
         letter = self._batch_letter(part.tp, batch_key, outcome.failed, attempts)
+        self._dead_letter(part, DueLetter(letter, batch_key, outcome.failed, resume_at))
+
+    def _dead_letter(self, part: PartitionState, due: DueLetter) -> bool:
+        """Write a batch's letter and pass its events. If the write fails, the letter stays due
+        on the partition, which stays paused: the next try writes the same letter and runs
+        nothing again, so the events are tried exactly ``max_batch_failures`` times and the
+        letter says so (running the batch again would count more attempts than the letter's
+        decision was made on, and more with every failed write). False: the write failed."""
+        letter, failed, resume_at = due.letter, due.failed, due.resume_at
         try:
             self.dead_letters.write([letter])
         except Exception as exc:
             log.error(
-                "%s: dead-letter write failed; retrying the batch: %s", self.processor.slug, exc
+                "%s: dead-letter write failed; writing %s again later: %s",
+                self.processor.slug,
+                letter.id,
+                exc,
             )
-            self._schedule_retry(part, resume_at, attempts)
-            return
+            part.due_letter = due
+            self._schedule_retry(part, resume_at, letter.attempts)
+            return False
+        part.due_letter = None
         self.stats.dead_lettered += 1
-        self._traces_dead_lettered([r for r, _, _ in outcome.failed], letter.id)
+        self._traces_dead_lettered([r for r, _, _ in failed], letter.id)
         new = Progress.from_fields(part.progress.as_fields())
-        redelivered = [r for r, _, _ in outcome.failed if self._is_redelivery(r)]
-        stream_failed = [r.offset for r, _, _ in outcome.failed if not self._is_redelivery(r)]
+        redelivered = [r for r, _, _ in failed if self._is_redelivery(r)]
+        stream_failed = [r.offset for r, _, _ in failed if not self._is_redelivery(r)]
         new.dead = sorted(set(new.dead) | set(stream_failed))
         for r in sorted(redelivered, key=lambda r: r.offset):
             if r.offset == new.redelivered_next:
@@ -75,15 +89,13 @@ class FailureMixin(TracingMixin):
             part.progress.acked_through,
             part.progress.cursor_revision,
             new,
-            excluded_add=sorted({self._origin_offset(r) for r, _, _ in outcome.failed}),
-            dead_claims=sorted(
-                {e.event_id for r, e, _ in outcome.failed if not self._is_redelivery(r)}
-            ),
+            excluded_add=sorted({self._origin_offset(r) for r, _, _ in failed}),
+            dead_claims=sorted({e.event_id for r, e, _ in failed if not self._is_redelivery(r)}),
         )
         if not self._commit_or_refuse(part, commit):
-            return
+            return True
         part.progress = new
-        self.store.clear_failures(part.tp, batch_key)
+        self.store.clear_failures(part.tp, due.batch_key)
         if resume_at is not None:
             self._seek(part, resume_at)
         # Redelivered records held back behind the failing events are read again too.
@@ -92,9 +104,10 @@ class FailureMixin(TracingMixin):
             "%s: dead-lettered %s after %d attempts: %s",
             self.processor.slug,
             letter.id,
-            attempts,
+            letter.attempts,
             letter.error,
         )
+        return True
 
     def _schedule_retry(
         self, part: PartitionState, first_unapplied: int | None, attempts: int
@@ -111,9 +124,14 @@ class FailureMixin(TracingMixin):
 
     def _resume_due(self) -> None:
         now = self.clock.monotonic()
-        for part in self.parts.values():
+        for part in list(self.parts.values()):
             if part.retry_at is not None and now >= part.retry_at:
                 part.retry_at = None
+                if part.due_letter is not None:
+                    # Only the letter is tried again; the partition resumes once it is written.
+                    if not self._dead_letter(part, part.due_letter) or part.tp not in self.parts:
+                        continue
+                    part.retry_from = None
                 if part.retry_from is not None:
                     self._seek(part, part.retry_from)
                 self.transport.resume([part.tp])

@@ -86,6 +86,17 @@ class Stats:
     parts: int = 0
 
 
+@dataclass(frozen=True)
+class DueLetter:
+    """A batch's dead letter whose write failed: written again, as it is, before the partition
+    moves on."""
+
+    letter: DeadLetter
+    batch_key: str
+    failed: list[tuple[Record, Event, BaseException]]
+    resume_at: int | None  # where the partition is read again once it is written
+
+
 @dataclass
 class PartitionState:
     tp: TP
@@ -95,6 +106,7 @@ class PartitionState:
     states: dict[str, JSON | None] = field(default_factory=dict)
     retry_at: float | None = None
     retry_from: int | None = None
+    due_letter: DueLetter | None = None
     needs_recovery: bool = False
     needs_refold: bool = False
     needs_first_fold: bool = False

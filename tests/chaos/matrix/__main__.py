@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         row = run_row(scenario)
         done.append(row)
         print(row.line(), flush=True)
+        if row.figures:
+            print(f"     figures: {row.figures}", flush=True)
         for name, problems in row.problems.items():
             for problem in problems:
                 print(f"     {name}: {problem}", flush=True)

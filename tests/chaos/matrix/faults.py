@@ -10,19 +10,25 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from router.settings import Settings
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
+from tests.chaos.matrix import command_faults
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
     AfterApplied,
     AtEvent,
     AtPass,
     Churn,
+    DeadLetterOutage,
+    FailingCommands,
     Failpoint,
     Freeze,
     Poison,
+    RouterPoison,
     Scenario,
     ServerKill,
+    TransactionalZombie,
 )
 from tests.support.infra import PrivateServices
 
@@ -37,6 +43,9 @@ def armed(scenario: Scenario) -> dict[str, dict[str, str]]:
         assert isinstance(when, AtPass), f"{scenario.name}: a fail-point strikes AtPass"
         mode = ":stop" if isinstance(fault, Freeze) else ""
         return {fault.role: {FAILPOINTS: f"{fault.point}@{when.nth}{mode}"}}
+    if isinstance(fault, TransactionalZombie):
+        assert isinstance(when, AtPass), f"{scenario.name}: a fail-point strikes AtPass"
+        return {fault.role: {FAILPOINTS: f"{fault.point}@{when.nth}:stop"}}
     return {}
 
 
@@ -51,7 +60,9 @@ def stopped(pid: int) -> bool:
 
 def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], list[str]]:
     """The workload with the row's poison event marked, and the ids it marked."""
-    if not isinstance(scenario.fault, Poison):
+    if isinstance(scenario.fault, RouterPoison):
+        return command_faults.router_poisoned(scenario, drafts)
+    if not isinstance(scenario.fault, Poison | DeadLetterOutage):
         return list(drafts), []
     assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
     out = list(drafts)
@@ -72,6 +83,11 @@ class Injector:
         expected: int,
         snapshot: Callable[[], dict[str, int]],
         total: int,
+        *,
+        settings: Settings | None = None,
+        logs: Path | None = None,
+        drafts: Sequence[Draft] = (),
+        poison: Sequence[str] = (),
     ) -> None:
         self.scenario = scenario
         self.pipeline = pipeline
@@ -87,6 +103,16 @@ class Injector:
         self._heal_error: BaseException | None = None
         self._churned = 0  # joins so far
         self._joined_at = 0.0
+        # The faults of tests/chaos/matrix/command_faults.py, which inject and heal themselves.
+        self._extra: command_faults.OutageInjector | command_faults.ZombieInjector | None = None
+        fault = scenario.fault
+        if isinstance(fault, DeadLetterOutage):
+            assert settings is not None and logs is not None and poison
+            self._extra = command_faults.OutageInjector(
+                fault, settings, logs, *command_faults.poison_at(drafts, poison[0])
+            )
+        elif isinstance(fault, TransactionalZombie):
+            self._extra = command_faults.ZombieInjector(fault, pipeline, stopped, snapshot)
 
     @property
     def healing(self) -> bool:
@@ -97,7 +123,16 @@ class Injector:
 
     def poll(self) -> None:
         fault, when = self.scenario.fault, self.scenario.when
-        if isinstance(fault, Failpoint):
+        if self._extra is not None:
+            self._extra.poll()
+            self.struck_at, self.healed_at = self._extra.struck_at, self._extra.healed_at
+            if isinstance(self._extra, command_faults.ZombieInjector):
+                self.at_strike = self._extra.at_strike
+        elif isinstance(fault, FailingCommands) and self.struck_at is None:
+            # Nothing to inject: the workers' handlers fail commands by the row's rule (the
+            # command side's checks say whether any did).
+            self.struck_at = self.healed_at = time.monotonic()
+        elif isinstance(fault, Failpoint):
             first = self.pipeline.members[fault.role].exits[:1]
             if first == [-signal.SIGKILL] and self.struck_at is None:
                 self.struck_at = self.healed_at = time.monotonic()
@@ -181,8 +216,10 @@ class Injector:
 
     def problems(self) -> list[str]:
         fault = self.scenario.fault
-        if isinstance(fault, Poison):
+        if isinstance(fault, Poison | RouterPoison | FailingCommands):
             return []
+        if self._extra is not None:
+            return self._extra.problems()
         if self._heal_error is not None:
             return [f"the fault was not healed: {self._heal_error}"]
         if self.struck_at is None:

@@ -52,6 +52,13 @@ class Evidence:
     drained_in_s: float | None  # from the last wave written to lag 0 (None: never)
     drain_bound_s: float
     logs: Path | None = None  # the members' logs: each failed try of an event is a line there
+    # Which subscription dead-letters which poison events; None: the ledger, ``poison``.
+    poisoned: Mapping[str, Sequence[str]] | None = None
+
+    def dead_by(self) -> dict[str, list[str]]:
+        if self.poisoned is not None:
+            return {sub: sorted(ids) for sub, ids in self.poisoned.items() if ids}
+        return {LEDGER: sorted(self.poison)} if self.poison else {}
 
 
 def _few(items: Sequence[object] | set[str]) -> str:
@@ -164,8 +171,9 @@ def projector_views(s: Settings, e: Evidence) -> dict[str, list[str]]:
 
 
 def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
-    """I3: exactly the poison events dead-lettered, by the ledger only, each after exactly
-    max_batch_failures attempts: as the letter says, and as the failed tries logged count."""
+    """I3: exactly the poison events dead-lettered, by the subscriptions that fail on them
+    (the ledger's drill event: the ledger only), each after exactly max_batch_failures
+    attempts: as the letter says, and as the failed tries logged count."""
     problems = []
     found = dead_letters(s, redis_client(s)).list()
     held: dict[str, list[str]] = defaultdict(list)
@@ -176,19 +184,21 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
                 f"{letter.subscription}: letter {letter.id} after {letter.attempts} attempts, "
                 f"not max_batch_failures={s.max_batch_failures}"
             )
-    if e.logs is not None:
+    want = e.dead_by()
+    for slug, ids in want.items():
+        if e.logs is None:
+            break
         # Counted apart from the letter's own number: the runtime logs each failed try.
-        text = "".join(p.read_text(errors="replace") for p in sorted(e.logs.glob(f"{LEDGER}*.log")))
-        for event_id in e.poison:
+        text = "".join(p.read_text(errors="replace") for p in sorted(e.logs.glob(f"{slug}*.log")))
+        for event_id in ids:
             tries = sum(
                 1 for line in text.splitlines() if f"{event_id} at " in line and "failed:" in line
             )
             if tries != s.max_batch_failures:
                 problems.append(
-                    f"{LEDGER}: {event_id} tried {tries} times (its log lines), not "
+                    f"{slug}: {event_id} tried {tries} times (its log lines), not "
                     f"max_batch_failures={s.max_batch_failures}"
                 )
-    want = {LEDGER: sorted(e.poison)} if e.poison else {}
     got = {sub: sorted(ids) for sub, ids in held.items()}
     if got != want:
         problems.append(f"dead-lettered {got}, not {want}")

@@ -94,13 +94,22 @@ class Pipeline:
     """The publisher and one member per subscription, on ``s``'s environment."""
 
     def __init__(
-        self, s: Settings, outbox: Path, logs: Path, armed: dict[str, dict[str, str]]
+        self,
+        s: Settings,
+        outbox: Path,
+        logs: Path,
+        armed: dict[str, dict[str, str]],
+        more: dict[str, list[str]] | None = None,
+        more_env: dict[str, str] | None = None,
     ) -> None:
+        """``more``: more members (role: arguments), e.g. the command side; ``more_env``: more
+        environment for every member."""
         logs.mkdir(parents=True, exist_ok=True)
-        env = subprocess_env(s)
+        env = subprocess_env(s, **(more_env or {}))
         self.members = {
             PUBLISHER: Member(PUBLISHER, publish_args(outbox), env, logs),
             **{slug: Member(slug, consume_args(slug), env, logs) for slug in SUBSCRIPTIONS},
+            **{role: Member(role, args, env, logs) for role, args in (more or {}).items()},
         }
         for role, extra in armed.items():
             self.members[role].armed = extra

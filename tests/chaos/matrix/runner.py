@@ -28,11 +28,12 @@ from streams.clock import SystemClock
 from streams.envelopes import Draft, Event
 from streams.outbox.store import RowState
 from streams.workload import workload, write_workload
-from tests.chaos.matrix import faults, invariants
+from tests.chaos.matrix import command_faults, commands, faults, invariants
 from tests.chaos.matrix.pipeline import Pipeline, drain
 from tests.chaos.matrix.scenarios import (
     LEDGER,
     PUBLISHER,
+    ROUTER,
     SUBSCRIPTIONS,
     Failpoint,
     Scenario,
@@ -76,6 +77,7 @@ class Row:
     problems: dict[str, list[str]] = field(default_factory=dict)  # by invariant, and "fault"
     exits: dict[str, list[int]] = field(default_factory=dict)  # each member's exit codes
     logs: str = ""
+    figures: dict[str, object] = field(default_factory=dict)  # the command side's counts
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +115,8 @@ def settings_for(svc: PrivateServices | None, scenario: Scenario) -> Settings:
         overrides["kafka_bootstrap"] = svc.bootstrap
     if scenario.services is Services.PRIVATE_REDIS and svc is not None:
         overrides["redis_url"] = svc.redis_url
-    return runtime_settings(make_settings(**overrides), batch_size=BATCH)
+    s = runtime_settings(make_settings(**overrides), batch_size=BATCH)
+    return commands.settings_for(s, scenario)
 
 
 def run_row(scenario: Scenario) -> Row:
@@ -163,7 +166,15 @@ def _run(
     outbox_path = s.state_dir / "outbox.db"
     outbox_path.parent.mkdir(parents=True, exist_ok=True)
     outbox = outbox_for(s, outbox_path)
-    pipeline = Pipeline(s, outbox_path, logs, faults.armed(scenario))
+    side = scenario.commands
+    pipeline = Pipeline(
+        s,
+        outbox_path,
+        logs,
+        faults.armed(scenario),
+        more=commands.members() if side is not None else None,
+        more_env=commands.member_env(side) if side is not None else None,
+    )
     ledger = redis_client(s, timeout=2)
     # The ledger's per-partition counters, read by name: a scan of a shared Redis holding every
     # other test's keys takes seconds, and a fault due at 30% would strike a finished run.
@@ -191,7 +202,19 @@ def _run(
             pass
         return out
 
-    injector = faults.Injector(scenario, pipeline, svc, applied, owed, snapshot, len(drafts))
+    injector = faults.Injector(
+        scenario,
+        pipeline,
+        svc,
+        applied,
+        owed,
+        snapshot,
+        len(drafts),
+        settings=s,
+        logs=logs,
+        drafts=drafts,
+        poison=poison,
+    )
     written = threading.Event()
     write_error: list[BaseException] = []
 
@@ -227,7 +250,7 @@ def _run(
                 break
             if written_at is not None and not injector.healing and now - last_ask > DONE_EVERY_S:
                 last_ask = now
-                if _drained(s, outbox, applied, owed):
+                if _drained(s, outbox, applied, owed) and (side is None or commands.drained(s)):
                     drained_at = now
                     break
             time.sleep(POLL_S)
@@ -244,6 +267,10 @@ def _run(
         slug: drain(s, slug, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S)
         for slug in SUBSCRIPTIONS
     }
+    if side is not None:
+        drains.update(
+            commands.final_runs(s, side, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S)
+        )
     arrived = _arrived(s)
     row.copies = len(arrived) - len({e.event_id for e in arrived})
     row.at_strike = injector.at_strike
@@ -259,9 +286,16 @@ def _run(
         drained_in_s=row.drained_in_s,
         drain_bound_s=scenario.drain_bound_s,
         logs=logs,
+        poisoned=command_faults.poisoned_for(scenario, poison),
     )
     row.problems = invariants.check(s, outbox, evidence)
     row.problems["fault"] = injector.problems()
+    if side is not None:
+        said = commands.gather(s, arrived, set(evidence.dead_by().get(ROUTER, [])), logs)
+        found, row.figures = commands.check(s, scenario, said)
+        for name, problems in found.items():
+            row.problems.setdefault(name, []).extend(problems)
+        row.problems["fault"].extend(commands.fault_problems(scenario, said))
     fault = scenario.fault
     if isinstance(fault, Failpoint) and fault.role == PUBLISHER and not row.copies:
         # The pass it acknowledged and never marked must go out again: no copy, no crash window.

@@ -7,14 +7,27 @@ tests use are never disturbed). Adding a row is adding an entry to ``SCENARIOS``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from tests.chaos.matrix.command_worker import Failures
 
 # The pipeline's processes a fault can target; subscriptions by their slug.
 PUBLISHER = "publisher"
 LEDGER = "ledger"
 PROJECTOR = "project-view-projector"
 SUBSCRIPTIONS = (LEDGER, PROJECTOR)
+# The command side (rows with ``commands``): the causal router (Kafka effects: its commands and
+# consumed offsets in one transaction) and one worker per queue it writes to.
+ROUTER = "causal-router"
+COMMAND_QUEUES = ("agent-wakeups", "integration", "indexing")
+
+
+def worker_role(queue: str) -> str:
+    return f"worker-{queue}"
+
+
+WORKERS = tuple(worker_role(q) for q in COMMAND_QUEUES)
 
 
 class Services(StrEnum):
@@ -73,7 +86,58 @@ class Churn:
     every_s: float
 
 
-Fault = Failpoint | Poison | ServerKill | Freeze | Churn
+@dataclass(frozen=True, slots=True)
+class RouterPoison:
+    """One event (the workload's first ``intent.declared`` from ``AtEvent`` on) that both the
+    ledger (Redis effects: its drill payload) and the causal router (Kafka effects: its
+    ``resources`` is not a list, which the router's fold refuses) fail on every try: each
+    dead-letters it after exactly ``max_batch_failures`` attempts; the router decides every
+    other command as if the event had never come (a dead-lettered event is not folded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterOutage:
+    """The ledger's poison event (as ``Poison``) meets a dead-letter store that cannot write:
+    the dead-letter topic refuses every record (its ``max.message.bytes`` shrunk below any
+    letter) from the start until the ledger has logged ``failed_writes`` failed dead-letter
+    writes; then it is restored. Nothing may be committed past the event meanwhile, and the
+    letter must then be written once, after exactly ``max_batch_failures`` attempts."""
+
+    failed_writes: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class FailingCommands:
+    """No fault from outside: the row's command workers fail commands by its ``Failures``
+    rule, so retries with their delay and dead-lettering run under load."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionalZombie:
+    """The transactional producer of ``role`` SIGSTOPs itself at a fail-point before or inside
+    a transaction; ``takeover_after_s`` later a replacement starts (it gets the partitions once
+    the frozen member's session expires; a transaction left open is aborted by the broker at
+    its timeout, which bumps the frozen producer's epoch); ``frozen_s`` after the freeze the old
+    one is resumed (SIGCONT). Its late transaction must be refused (fenced: a stale producer
+    epoch or group generation) and nothing it wrote may reach a read-committed reader."""
+
+    role: str
+    point: str
+    takeover_after_s: float
+    frozen_s: float
+
+
+Fault = (
+    Failpoint
+    | Poison
+    | ServerKill
+    | Freeze
+    | Churn
+    | RouterPoison
+    | DeadLetterOutage
+    | FailingCommands
+    | TransactionalZombie
+)
 
 
 # -- when a fault strikes -----------------------------------------------------------------------------
@@ -103,6 +167,17 @@ When = AtPass | AfterApplied | AtEvent
 
 
 @dataclass(frozen=True, slots=True)
+class CommandSide:
+    """The command side in the pipeline: the causal router and a worker per queue it writes
+    to (tests/chaos/matrix/command_worker.py, whose handler keeps the journal), each queue with
+    ``retries`` and ``retry_delay_s``, its handlers failing commands by ``failures``."""
+
+    failures: Failures = field(default_factory=Failures)
+    retries: int = 3
+    retry_delay_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     row: int
     name: str
@@ -119,6 +194,10 @@ class Scenario:
     wave_gap_s: float = 1.5
     # I5's bound: from the last wave written to lag 0 with the fault healed.
     drain_bound_s: float = 180.0
+    # The command side (router and workers) in the pipeline, checked too; None: events only.
+    commands: CommandSide | None = None
+    # Settings of this row's environment beyond the matrix's own (name, value).
+    settings: tuple[tuple[str, object], ...] = ()
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -204,6 +283,99 @@ SCENARIOS: tuple[Scenario, ...] = (
             "the subscriptions re-apply exactly that; nothing lost, nothing doubled"
         ),
         fast=True,
+    ),
+    Scenario(
+        row=7,
+        name="poison-event-for-the-router",
+        fault=RouterPoison(),
+        when=AtEvent(0.25),
+        commands=CommandSide(),
+        proves=(
+            "one event that the ledger (Redis effects) and the causal router (Kafka effects) "
+            "both fail on every time is dead-lettered by each after exactly max_batch_failures "
+            "attempts; the events behind it are applied in order, and the commands on the "
+            "queues are exactly those the rules decide without it, each once, each run once"
+        ),
+    ),
+    Scenario(
+        row=10,
+        name="dead-letter-write-failing",
+        fault=DeadLetterOutage(failed_writes=3),
+        when=AtEvent(0.25),
+        proves=(
+            "a poison event due for its dead letter while the dead-letter store cannot write "
+            "holds its partition: nothing is committed past it and nothing is lost; once the "
+            "store writes again the letter is written once, after exactly max_batch_failures "
+            "attempts"
+        ),
+        fast=True,
+    ),
+    Scenario(
+        row=11,
+        name="command-retries-with-delay",
+        fault=FailingCommands(),
+        when=AtEvent(0.0),
+        commands=CommandSide(
+            failures=Failures(once=0.1, twice=0.05, always=0.05), retries=3, retry_delay_s=2.0
+        ),
+        proves=(
+            "commands failing once, twice or always under load run exactly 1, 2, 3 or "
+            "1 + retries times, each attempt at least the queue's retry delay after the failure "
+            "before it; those failing always are on the dead-letter queue once each after "
+            "exactly 1 + retries attempts; every other command's handler completes once"
+        ),
+    ),
+    Scenario(
+        row=12,
+        name="worker-revoked-during-retry-delay",
+        # Each member holds its partitions longer than the delay: it runs the retries due
+        # meanwhile, and those fetched but not yet due when it leaves wait through the move.
+        fault=Churn(worker_role("integration"), times=4, every_s=10.0),
+        when=AfterApplied(0.05),
+        commands=CommandSide(failures=Failures(once=0.2, twice=0.1), retry_delay_s=3.0),
+        settings=(("queue_partitions", 2),),
+        proves=(
+            "a second integration worker joining and leaving while retries wait out their "
+            "delay: each retry runs once, never before its due time, none lost to a revoke, "
+            "none doubled by the partition's next owner"
+        ),
+    ),
+    Scenario(
+        row=20,
+        name="transactional-zombie-router",
+        # Frozen once a batch's fold, claims, cursor and pending commands are in Redis, before
+        # its transaction: resumed, the zombie sends those commands in a late transaction.
+        fault=TransactionalZombie(
+            ROUTER, "runtime.after_store_commit", takeover_after_s=0.0, frozen_s=25.0
+        ),
+        when=AtPass(5),
+        commands=CommandSide(),
+        proves=(
+            "a causal router frozen after a batch's Redis commit, before its transaction, loses "
+            "its partitions to a replacement, which sends the batch's commands from their "
+            "pending copy; resumed, the zombie sends them again in a late transaction, which is "
+            "refused (fenced): nothing it wrote reaches a read-committed reader, and each "
+            "command is on its queue once"
+        ),
+    ),
+    Scenario(
+        row=20,
+        name="transactional-zombie-worker",
+        fault=TransactionalZombie(
+            worker_role("integration"),
+            "worker.before_transaction_commit",
+            takeover_after_s=0.0,
+            frozen_s=25.0,
+        ),
+        when=AtPass(3),
+        commands=CommandSide(failures=Failures(once=0.2, always=0.05), retry_delay_s=1.0),
+        proves=(
+            "an integration worker frozen with its transaction open (retries, dead letters and "
+            "offsets sent, not committed) is replaced; the broker aborts the transaction at its "
+            "timeout and the replacement handles those commands again at the same attempts; "
+            "resumed, the zombie's commit is refused (fenced): each retry and dead letter once, "
+            "each command's effect once"
+        ),
     ),
 )
 

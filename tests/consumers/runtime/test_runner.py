@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.runtime.dead_letters import LetterStatus
+from consumers.runtime.dead_letters import DeadLetter, LetterStatus
 from consumers.runtime.memory_transport import MemoryReader, cuts_from
 from consumers.runtime.store import Commit
 from consumers.runtime.types import TP, Progress
 from consumers.subscriptions.ledger import Ledger
-from streams.errors import ControlRefused, CursorMoved, Fenced
+from streams.errors import ControlRefused, CursorMoved, DeliveryFailed, FailedRecord, Fenced
 from streams.headers import ATTEMPTS, COMMAND_ID, ERROR, OPERATOR_RETRY
 from tests.support.runtime_harness import BOUNDARIES, Counter, Crash, World, event
 
@@ -242,6 +244,32 @@ def test_a_failed_dead_letter_write_commits_nothing() -> None:
     assert world.ledger() == {} and world.store.load(tp).acked_through == -1
     world.drain(runner)
     assert world.ledger() == {"alpha": [1]} and len(world.dead.list()) == 1
+
+
+def test_a_batch_letter_whose_write_fails_is_written_later_after_exactly_the_limit() -> None:
+    """At the fifth failure the letter's write fails, three times: the letter is written as it
+    was decided (5 attempts) and the event is not run again meanwhile; nothing of its project
+    behind it is applied before the letter is written."""
+    world = World()
+    evs = [event("alpha", n, fail=(n == 2)) for n in range(1, 4)]
+    for ev in evs:
+        world.publish(ev)
+    write = world.dead.write
+    refusals: list[dict[str, list[int]]] = []  # the ledger at each refused write
+
+    def refusing(letters: Sequence[DeadLetter]) -> None:
+        if len(refusals) < 3:
+            refusals.append(world.ledger())
+            raise DeliveryFailed([FailedRecord("dead-letters", None, "refused", False, False)])
+        write(letters)
+
+    world.dead.write = refusing  # type: ignore[method-assign]
+    runner = world.runner()
+    world.drain(runner)
+    [letter] = world.dead.list()
+    assert letter.attempts == 5 and runner.stats.failures == 5
+    assert refusals == [{"alpha": [1]}] * 3
+    assert world.ledger() == {"alpha": [1, 3]}
 
 
 def test_reduce_must_be_total_a_raising_reduce_is_a_failure_and_not_folded() -> None:
