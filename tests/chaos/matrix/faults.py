@@ -9,17 +9,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
+from streams.outbox.publisher import AFTER_ACK
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
+    PUBLISHER,
     AfterApplied,
     AtEvent,
     AtPass,
     Churn,
     Failpoint,
     Freeze,
+    LongOutage,
+    OutboxServerKill,
     Poison,
     Scenario,
     ServerKill,
@@ -37,6 +42,9 @@ def armed(scenario: Scenario) -> dict[str, dict[str, str]]:
         assert isinstance(when, AtPass), f"{scenario.name}: a fail-point strikes AtPass"
         mode = ":stop" if isinstance(fault, Freeze) else ""
         return {fault.role: {FAILPOINTS: f"{fault.point}@{when.nth}{mode}"}}
+    if isinstance(fault, OutboxServerKill):
+        assert isinstance(when, AtPass), f"{scenario.name}: a kill mid-publish strikes AtPass"
+        return {PUBLISHER: {FAILPOINTS: f"{AFTER_ACK}@{when.nth}:stop"}}
     return {}
 
 
@@ -60,6 +68,19 @@ def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], 
     return out, [out[at].event_id]
 
 
+class Drill(Protocol):
+    """A fault driven from its own module (publisher_faults.py): it strikes and heals from
+    :meth:`poll`, and says what went wrong with it."""
+
+    struck_at: float | None
+    healed_at: float | None
+    at_strike: dict[str, int]
+
+    def poll(self) -> None: ...
+
+    def problems(self) -> list[str]: ...
+
+
 class Injector:
     """Fires a server fault when its moment comes, heals it, and says whether each fault struck."""
 
@@ -72,8 +93,10 @@ class Injector:
         expected: int,
         snapshot: Callable[[], dict[str, int]],
         total: int,
+        drill: Drill | None = None,
     ) -> None:
         self.scenario = scenario
+        self.drill = drill
         self.pipeline = pipeline
         self.services = services
         self.applied = applied
@@ -97,16 +120,25 @@ class Injector:
 
     def poll(self) -> None:
         fault, when = self.scenario.fault, self.scenario.when
-        if isinstance(fault, Failpoint):
+        if self.drill is not None:
+            self.drill.poll()
+            self.struck_at, self.healed_at = self.drill.struck_at, self.drill.healed_at
+            self.at_strike = self.drill.at_strike
+        elif isinstance(fault, Failpoint):
             first = self.pipeline.members[fault.role].exits[:1]
             if first == [-signal.SIGKILL] and self.struck_at is None:
                 self.struck_at = self.healed_at = time.monotonic()
                 self.at_strike = self.snapshot()
         elif isinstance(fault, Freeze):
             self._freeze(fault)
-        elif isinstance(fault, ServerKill) and self.struck_at is None:
+        elif isinstance(fault, ServerKill | LongOutage) and self.struck_at is None:
             if self._due(when):
                 self._kill(fault)
+        elif isinstance(fault, OutboxServerKill) and self.struck_at is None:
+            publisher = self.pipeline.members[PUBLISHER]
+            if publisher.proc is not None and not publisher.exits and stopped(publisher.proc.pid):
+                self._kill(fault)
+                publisher.signal(signal.SIGCONT)
         elif (
             isinstance(fault, Churn)
             and self.healed_at is None
@@ -150,23 +182,29 @@ class Injector:
             self._churned += 1
             self._joined_at = now
 
-    def _kill(self, fault: ServerKill) -> None:
-        assert self.services is not None, f"{self.scenario.name}: a server fault needs its own"
+    def _kill(self, fault: ServerKill | LongOutage | OutboxServerKill) -> None:
+        svc = self.services
+        assert svc is not None, f"{self.scenario.name}: a server fault needs its own"
+        server = (
+            fault.server
+            if isinstance(fault, ServerKill)
+            else "postgres"
+            if isinstance(fault, OutboxServerKill)
+            else "kafka"
+        )
+        kill, start = {
+            "kafka": (svc.kafka_kill, svc.kafka_start),
+            "redis": (svc.redis_kill, svc.redis_start),
+            "postgres": (svc.postgres_kill, svc.postgres_start),
+        }[server]
         self.at_strike = self.snapshot()
-        if fault.server == "kafka":
-            self.services.kafka_kill()
-        else:
-            self.services.redis_kill()
+        kill()
         self.struck_at = time.monotonic()
 
         def heal() -> None:
             try:
                 time.sleep(fault.down_s)
-                assert self.services is not None
-                if fault.server == "kafka":
-                    self.services.kafka_start()
-                else:
-                    self.services.redis_start()
+                start()
                 self.healed_at = time.monotonic()
             except BaseException as exc:  # reported as the row's problem
                 self._heal_error = exc
@@ -185,6 +223,8 @@ class Injector:
             return []
         if self._heal_error is not None:
             return [f"the fault was not healed: {self._heal_error}"]
+        if self.drill is not None:
+            return self.drill.problems()
         if self.struck_at is None:
             return [f"the fault never struck ({self.scenario.fault}, {self.scenario.when})"]
         if self.healed_at is None:
@@ -194,7 +234,23 @@ class Injector:
         ):
             # Struck once everything was applied (or unknown): it tested an idle pipeline.
             return [f"the fault did not strike under load: {self.at_strike}"]
-        if isinstance(fault, ServerKill) and fault.server == "kafka":
+        if isinstance(fault, OutboxServerKill):
+            written, published = (
+                self.at_strike.get("written", -1),
+                self.at_strike.get("published", -1),
+            )
+            if not (0 <= written < self.total and 0 <= published < written):
+                return [f"PostgreSQL was killed outside a write and a publish: {self.at_strike}"]
+            # The publisher may ride a short outage out in its pool's wait; one that outlasts it
+            # ends the process with the one line naming the server, and the restart carries on.
+            publisher = self.pipeline.members[PUBLISHER]
+            for n, code in enumerate(publisher.exits[:-1]):
+                said = publisher.log(n).read_text(errors="replace")
+                if code != 2 or "rhumbatron: PostgreSQL at" not in said:
+                    return [f"the publisher's start {n} exited {code}, not with the server named"]
+        if isinstance(fault, LongOutage) or (
+            isinstance(fault, ServerKill) and fault.server == "kafka"
+        ):
             published = self.at_strike.get("published", -1)
             if not 0 <= published < self.total:
                 return [

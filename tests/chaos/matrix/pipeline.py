@@ -27,7 +27,7 @@ RESTART_PAUSE_S = 1.0
 STOP_TIMEOUT_S = 60.0
 
 
-def publish_args(outbox: Path) -> list[str]:
+def publish_args(outbox: Path | str) -> list[str]:
     return [sys.executable, "-m", "router.cli", "-v", "publish", "--outbox", str(outbox)]
 
 
@@ -94,7 +94,7 @@ class Pipeline:
     """The publisher and one member per subscription, on ``s``'s environment."""
 
     def __init__(
-        self, s: Settings, outbox: Path, logs: Path, armed: dict[str, dict[str, str]]
+        self, s: Settings, outbox: Path | str, logs: Path, armed: dict[str, dict[str, str]]
     ) -> None:
         logs.mkdir(parents=True, exist_ok=True)
         env = subprocess_env(s)
