@@ -126,6 +126,14 @@ def _scrub(text: str, url: str) -> str:
     return text
 
 
+def _reason(exc: Exception, url: str) -> str:
+    """What libpq said went wrong, on one line: its last line that is not an indented hint (a
+    refused connection ends with "Is the server running on that host …", which names no
+    reason), the password masked."""
+    lines = [line for line in str(exc).strip().splitlines() if line and not line[0].isspace()]
+    return _scrub(lines[-1] if lines else repr(exc), url)
+
+
 def connect(
     url: str,
     *,
@@ -144,7 +152,7 @@ def connect(
             **tcp_options(keepalive_s),
         )
     except psycopg.OperationalError as exc:
-        detail = _scrub(str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc), url)
+        detail = _reason(exc, url)
         if "authentication failed" in detail or "does not exist" in detail:
             raise ServerRefused("PostgreSQL", where(url), detail) from None
         raise Unreachable("PostgreSQL", where(url), detail) from None
@@ -301,7 +309,7 @@ class PostgresOutbox:
                 "(server down, or every pooled connection busy)",
             )
         if isinstance(exc, psycopg.OperationalError):
-            return Unreachable("PostgreSQL", self._where, f"{doing}: {_scrub(str(exc), self.url)}")
+            return Unreachable("PostgreSQL", self._where, f"{doing}: {_reason(exc, self.url)}")
         detail = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
         return OutboxError(f"outbox {self.location}: {doing} failed: {detail or exc}")
 

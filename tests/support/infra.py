@@ -1,4 +1,4 @@
-"""Private Kafka and Redis instances for chaos tests.
+"""Private Kafka, Redis and PostgreSQL instances for chaos tests.
 
 A chaos test that stops, kills or restarts a server must not disturb the shared servers other
 tests use, so it starts its own through infra/local.sh with a private state folder and free
@@ -15,12 +15,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from tests.support.environment import ROOT
 
 LOCAL_SH = ROOT / "infra" / "local.sh"
 PORT_FLOOR = 11000  # private ports start above the shared ones (9092-9094, 10092, 6379, 5432)
 REDIS_CLUSTER_NODES = 6  # infra/local.sh's: 3 masters, 3 replicas
+# What infra/local.sh says when it makes a PostgreSQL cluster: the folder after it holds the
+# cluster, outside the state folder when run as root (initdb refuses root; the cluster belongs
+# to the postgres user), so it is removed apart from it.
+_PG_INIT = "initialising a PostgreSQL cluster in "
 
 
 def _free(port: int) -> bool:
@@ -61,7 +66,9 @@ class PrivateServices:
 
     With ``cluster``, entering starts the 3-node cluster (nodes 1-3, :attr:`cluster_bootstrap`)
     instead of the single broker. With ``redis_cluster``, entering also starts a Redis Cluster of
-    3 masters and 3 replicas on six ports of its own (:attr:`redis_cluster_nodes`).
+    3 masters and 3 replicas on six ports of its own (:attr:`redis_cluster_nodes`). With
+    ``postgres``, entering also starts a PostgreSQL server of its own (:attr:`postgres_url`, the
+    ``rhumbatron`` role and database as infra/local.sh makes them); leaving removes its cluster.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class PrivateServices:
         redis: bool = True,
         cluster: bool = False,
         redis_cluster: bool = False,
+        postgres: bool = False,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
         # Controllers listen 10000 above each broker port, the single broker's secured listener
@@ -81,6 +89,8 @@ class PrivateServices:
         self.redis_cluster_port = (
             _pick_port(REDIS_CLUSTER_NODES, (0, 10000)) if redis_cluster else 0
         )
+        self.postgres_port = _pick_port() if postgres else 0
+        self._pg_home: Path | None = None
         self._want_redis_cluster = redis_cluster
         self._want_kafka = kafka
         self._want_redis = redis
@@ -116,6 +126,13 @@ class PrivateServices:
         """The value of RHUMBATRON_REDIS_CLUSTER for this cluster."""
         return ",".join(self.redis_cluster_nodes)
 
+    @property
+    def postgres_url(self) -> str:
+        password = (self.dir / "postgres" / "password").read_text().strip()
+        return (
+            f"postgresql://rhumbatron:{quote(password)}@127.0.0.1:{self.postgres_port}/rhumbatron"
+        )
+
     def run(self, *args: str) -> str:
         env = dict(os.environ)
         env.update(
@@ -123,6 +140,7 @@ class PrivateServices:
             RHUMBATRON_KAFKA_PORT=str(self.kafka_port or 9092),
             RHUMBATRON_REDIS_PORT=str(self.redis_port or 6379),
             RHUMBATRON_REDIS_CLUSTER_PORT=str(self.redis_cluster_port or 7000),
+            RHUMBATRON_POSTGRES_PORT=str(self.postgres_port or 5432),
         )
         result = subprocess.run(
             [str(LOCAL_SH), *args], env=env, capture_output=True, text=True, timeout=180
@@ -151,6 +169,18 @@ class PrivateServices:
     def redis_kill(self) -> None:
         self.run("redis-kill")
 
+    def postgres_start(self) -> None:
+        said = self.run("postgres-start")
+        if _PG_INIT in said:
+            self._pg_home = Path(said.split(_PG_INIT, 1)[1].split()[0]).parent
+
+    def postgres_stop(self) -> None:
+        self.run("postgres-stop")
+
+    def postgres_kill(self) -> None:
+        """SIGKILL the server (no checkpoint, no shutdown): it recovers from its WAL on start."""
+        self.run("postgres-kill")
+
     def cluster_up(self) -> None:
         self.run("cluster-up")
 
@@ -171,6 +201,8 @@ class PrivateServices:
                 self.redis_start()
             if self._want_redis_cluster:
                 self.redis_cluster_up()
+            if self.postgres_port:
+                self.postgres_start()
         except BaseException:
             # A cluster half up holds a JVM per node started: stop them, not only report.
             self.__exit__(None, None, None)
@@ -186,4 +218,6 @@ class PrivateServices:
         try:
             self.run("down")
         finally:
+            if self._pg_home is not None:
+                shutil.rmtree(self._pg_home, ignore_errors=True)
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -41,11 +41,12 @@ def with_schema(url: str, schema: str) -> str:
 
 
 class FreshSchema:
-    """A schema of its own on the test server; ``url`` reaches it (search_path), ``drop`` ends
-    it (terminating whatever sessions a test left behind)."""
+    """A schema of its own on the test server (or on the server ``base`` names: a private one);
+    ``url`` reaches it (search_path), ``drop`` ends it (terminating whatever sessions a test left
+    behind)."""
 
-    def __init__(self, *, init: bool = True) -> None:
-        self.base = server_url()
+    def __init__(self, *, init: bool = True, base: str | None = None) -> None:
+        self.base = base or server_url()
         self.name = f"t_{secrets.token_hex(6)}"
         with psycopg.connect(self.base, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.name)))

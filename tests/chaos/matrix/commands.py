@@ -60,10 +60,10 @@ ABORTED = "record(s) failed ("
 
 
 def settings_for(s: Settings, scenario: Scenario) -> Settings:
-    """The row's own settings (``Scenario.settings``) and, with the command side, what it
-    needs: the router's outbox in the row's state, no maintenance tick (its commands follow the
-    wall clock, not the workload), each queue's retries and delay."""
-    values: dict[str, object] = dict(scenario.settings)
+    """With the command side, what it needs: the router's outbox in the row's state, no
+    maintenance tick (its commands follow the wall clock, not the workload), each queue's
+    retries and delay (the row's own settings are in ``s`` already)."""
+    values: dict[str, object] = {}
     side = scenario.commands
     if side is not None:
         values.setdefault("router_outbox_path", str(s.state_dir / "router-outbox.sqlite"))

@@ -9,13 +9,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from router.settings import Settings
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
+from streams.outbox.publisher import AFTER_ACK
 from tests.chaos.matrix import command_faults
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
+    PUBLISHER,
     AfterApplied,
     AtEvent,
     AtPass,
@@ -24,6 +27,8 @@ from tests.chaos.matrix.scenarios import (
     FailingCommands,
     Failpoint,
     Freeze,
+    LongOutage,
+    OutboxServerKill,
     Poison,
     RouterPoison,
     Scenario,
@@ -46,6 +51,9 @@ def armed(scenario: Scenario) -> dict[str, dict[str, str]]:
     if isinstance(fault, TransactionalZombie):
         assert isinstance(when, AtPass), f"{scenario.name}: a fail-point strikes AtPass"
         return {fault.role: {FAILPOINTS: f"{fault.point}@{when.nth}:stop"}}
+    if isinstance(fault, OutboxServerKill):
+        assert isinstance(when, AtPass), f"{scenario.name}: a kill mid-publish strikes AtPass"
+        return {PUBLISHER: {FAILPOINTS: f"{AFTER_ACK}@{when.nth}:stop"}}
     return {}
 
 
@@ -71,6 +79,19 @@ def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], 
     return out, [out[at].event_id]
 
 
+class Drill(Protocol):
+    """A fault driven from its own module (publisher_faults.py): it strikes and heals from
+    :meth:`poll`, and says what went wrong with it."""
+
+    struck_at: float | None
+    healed_at: float | None
+    at_strike: dict[str, int]
+
+    def poll(self) -> None: ...
+
+    def problems(self) -> list[str]: ...
+
+
 class Injector:
     """Fires a server fault when its moment comes, heals it, and says whether each fault struck."""
 
@@ -83,6 +104,7 @@ class Injector:
         expected: int,
         snapshot: Callable[[], dict[str, int]],
         total: int,
+        drill: Drill | None = None,
         *,
         settings: Settings | None = None,
         logs: Path | None = None,
@@ -90,6 +112,7 @@ class Injector:
         poison: Sequence[str] = (),
     ) -> None:
         self.scenario = scenario
+        self.drill = drill
         self.pipeline = pipeline
         self.services = services
         self.applied = applied
@@ -123,7 +146,11 @@ class Injector:
 
     def poll(self) -> None:
         fault, when = self.scenario.fault, self.scenario.when
-        if self._extra is not None:
+        if self.drill is not None:
+            self.drill.poll()
+            self.struck_at, self.healed_at = self.drill.struck_at, self.drill.healed_at
+            self.at_strike = self.drill.at_strike
+        elif self._extra is not None:
             self._extra.poll()
             self.struck_at, self.healed_at = self._extra.struck_at, self._extra.healed_at
             if isinstance(self._extra, command_faults.ZombieInjector):
@@ -139,9 +166,14 @@ class Injector:
                 self.at_strike = self.snapshot()
         elif isinstance(fault, Freeze):
             self._freeze(fault)
-        elif isinstance(fault, ServerKill) and self.struck_at is None:
+        elif isinstance(fault, ServerKill | LongOutage) and self.struck_at is None:
             if self._due(when):
                 self._kill(fault)
+        elif isinstance(fault, OutboxServerKill) and self.struck_at is None:
+            publisher = self.pipeline.members[PUBLISHER]
+            if publisher.proc is not None and not publisher.exits and stopped(publisher.proc.pid):
+                self._kill(fault)
+                publisher.signal(signal.SIGCONT)
         elif (
             isinstance(fault, Churn)
             and self.healed_at is None
@@ -185,23 +217,29 @@ class Injector:
             self._churned += 1
             self._joined_at = now
 
-    def _kill(self, fault: ServerKill) -> None:
-        assert self.services is not None, f"{self.scenario.name}: a server fault needs its own"
+    def _kill(self, fault: ServerKill | LongOutage | OutboxServerKill) -> None:
+        svc = self.services
+        assert svc is not None, f"{self.scenario.name}: a server fault needs its own"
+        server = (
+            fault.server
+            if isinstance(fault, ServerKill)
+            else "postgres"
+            if isinstance(fault, OutboxServerKill)
+            else "kafka"
+        )
+        kill, start = {
+            "kafka": (svc.kafka_kill, svc.kafka_start),
+            "redis": (svc.redis_kill, svc.redis_start),
+            "postgres": (svc.postgres_kill, svc.postgres_start),
+        }[server]
         self.at_strike = self.snapshot()
-        if fault.server == "kafka":
-            self.services.kafka_kill()
-        else:
-            self.services.redis_kill()
+        kill()
         self.struck_at = time.monotonic()
 
         def heal() -> None:
             try:
                 time.sleep(fault.down_s)
-                assert self.services is not None
-                if fault.server == "kafka":
-                    self.services.kafka_start()
-                else:
-                    self.services.redis_start()
+                start()
                 self.healed_at = time.monotonic()
             except BaseException as exc:  # reported as the row's problem
                 self._heal_error = exc
@@ -222,6 +260,8 @@ class Injector:
             return self._extra.problems()
         if self._heal_error is not None:
             return [f"the fault was not healed: {self._heal_error}"]
+        if self.drill is not None:
+            return self.drill.problems()
         if self.struck_at is None:
             return [f"the fault never struck ({self.scenario.fault}, {self.scenario.when})"]
         if self.healed_at is None:
@@ -231,7 +271,23 @@ class Injector:
         ):
             # Struck once everything was applied (or unknown): it tested an idle pipeline.
             return [f"the fault did not strike under load: {self.at_strike}"]
-        if isinstance(fault, ServerKill) and fault.server == "kafka":
+        if isinstance(fault, OutboxServerKill):
+            written, published = (
+                self.at_strike.get("written", -1),
+                self.at_strike.get("published", -1),
+            )
+            if not (0 <= written < self.total and 0 <= published < written):
+                return [f"PostgreSQL was killed outside a write and a publish: {self.at_strike}"]
+            # The publisher may ride a short outage out in its pool's wait; one that outlasts it
+            # ends the process with the one line naming the server, and the restart carries on.
+            publisher = self.pipeline.members[PUBLISHER]
+            for n, code in enumerate(publisher.exits[:-1]):
+                said = publisher.log(n).read_text(errors="replace")
+                if code != 2 or "rhumbatron: PostgreSQL at" not in said:
+                    return [f"the publisher's start {n} exited {code}, not with the server named"]
+        if isinstance(fault, LongOutage) or (
+            isinstance(fault, ServerKill) and fault.server == "kafka"
+        ):
             published = self.at_strike.get("published", -1)
             if not 0 <= published < self.total:
                 return [

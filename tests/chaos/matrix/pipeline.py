@@ -27,7 +27,7 @@ RESTART_PAUSE_S = 1.0
 STOP_TIMEOUT_S = 60.0
 
 
-def publish_args(outbox: Path) -> list[str]:
+def publish_args(outbox: Path | str) -> list[str]:
     return [sys.executable, "-m", "router.cli", "-v", "publish", "--outbox", str(outbox)]
 
 
@@ -96,7 +96,7 @@ class Pipeline:
     def __init__(
         self,
         s: Settings,
-        outbox: Path,
+        outbox: Path | str,
         logs: Path,
         armed: dict[str, dict[str, str]],
         more: dict[str, list[str]] | None = None,

@@ -27,14 +27,24 @@ from streams.admin import admin_client
 from streams.clock import SystemClock
 from streams.envelopes import Draft, Event
 from streams.outbox.store import RowState
-from streams.workload import workload, write_workload
-from tests.chaos.matrix import command_faults, commands, faults, invariants
+from streams.workload import workload
+from tests.chaos.matrix import (
+    command_faults,
+    commands,
+    faults,
+    invariants,
+    outbox_checks,
+    publisher_faults,
+    writers,
+)
+from tests.chaos.matrix.outboxes import RowOutbox
 from tests.chaos.matrix.pipeline import Pipeline, drain
 from tests.chaos.matrix.scenarios import (
     LEDGER,
     PUBLISHER,
     ROUTER,
     SUBSCRIPTIONS,
+    AfterApplied,
     Failpoint,
     Scenario,
     Services,
@@ -42,7 +52,6 @@ from tests.chaos.matrix.scenarios import (
 from tests.support.environment import ROOT, cleanup_environment, make_settings
 from tests.support.infra import PrivateServices
 from tests.support.kafka import events_of, read_all
-from tests.support.outbox import outbox_for
 from tests.support.runtime_processes import runtime_settings
 
 LOGS = ROOT / ".local" / "chaos"
@@ -74,6 +83,9 @@ class Row:
     healed_s: float | None = None
     at_strike: dict[str, int] = field(default_factory=dict)  # rows published, effects applied
     copies: int = 0  # records on the streams beyond one per event (the publisher's re-sends)
+    outbox: str = "sqlite"
+    # Figures of the row's own: the writers' retried transactions, a held project's, ...
+    notes: dict[str, object] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)  # by invariant, and "fault"
     exits: dict[str, list[int]] = field(default_factory=dict)  # each member's exit codes
     logs: str = ""
@@ -104,13 +116,17 @@ def servers(scenario: Scenario) -> Iterator[PrivateServices | None]:
     if scenario.services is Services.SHARED:
         yield None
         return
-    kafka = scenario.services is Services.PRIVATE_KAFKA
-    with PrivateServices(kafka=kafka, redis=not kafka) as svc:
+    with PrivateServices(
+        kafka=scenario.services is Services.PRIVATE_KAFKA,
+        redis=scenario.services is Services.PRIVATE_REDIS,
+        postgres=scenario.services is Services.PRIVATE_POSTGRES,
+    ) as svc:
         yield svc
 
 
 def settings_for(svc: PrivateServices | None, scenario: Scenario) -> Settings:
     overrides: dict[str, object] = {"outbox_rows_per_project_per_pass": ROWS_PER_PROJECT_PER_PASS}
+    overrides.update(scenario.settings)
     if scenario.services is Services.PRIVATE_KAFKA and svc is not None:
         overrides["kafka_bootstrap"] = svc.bootstrap
     if scenario.services is Services.PRIVATE_REDIS and svc is not None:
@@ -128,6 +144,7 @@ def run_row(scenario: Scenario) -> Row:
         when=repr(scenario.when),
         events=scenario.events,
         proves=scenario.proves,
+        outbox=scenario.outbox.value,
     )
     logs = LOGS / scenario.name
     shutil.rmtree(logs, ignore_errors=True)
@@ -162,14 +179,32 @@ def _run(
     drafts, poison = faults.poisoned(
         scenario, workload(scenario.name, scenario.projects, scenario.events)
     )
+    drafts, refused = publisher_faults.refused(scenario, drafts)
     owed = len(drafts) - len(poison)  # what the ledger applies
-    outbox_path = s.state_dir / "outbox.db"
-    outbox_path.parent.mkdir(parents=True, exist_ok=True)
-    outbox = outbox_for(s, outbox_path)
+    row_outbox = RowOutbox(scenario.outbox, s, svc)
+    try:
+        _run_on(scenario, s, svc, logs, row, row_outbox, drafts, poison, refused, owed)
+    finally:
+        row_outbox.close()
+
+
+def _run_on(
+    scenario: Scenario,
+    s: Settings,
+    svc: PrivateServices | None,
+    logs: Path,
+    row: Row,
+    row_outbox: RowOutbox,
+    drafts: list[Draft],
+    poison: list[str],
+    refused: str | None,
+    owed: int,
+) -> None:
+    outbox = row_outbox.store
     side = scenario.commands
     pipeline = Pipeline(
         s,
-        outbox_path,
+        row_outbox.address,
         logs,
         faults.armed(scenario),
         more=commands.members() if side is not None else None,
@@ -202,6 +237,27 @@ def _run(
             pass
         return out
 
+    def due() -> bool:
+        when = scenario.when
+        assert isinstance(when, AfterApplied), f"{scenario.name}: a strike AfterApplied"
+        try:
+            return applied() >= owed * when.fraction
+        except Exception:  # a busy server is asked again on the next poll
+            return False
+
+    drill = publisher_faults.drill_for(
+        scenario,
+        s,
+        row_outbox,
+        pipeline,
+        project=refused,
+        due=due,
+        snapshot=snapshot,
+        total=len(drafts),
+        logs=logs,
+    )
+    if isinstance(drill, publisher_faults.RefusedProjectDrill):
+        drill.prepare()
     injector = faults.Injector(
         scenario,
         pipeline,
@@ -210,6 +266,7 @@ def _run(
         owed,
         snapshot,
         len(drafts),
+        drill=drill,
         settings=s,
         logs=logs,
         drafts=drafts,
@@ -217,13 +274,22 @@ def _run(
     )
     written = threading.Event()
     write_error: list[BaseException] = []
+    tally = writers.WriteTally()
+    writers.prepare(outbox)
 
     def writer() -> None:
         try:
             for n, wave in enumerate(_waves(drafts, scenario.waves)):
                 if n:
                     time.sleep(scenario.wave_gap_s)
-                write_workload(outbox, wave, writers=WRITERS, events_per_write=EVENTS_PER_WRITE)
+                writers.write(
+                    outbox,
+                    wave,
+                    tally,
+                    writers=WRITERS,
+                    events_per_write=EVENTS_PER_WRITE,
+                    hold_s=scenario.write_hold_s,
+                )
         except BaseException as exc:  # the row reports it
             write_error.append(exc)
         finally:
@@ -290,6 +356,25 @@ def _run(
     )
     row.problems = invariants.check(s, outbox, evidence)
     row.problems["fault"] = injector.problems()
+    stored = row_outbox.rows()
+    found = outbox_checks.check(
+        scenario,
+        drafts,
+        arrived,
+        stored,
+        row_outbox.counters(),
+        s,
+        write_retries=tally.retries,
+    )
+    for name, problems in found.items():
+        row.problems[name].extend(problems)
+    row.notes["write_retries"] = tally.retries
+    # How hard the publisher was pushed: the most failed sends of one row, of either kind.
+    row.notes["most_deferrals"] = max((r.deferrals for r in stored), default=0)
+    row.notes["most_attempts"] = max((r.attempts for r in stored), default=0)
+    row.notes["write_duplicates"] = tally.duplicates
+    if isinstance(drill, publisher_faults.RefusedProjectDrill):
+        row.notes.update(drill.notes())
     if side is not None:
         said = commands.gather(s, arrived, set(evidence.dead_by().get(ROUTER, [])), logs)
         found, row.figures = commands.check(s, scenario, said)
@@ -300,7 +385,6 @@ def _run(
     if isinstance(fault, Failpoint) and fault.role == PUBLISHER and not row.copies:
         # The pass it acknowledged and never marked must go out again: no copy, no crash window.
         row.problems["fault"].append("the publisher's crash left no copy on the streams")
-    outbox.close()
 
 
 def _drained(s: Settings, outbox: Any, applied: Any, owed: int) -> bool:

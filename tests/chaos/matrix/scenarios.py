@@ -7,6 +7,7 @@ tests use are never disturbed). Adding a row is adding an entry to ``SCENARIOS``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -36,6 +37,15 @@ class Services(StrEnum):
     SHARED = "shared"
     PRIVATE_KAFKA = "private-kafka"
     PRIVATE_REDIS = "private-redis"
+    PRIVATE_POSTGRES = "private-postgres"
+
+
+class Outbox(StrEnum):
+    """Where the row's writers commit their events and its publisher reads them: a SQLite file, or
+    a PostgreSQL schema of the row's own (on the shared server, or on the row's private one)."""
+
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
 
 
 # -- faults -----------------------------------------------------------------------------------------
@@ -56,8 +66,8 @@ class Poison:
 
 @dataclass(frozen=True, slots=True)
 class ServerKill:
-    """The row's private ``server`` (``kafka`` or ``redis``) SIGKILLed, restarted ``down_s``
-    later, while the pipeline runs."""
+    """The row's private ``server`` (``kafka``, ``redis`` or ``postgres``) SIGKILLed, restarted
+    ``down_s`` later, while the pipeline runs."""
 
     server: str
     down_s: float
@@ -127,6 +137,50 @@ class TransactionalZombie:
     frozen_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class LongOutage:
+    """The row's private broker stopped for ``down_s``, longer than the publisher's whole backoff
+    ladder several times over (outbox_backoff_initial_s doubling up to outbox_backoff_max_s; the
+    row shortens it in its settings), then started: the rows wait in retry_wait for as long as
+    it lasts, deferred many more times than outbox_max_row_attempts, and none becomes failed."""
+
+    down_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedProject:
+    """One project's events, from the workload's event ``when`` names on, are larger than its
+    stream's ``max.message.bytes`` (lowered to ``limit_bytes``), and the broker refuses each
+    send of them (a row-level error): the project's head row fails after
+    outbox_max_row_attempts and holds the project back while every other project flows.
+    ``held_s`` after the hold shows, the operator raises the limit and runs ``rhumbatron outbox
+    retry`` on the failed row."""
+
+    limit_bytes: int
+    record_bytes: int
+    held_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SecondPublisher:
+    """A second publisher started on the same outbox while the first runs, restarted each time
+    it exits as a supervisor would: every start is refused (the outbox's publisher lease) until,
+    ``standby_s`` later, the first is stopped (SIGTERM: it finishes its pass and lets go) and the
+    second takes over."""
+
+    standby_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxServerKill:
+    """The outbox's private PostgreSQL SIGKILLed in the middle of a publish: the publisher pauses
+    (SIGSTOP, fail-point ``publisher.after_ack``) holding Kafka's acknowledgement of a pass it
+    has not yet marked; the server is killed and the publisher resumed into its loss, while
+    writers hold transactions open; the server is started again ``down_s`` later."""
+
+    down_s: float
+
+
 Fault = (
     Failpoint
     | Poison
@@ -137,6 +191,10 @@ Fault = (
     | DeadLetterOutage
     | FailingCommands
     | TransactionalZombie
+    | LongOutage
+    | RefusedProject
+    | SecondPublisher
+    | OutboxServerKill
 )
 
 
@@ -196,8 +254,13 @@ class Scenario:
     drain_bound_s: float = 180.0
     # The command side (router and workers) in the pipeline, checked too; None: events only.
     commands: CommandSide | None = None
-    # Settings of this row's environment beyond the matrix's own (name, value).
-    settings: tuple[tuple[str, object], ...] = ()
+    outbox: Outbox = Outbox.SQLITE
+    # How long each writer's transaction stays open before it commits (the service's own work in
+    # it): writers that hold their transactions are in the middle of one whenever a fault strikes.
+    write_hold_s: float = 0.0
+    # Settings of the row's environment beyond the matrix's own (a shortened backoff ladder, a
+    # queue's partitions).
+    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -210,6 +273,78 @@ SCENARIOS: tuple[Scenario, ...] = (
             "a publisher SIGKILLed after Kafka acknowledged a pass but before it marked the rows "
             "published re-sends that pass on restart; the subscriptions absorb the copies: each "
             "event applied once, in project order, views equal the oracle's"
+        ),
+    ),
+    Scenario(
+        row=1,
+        name="broker-down-past-backoff-ladder",
+        fault=LongOutage(down_s=30.0),
+        when=AfterApplied(0.1),
+        services=Services.PRIVATE_KAFKA,
+        waves=8,
+        wave_gap_s=2.0,
+        # A ladder of 0.25, 0.5, 1 and 2 s (3.75 s to climb), 3 row-level attempts: the outage
+        # lasts the ladder eight times over and defers the rows it strikes more often than their
+        # attempts would allow, were an outage counted against them.
+        settings={
+            "outbox_backoff_initial_s": 0.25,
+            "outbox_backoff_max_s": 2.0,
+            "outbox_max_row_attempts": 3,
+            "outbox_delivery_timeout_s": 2.0,
+        },
+        proves=(
+            "the broker stopped for longer than the publisher's whole backoff ladder, many times "
+            "over, while rows are written and sent: they wait in retry_wait at the capped backoff "
+            "for as long as it lasts, none is charged an attempt or ends up failed, and once the "
+            "broker is back everything is published and applied once, in order"
+        ),
+    ),
+    Scenario(
+        row=2,
+        name="one-project-refused-others-flow",
+        fault=RefusedProject(limit_bytes=16 * 1024, record_bytes=48 * 1024, held_s=5.0),
+        when=AtEvent(0.3),
+        # Written over ~15 s: other projects are still being written while this one is held.
+        waves=8,
+        wave_gap_s=2.0,
+        settings={
+            "outbox_max_row_attempts": 3,
+            "outbox_backoff_initial_s": 0.2,
+            "outbox_backoff_max_s": 1.0,
+        },
+        proves=(
+            "one project whose sends the broker refuses (records over its stream's size limit) "
+            "fails its head row after outbox_max_row_attempts and is held, its later rows unsent, "
+            "while every other project, its stream's included, keeps flowing; once the operator "
+            "raises the limit and runs `outbox retry`, the project resumes where it stopped and "
+            "reaches the streams and the subscriptions in slot order"
+        ),
+        fast=True,
+    ),
+    Scenario(
+        row=3,
+        name="second-publisher-on-sqlite",
+        fault=SecondPublisher(standby_s=6.0),
+        when=AfterApplied(0.05),
+        waves=8,
+        wave_gap_s=2.0,
+        proves=(
+            "a second publisher started on a SQLite outbox that has one is refused on every "
+            "start (the lock file); when the first is stopped it takes over: no row is sent "
+            "twice (nothing crashed, so the streams hold no copy), order is kept per project"
+        ),
+    ),
+    Scenario(
+        row=3,
+        name="second-publisher-on-postgres",
+        fault=SecondPublisher(standby_s=6.0),
+        when=AfterApplied(0.05),
+        outbox=Outbox.POSTGRES,
+        waves=8,
+        wave_gap_s=2.0,
+        proves=(
+            "the same on a PostgreSQL outbox (the advisory lock): refused while the first holds "
+            "the lock, taking over once it is stopped, no row sent twice, order kept per project"
         ),
     ),
     Scenario(
@@ -333,7 +468,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         fault=Churn(worker_role("integration"), times=4, every_s=10.0),
         when=AfterApplied(0.05),
         commands=CommandSide(failures=Failures(once=0.2, twice=0.1), retry_delay_s=3.0),
-        settings=(("queue_partitions", 2),),
+        settings={"queue_partitions": 2},
         proves=(
             "a second integration worker joining and leaving while retries wait out their "
             "delay: each retry runs once, never before its due time, none lost to a revoke, "
@@ -375,6 +510,26 @@ SCENARIOS: tuple[Scenario, ...] = (
             "timeout and the replacement handles those commands again at the same attempts; "
             "resumed, the zombie's commit is refused (fenced): each retry and dead letter once, "
             "each command's effect once"
+        ),
+    ),
+    Scenario(
+        row=21,
+        name="postgres-killed-mid-publish",
+        # Down longer than connect_timeout_s (10 s): the pools' wait for a connection runs out,
+        # so writers and the publisher see the outage as an error, not only a slow commit.
+        fault=OutboxServerKill(down_s=12.0),
+        when=AtPass(3),
+        services=Services.PRIVATE_POSTGRES,
+        outbox=Outbox.POSTGRES,
+        # One wave written steadily over ~13 s, four transactions open at almost every moment.
+        waves=1,
+        write_hold_s=0.12,
+        proves=(
+            "the outbox's PostgreSQL SIGKILLed and restarted while writers hold transactions "
+            "open and the publisher holds Kafka's acknowledgement of a pass it has not marked: a "
+            "writer whose transaction failed writes it again, the publisher exits naming the "
+            "server and its restart sends that pass again; every project's slots stay dense (no "
+            "gap, none used twice), no committed row is lost, nothing is applied twice"
         ),
     ),
 )
