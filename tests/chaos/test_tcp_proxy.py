@@ -136,7 +136,8 @@ def test_a_client_of_the_proxied_listener_cannot_bypass_the_proxy() -> None:
     with PrivateServices(redis=False, kafka_proxy=True) as svc:
         assert svc.kafka_proxy is not None
         through = AdminClient({"bootstrap.servers": svc.proxied_bootstrap})
-        advertised = {(b.host, b.port) for b in through.list_topics(timeout=30).brokers.values()}
+        brokers = through.list_topics(timeout=30).brokers.values()
+        advertised = {(str(b.host), int(b.port)) for b in brokers}
         assert advertised == {("127.0.0.1", svc.kafka_proxy.port)}
         direct = AdminClient({"bootstrap.servers": svc.bootstrap})
         ports = {b.port for b in direct.list_topics(timeout=30).brokers.values()}

@@ -94,10 +94,16 @@ class Pipeline:
     """The publisher and one member per subscription, on ``s``'s environment."""
 
     def __init__(
-        self, s: Settings, outbox: Path, logs: Path, armed: dict[str, dict[str, str]]
+        self,
+        s: Settings,
+        outbox: Path,
+        logs: Path,
+        armed: dict[str, dict[str, str]],
+        more_env: dict[str, str] | None = None,
     ) -> None:
+        """``more_env``: more environment for every start of every member."""
         logs.mkdir(parents=True, exist_ok=True)
-        env = subprocess_env(s)
+        env = subprocess_env(s, **(more_env or {}))
         self.members = {
             PUBLISHER: Member(PUBLISHER, publish_args(outbox), env, logs),
             **{slug: Member(slug, consume_args(slug), env, logs) for slug in SUBSCRIPTIONS},
@@ -140,7 +146,15 @@ class Pipeline:
         return out
 
 
-def drain(s: Settings, slug: str, logs: Path, *, until_idle: float, timeout: float) -> int:
+def drain(
+    s: Settings,
+    slug: str,
+    logs: Path,
+    *,
+    until_idle: float,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> int:
     """One more ``consume --until-idle`` of ``slug`` after the pipeline stopped: it exits 0 only
     once nothing is paused for a retry, no effect is pending and every partition is read to its
     end. Its exit code (-9 if it did not get there within ``timeout``)."""
@@ -148,7 +162,7 @@ def drain(s: Settings, slug: str, logs: Path, *, until_idle: float, timeout: flo
         proc = subprocess.Popen(
             consume_args(slug, until_idle=until_idle),
             cwd=ROOT,
-            env=subprocess_env(s),
+            env=subprocess_env(s, **(env or {})),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -28,7 +28,7 @@ from streams.clock import SystemClock
 from streams.envelopes import Draft, Event
 from streams.outbox.store import RowState
 from streams.workload import workload, write_workload
-from tests.chaos.matrix import faults, invariants
+from tests.chaos.matrix import invariants, server_faults, strikes
 from tests.chaos.matrix.pipeline import Pipeline, drain
 from tests.chaos.matrix.scenarios import (
     LEDGER,
@@ -73,6 +73,11 @@ class Row:
     healed_s: float | None = None
     at_strike: dict[str, int] = field(default_factory=dict)  # rows published, effects applied
     copies: int = 0  # records on the streams beyond one per event (the publisher's re-sends)
+    # Figures of the row's own: a proxy's dropped connections, a leader's election, ...
+    notes: dict[str, object] = field(default_factory=dict)
+    # Not empty: the row did what its scenario says it does instead of passing (the scenario's
+    # ``explained``), and nothing else went wrong.
+    explained: str = ""
     problems: dict[str, list[str]] = field(default_factory=dict)  # by invariant, and "fault"
     exits: dict[str, list[int]] = field(default_factory=dict)  # each member's exit codes
     logs: str = ""
@@ -81,14 +86,19 @@ class Row:
         return asdict(self)
 
     def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        held = " ".join(
-            f"{name}:{'ok' if not self.problems.get(name) else 'FAIL'}" for name in invariants.NAMES
-        )
+        verdict = "PASS" if self.passed else "EXPL" if self.explained else "FAIL"
+        explained = " ".join(self.problems.get(server_faults.EXPLAINED, []))
+
+        def held(name: str) -> str:
+            if self.problems.get(name):
+                return "FAIL"
+            return "expl" if f"{name}: " in explained else "ok"
+
+        held_all = " ".join(f"{name}:{held(name)}" for name in invariants.NAMES)
         drained = f"{self.drained_in_s:.1f}s" if self.drained_in_s is not None else "-"
         struck = f"{self.struck_s:.1f}s" if self.struck_s is not None else "-"
         return (
-            f"{verdict} {self.row:>2} {self.name:<32} {held}  struck {struck:>6}  "
+            f"{verdict} {self.row:>2} {self.name:<32} {held_all}  struck {struck:>6}  "
             f"drained {drained:>6}  {self.seconds:5.0f}s"
         )
 
@@ -99,6 +109,11 @@ def say(scenario: Scenario, text: str) -> None:
 
 @contextmanager
 def servers(scenario: Scenario) -> Iterator[PrivateServices | None]:
+    own = server_faults.private_services(scenario.services)
+    if own is not None:
+        with own as svc:
+            yield svc
+        return
     if scenario.services is Services.SHARED:
         yield None
         return
@@ -109,6 +124,8 @@ def servers(scenario: Scenario) -> Iterator[PrivateServices | None]:
 
 def settings_for(svc: PrivateServices | None, scenario: Scenario) -> Settings:
     overrides: dict[str, object] = {"outbox_rows_per_project_per_pass": ROWS_PER_PROJECT_PER_PASS}
+    overrides.update(scenario.settings)
+    overrides.update(server_faults.settings_overrides(svc, scenario.services))
     if scenario.services is Services.PRIVATE_KAFKA and svc is not None:
         overrides["kafka_bootstrap"] = svc.bootstrap
     if scenario.services is Services.PRIVATE_REDIS and svc is not None:
@@ -143,7 +160,10 @@ def run_row(scenario: Scenario) -> Row:
     except Exception:  # a row that breaks is a failed row, the others still run
         row.problems.setdefault("fault", []).append(traceback.format_exc(limit=8))
     row.seconds = time.monotonic() - started
-    row.passed = not any(row.problems.values())
+    row.passed = not any(v for k, v in row.problems.items() if k != server_faults.EXPLAINED)
+    if row.passed and scenario.explained:
+        # What it checks found exactly what the scenario explains: not a pass, not a failure.
+        row.passed, row.explained = False, scenario.explained
     return row
 
 
@@ -156,14 +176,21 @@ def _waves(drafts: list[Draft], n: int) -> list[list[Draft]]:
 def _run(
     scenario: Scenario, s: Settings, svc: PrivateServices | None, logs: Path, row: Row
 ) -> None:
-    drafts, poison = faults.poisoned(
+    drafts, poison = strikes.poisoned(
         scenario, workload(scenario.name, scenario.projects, scenario.events)
     )
     owed = len(drafts) - len(poison)  # what the ledger applies
     outbox_path = s.state_dir / "outbox.db"
     outbox_path.parent.mkdir(parents=True, exist_ok=True)
     outbox = outbox_for(s, outbox_path)
-    pipeline = Pipeline(s, outbox_path, logs, faults.armed(scenario))
+    member_env = server_faults.member_env(scenario, logs)
+    pipeline = Pipeline(
+        server_faults.for_pipeline(s, svc, scenario.services),
+        outbox_path,
+        logs,
+        strikes.armed(scenario),
+        more_env=member_env,
+    )
     ledger = redis_client(s, timeout=2)
     # The ledger's per-partition counters, read by name: a scan of a shared Redis holding every
     # other test's keys takes seconds, and a fault due at 30% would strike a finished run.
@@ -191,7 +218,9 @@ def _run(
             pass
         return out
 
-    injector = faults.Injector(scenario, pipeline, svc, applied, owed, snapshot, len(drafts))
+    injector = strikes.injector_for(
+        scenario, pipeline, svc, applied, owed, snapshot, len(drafts), settings=s, logs=logs
+    )
     written = threading.Event()
     write_error: list[BaseException] = []
 
@@ -241,7 +270,7 @@ def _run(
     row.exits = pipeline.restarts()
     say(scenario, f"drained in {row.drained_in_s}s; exits {row.exits}; the final idle runs")
     drains = {
-        slug: drain(s, slug, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S)
+        slug: drain(s, slug, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S, env=member_env)
         for slug in SUBSCRIPTIONS
     }
     arrived = _arrived(s)
@@ -262,6 +291,13 @@ def _run(
     )
     row.problems = invariants.check(s, outbox, evidence)
     row.problems["fault"] = injector.problems()
+    row.notes.update(getattr(injector, "notes", {}))
+    if poison:
+        row.notes["poison_tries"] = server_faults.poison_tries(logs, poison)
+    explain = getattr(injector, "explain", None)
+    if explain is not None:
+        explain(row.problems, poison, logs)
+        row.notes.update(getattr(injector, "notes", {}))
     fault = scenario.fault
     if isinstance(fault, Failpoint) and fault.role == PUBLISHER and not row.copies:
         # The pass it acknowledged and never marked must go out again: no copy, no crash window.
