@@ -17,6 +17,8 @@
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
 # RHUMBATRON_REDIS_PORT=6479 RHUMBATRON_POSTGRES_PORT=5532 infra/local.sh up. The jars are shared.
+# With RHUMBATRON_KAFKA_PROXY_PORT=P the single broker also has a PLAINTEXT listener on
+# KAFKA_PORT+2000 that advertises 127.0.0.1:P, for clients that must go through a proxy on P.
 #
 # The single broker also has a secured listener, SASL_SSL on KAFKA_PORT+1000 (10092 by default),
 # for testing Rhumbatron against a Kafka that wants TLS and a login (docs/kafka-security.md):
@@ -46,6 +48,13 @@ SECURED="$STATE/kafka/secured"
 SECURED_PORT=$((KAFKA_PORT + 1000))
 SECURED_USERS="rh-admin rh-app"
 SECURED_ADMIN=rh-admin
+# A listener for clients that must reach the single broker through a TCP proxy (the chaos
+# matrix's network rows, tests/support/tcp_proxy.py): with RHUMBATRON_KAFKA_PROXY_PORT set, the
+# broker also listens on KAFKA_PORT+2000 and advertises the proxy's port for it, so a client
+# bootstrapped through the proxy is sent back to the proxy for every broker connection and
+# cannot bypass it. The proxy forwards to KAFKA_PORT+2000.
+PROXY_PORT="${RHUMBATRON_KAFKA_PROXY_PORT:-}"
+PROXIED_PORT=$((KAFKA_PORT + 2000))
 
 say() { printf '[local] %s\n' "$*"; }
 fail() { printf '[local] FAILED: %s\n' "$*" >&2; exit 1; }
@@ -98,9 +107,15 @@ write_properties() {
     echo "process.roles=broker,controller"
     echo "node.id=$id"
     if [ "$node" = single ]; then
-      echo "listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT,CONTROLLER://127.0.0.1:$((port + 10000))"
-      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT"
-      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+      local proxied="" proxied_ad="" proxied_map=""
+      if [ -n "$PROXY_PORT" ]; then
+        proxied=",PROXIED://127.0.0.1:$PROXIED_PORT"
+        proxied_ad=",PROXIED://127.0.0.1:$PROXY_PORT"
+        proxied_map=",PROXIED:PLAINTEXT"
+      fi
+      echo "listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT,CONTROLLER://127.0.0.1:$((port + 10000))$proxied"
+      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$SECURED_PORT$proxied_ad"
+      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT$proxied_map"
       secured_properties
     else
       # The cluster stays PLAINTEXT only: the secured listener is the single broker's.

@@ -635,9 +635,12 @@ class RedisStore:
         return (self._today() + 1) * DAY_MS // 1000 + self.claim_ttl_ms // 1000
 
     def _days(self) -> list[int]:
-        """Every day whose claims may still be live, today first."""
+        """Every day whose claims may still be live: today first (the day written), then
+        tomorrow, then the days before, the oldest last. Tomorrow because a clock stepped back
+        across midnight (NTP, a restored VM) leaves claims written in the day ahead; not looked
+        in, a copy of their events would be applied again."""
         today = self._today()
-        return [today - n for n in range(self.days)]
+        return [today, today + 1, *(today - n for n in range(1, self.days))]
 
     def _claim_fields(self, event_ids: Iterable[str]) -> tuple[list[bytes], list[int]]:
         fields = [claim_field(e) for e in event_ids]

@@ -3,6 +3,12 @@
 A chaos test that stops, kills or restarts a server must not disturb the shared servers other
 tests use, so it starts its own through infra/local.sh with a private state folder and free
 ports (the Kafka jars are shared). ``PrivateServices`` is a context manager.
+
+With ``kafka_proxy`` or ``redis_proxy`` it also puts a TCP proxy (tests/support/tcp_proxy.py) in
+front of the broker or Redis, for rows that cut the network rather than kill a server: the
+broker gets a listener that advertises the proxy's address (infra/local.sh), so clients
+bootstrapped at :attr:`proxied_bootstrap` cannot bypass the proxy, while :attr:`bootstrap` stays
+a direct way in for the test's own checks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from types import TracebackType
 from urllib.parse import quote
 
 from tests.support.environment import ROOT
+from tests.support.tcp_proxy import TcpProxy
 
 LOCAL_SH = ROOT / "infra" / "local.sh"
 PORT_FLOOR = 11000  # private ports start above the shared ones (9092-9094, 10092, 6379, 5432)
@@ -79,11 +86,14 @@ class PrivateServices:
         cluster: bool = False,
         redis_cluster: bool = False,
         postgres: bool = False,
+        kafka_proxy: bool = False,
+        redis_proxy: bool = False,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rhumbatron-private-"))
         # Controllers listen 10000 above each broker port, the single broker's secured listener
         # 1000 above it; the cluster uses three ports.
-        self.kafka_port = _pick_port(3, (0, 1000, 10000)) if kafka else 0
+        # (and a proxied listener 2000 above it).
+        self.kafka_port = _pick_port(3, (0, 1000, 2000, 10000)) if kafka else 0
         self.redis_port = _pick_port() if redis else 0
         # Each cluster node's bus listens 10000 above its port.
         self.redis_cluster_port = (
@@ -95,10 +105,27 @@ class PrivateServices:
         self._want_kafka = kafka
         self._want_redis = redis
         self._want_cluster = kafka and cluster
+        self.kafka_proxy: TcpProxy | None = None
+        self.redis_proxy: TcpProxy | None = None
+        if kafka and kafka_proxy and not cluster:
+            self.kafka_proxy = TcpProxy(("127.0.0.1", self.kafka_port + 2000), port=_pick_port())
+        if redis and redis_proxy:
+            self.redis_proxy = TcpProxy(("127.0.0.1", self.redis_port), port=_pick_port())
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """The broker through the proxy: every connection a client makes goes through it."""
+        assert self.kafka_proxy is not None, "PrivateServices(kafka_proxy=True) has the proxy"
+        return self.kafka_proxy.address
+
+    @property
+    def proxied_redis_url(self) -> str:
+        assert self.redis_proxy is not None, "PrivateServices(redis_proxy=True) has the proxy"
+        return f"redis://{self.redis_proxy.address}/0"
 
     @property
     def secured_bootstrap(self) -> str:
@@ -142,6 +169,8 @@ class PrivateServices:
             RHUMBATRON_REDIS_CLUSTER_PORT=str(self.redis_cluster_port or 7000),
             RHUMBATRON_POSTGRES_PORT=str(self.postgres_port or 5432),
         )
+        if self.kafka_proxy is not None:
+            env["RHUMBATRON_KAFKA_PROXY_PORT"] = str(self.kafka_proxy.port)
         result = subprocess.run(
             [str(LOCAL_SH), *args], env=env, capture_output=True, text=True, timeout=180
         )
@@ -181,6 +210,20 @@ class PrivateServices:
         """SIGKILL the server (no checkpoint, no shutdown): it recovers from its WAL on start."""
         self.run("postgres-kill")
 
+    def redis_wipe(self) -> None:
+        """Redis stopped and its data files deleted (the append-only files and any snapshot):
+        started again (:meth:`redis_start`), it is empty, as a Redis that lost its disk or was
+        replaced by a fresh one."""
+        self.redis_stop()
+        data = self.dir / "redis"
+        for path in data.iterdir():
+            if path.name in ("redis.conf", "redis.log"):
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
     def cluster_up(self) -> None:
         self.run("cluster-up")
 
@@ -203,6 +246,9 @@ class PrivateServices:
                 self.redis_cluster_up()
             if self.postgres_port:
                 self.postgres_start()
+            for proxy in (self.kafka_proxy, self.redis_proxy):
+                if proxy is not None:
+                    proxy.start()
         except BaseException:
             # A cluster half up holds a JVM per node started: stop them, not only report.
             self.__exit__(None, None, None)
@@ -216,6 +262,9 @@ class PrivateServices:
         tb: TracebackType | None,
     ) -> None:
         try:
+            for proxy in (self.kafka_proxy, self.redis_proxy):
+                if proxy is not None:
+                    proxy.close()
             self.run("down")
         finally:
             if self._pg_home is not None:

@@ -15,6 +15,7 @@ from router.settings import Settings
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
 from streams.outbox.publisher import AFTER_ACK
+from streams.topology import stream_index
 from tests.chaos.matrix import command_faults
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
@@ -39,6 +40,8 @@ from tests.support.infra import PrivateServices
 
 # The ledger fails, every time, an event whose payload says so (consumers/subscriptions/ledger.py).
 DRILL = {"drill": "fail"}
+# A churning member waiting for its first assignment (Churn.after_assigned) leaves past this.
+ASSIGNMENT_BOUND_S = 60.0
 
 
 def armed(scenario: Scenario) -> dict[str, dict[str, str]]:
@@ -75,6 +78,12 @@ def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], 
     assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
     out = list(drafts)
     at = int(len(out) * scenario.when.fraction)
+    stream = scenario.fault.stream if isinstance(scenario.fault, Poison) else None
+    if stream is not None:
+        streams = Settings.model_fields["streams"].default
+        at = next(
+            i for i in range(at, len(out)) if stream_index(out[i].project_id, streams) == stream
+        )
     out[at] = dataclasses.replace(out[at], payload={**out[at].payload, **DRILL})
     return out, [out[at].event_id]
 
@@ -136,6 +145,7 @@ class Injector:
             )
         elif isinstance(fault, TransactionalZombie):
             self._extra = command_faults.ZombieInjector(fault, pipeline, stopped, snapshot)
+        self._assigned_at = 0.0  # when the latest join first held partitions (after_assigned)
 
     @property
     def healing(self) -> bool:
@@ -208,8 +218,16 @@ class Injector:
             self.struck_at = now
             self.at_strike = self.snapshot()
         if self._churned and f"{fault.role}-churn{self._churned - 1}" in self.pipeline.members:
-            if now - self._joined_at >= fault.every_s:
+            joined = self.pipeline.members[f"{fault.role}-churn{self._churned - 1}"]
+            if fault.after_assigned and not self._assigned_at:
+                # Given up on past the bound: problems() names the join that got nothing.
+                held = "assigned" in joined.log(0).read_text(errors="replace")
+                if held or now - self._joined_at >= ASSIGNMENT_BOUND_S:
+                    self._assigned_at = now
+                return
+            if now - max(self._joined_at, self._assigned_at) >= fault.every_s:
                 self.pipeline.remove(f"{fault.role}-churn{self._churned - 1}")
+                self._assigned_at = 0.0
         elif self._churned == fault.times:
             self.healed_at = now
         else:

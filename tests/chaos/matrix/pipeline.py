@@ -149,7 +149,15 @@ class Pipeline:
         return out
 
 
-def drain(s: Settings, slug: str, logs: Path, *, until_idle: float, timeout: float) -> int:
+def drain(
+    s: Settings,
+    slug: str,
+    logs: Path,
+    *,
+    until_idle: float,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> int:
     """One more ``consume --until-idle`` of ``slug`` after the pipeline stopped: it exits 0 only
     once nothing is paused for a retry, no effect is pending and every partition is read to its
     end. Its exit code (-9 if it did not get there within ``timeout``)."""
@@ -157,7 +165,7 @@ def drain(s: Settings, slug: str, logs: Path, *, until_idle: float, timeout: flo
         proc = subprocess.Popen(
             consume_args(slug, until_idle=until_idle),
             cwd=ROOT,
-            env=subprocess_env(s),
+            env=subprocess_env(s, **(env or {})),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -31,10 +31,11 @@ from streams.workload import workload
 from tests.chaos.matrix import (
     command_faults,
     commands,
-    faults,
     invariants,
     outbox_checks,
     publisher_faults,
+    server_faults,
+    strikes,
     writers,
 )
 from tests.chaos.matrix.outboxes import RowOutbox
@@ -86,6 +87,9 @@ class Row:
     outbox: str = "sqlite"
     # Figures of the row's own: the writers' retried transactions, a held project's, ...
     notes: dict[str, object] = field(default_factory=dict)
+    # Not empty: the row did what its scenario says it does instead of passing (the scenario's
+    # ``explained``), and nothing else went wrong.
+    explained: str = ""
     problems: dict[str, list[str]] = field(default_factory=dict)  # by invariant, and "fault"
     exits: dict[str, list[int]] = field(default_factory=dict)  # each member's exit codes
     logs: str = ""
@@ -95,14 +99,19 @@ class Row:
         return asdict(self)
 
     def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        held = " ".join(
-            f"{name}:{'ok' if not self.problems.get(name) else 'FAIL'}" for name in invariants.NAMES
-        )
+        verdict = "PASS" if self.passed else "EXPL" if self.explained else "FAIL"
+        explained = " ".join(self.problems.get(server_faults.EXPLAINED, []))
+
+        def held(name: str) -> str:
+            if self.problems.get(name):
+                return "FAIL"
+            return "expl" if f"{name}: " in explained else "ok"
+
+        held_all = " ".join(f"{name}:{held(name)}" for name in invariants.NAMES)
         drained = f"{self.drained_in_s:.1f}s" if self.drained_in_s is not None else "-"
         struck = f"{self.struck_s:.1f}s" if self.struck_s is not None else "-"
         return (
-            f"{verdict} {self.row:>2} {self.name:<32} {held}  struck {struck:>6}  "
+            f"{verdict} {self.row:>2} {self.name:<32} {held_all}  struck {struck:>6}  "
             f"drained {drained:>6}  {self.seconds:5.0f}s"
         )
 
@@ -113,6 +122,11 @@ def say(scenario: Scenario, text: str) -> None:
 
 @contextmanager
 def servers(scenario: Scenario) -> Iterator[PrivateServices | None]:
+    own = server_faults.private_services(scenario.services)
+    if own is not None:
+        with own as svc:
+            yield svc
+        return
     if scenario.services is Services.SHARED:
         yield None
         return
@@ -127,6 +141,7 @@ def servers(scenario: Scenario) -> Iterator[PrivateServices | None]:
 def settings_for(svc: PrivateServices | None, scenario: Scenario) -> Settings:
     overrides: dict[str, object] = {"outbox_rows_per_project_per_pass": ROWS_PER_PROJECT_PER_PASS}
     overrides.update(scenario.settings)
+    overrides.update(server_faults.settings_overrides(svc, scenario.services))
     if scenario.services is Services.PRIVATE_KAFKA and svc is not None:
         overrides["kafka_bootstrap"] = svc.bootstrap
     if scenario.services is Services.PRIVATE_REDIS and svc is not None:
@@ -163,7 +178,10 @@ def run_row(scenario: Scenario) -> Row:
     except Exception:  # a row that breaks is a failed row, the others still run
         row.problems.setdefault("fault", []).append(traceback.format_exc(limit=8))
     row.seconds = time.monotonic() - started
-    row.passed = not any(row.problems.values())
+    row.passed = not any(v for k, v in row.problems.items() if k != server_faults.EXPLAINED)
+    if row.passed and scenario.explained:
+        # What it checks found exactly what the scenario explains: not a pass, not a failure.
+        row.passed, row.explained = False, scenario.explained
     return row
 
 
@@ -176,7 +194,7 @@ def _waves(drafts: list[Draft], n: int) -> list[list[Draft]]:
 def _run(
     scenario: Scenario, s: Settings, svc: PrivateServices | None, logs: Path, row: Row
 ) -> None:
-    drafts, poison = faults.poisoned(
+    drafts, poison = strikes.poisoned(
         scenario, workload(scenario.name, scenario.projects, scenario.events)
     )
     drafts, refused = publisher_faults.refused(scenario, drafts)
@@ -202,13 +220,16 @@ def _run_on(
 ) -> None:
     outbox = row_outbox.store
     side = scenario.commands
+    member_env = server_faults.member_env(scenario, logs)
+    if side is not None:
+        member_env.update(commands.member_env(side))
     pipeline = Pipeline(
-        s,
+        server_faults.for_pipeline(s, svc, scenario.services),
         row_outbox.address,
         logs,
-        faults.armed(scenario),
+        strikes.armed(scenario),
         more=commands.members() if side is not None else None,
-        more_env=commands.member_env(side) if side is not None else None,
+        more_env=member_env,
     )
     ledger = redis_client(s, timeout=2)
     # The ledger's per-partition counters, read by name: a scan of a shared Redis holding every
@@ -258,7 +279,7 @@ def _run_on(
     )
     if isinstance(drill, publisher_faults.RefusedProjectDrill):
         drill.prepare()
-    injector = faults.Injector(
+    injector = strikes.injector_for(
         scenario,
         pipeline,
         svc,
@@ -266,9 +287,9 @@ def _run_on(
         owed,
         snapshot,
         len(drafts),
-        drill=drill,
         settings=s,
         logs=logs,
+        drill=drill,
         drafts=drafts,
         poison=poison,
     )
@@ -330,7 +351,7 @@ def _run_on(
     row.exits = pipeline.restarts()
     say(scenario, f"drained in {row.drained_in_s}s; exits {row.exits}; the final idle runs")
     drains = {
-        slug: drain(s, slug, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S)
+        slug: drain(s, slug, logs, until_idle=DRAIN_IDLE_S, timeout=DRAIN_TIMEOUT_S, env=member_env)
         for slug in SUBSCRIPTIONS
     }
     if side is not None:
@@ -381,6 +402,13 @@ def _run_on(
         for name, problems in found.items():
             row.problems.setdefault(name, []).extend(problems)
         row.problems["fault"].extend(commands.fault_problems(scenario, said))
+    row.notes.update(getattr(injector, "notes", {}))
+    if poison:
+        row.notes["poison_tries"] = server_faults.poison_tries(logs, poison)
+    explain = getattr(injector, "explain", None)
+    if explain is not None:
+        explain(row.problems, poison, logs)
+        row.notes.update(getattr(injector, "notes", {}))
     fault = scenario.fault
     if isinstance(fault, Failpoint) and fault.role == PUBLISHER and not row.copies:
         # The pass it acknowledged and never marked must go out again: no copy, no crash window.

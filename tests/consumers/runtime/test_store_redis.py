@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
@@ -106,6 +106,27 @@ def test_claims_live_in_day_buckets_that_expire_and_are_all_checked() -> None:
     assert store.claimed(TPX, 0, [EVT]) == {EVT}
     clock.advance(3 * DAY_S)  # beyond the window: no longer checked (and Redis dropped the bucket)
     assert store.claimed(TPX, 0, [EVT]) == set()
+
+
+def test_a_claim_written_past_midnight_is_seen_after_the_clock_steps_back_before_it() -> None:
+    """A host's clock stepped back 5 minutes just after a UTC midnight (NTP, a VM restored):
+    claims written in the new day's buckets must still be looked in from the old day, or a copy
+    of an event (a publisher's re-send) is applied a second time (the chaos matrix's clock row)."""
+    client = _client()
+    env = "t" + secrets.token_hex(5)
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    midnight += timedelta(days=1)
+
+    def at(moment: datetime) -> RedisStore:
+        clock = ManualClock(moment)
+        return RedisStore(client, env=env, slug="contract", clock=clock, claim_ttl_ms=8 * DAY_MS)
+
+    ahead, back = at(midnight + timedelta(seconds=270)), at(midnight - timedelta(seconds=30))
+    epoch = ahead.acquire(TPX)
+    ahead.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
+    assert back.decisions(TPX, 0, [EVT, EVT2]) == ({EVT}, set())
+    with pytest.raises(CursorMoved):  # the copy at a later offset is refused, not applied
+        back.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
 
 
 def test_claims_stay_small_hashes_of_at_most_32_bytes_a_claim() -> None:
