@@ -16,7 +16,7 @@ runtime's loops do not use it: their retry policy takes redis-py's errors as the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -119,58 +119,6 @@ def _run_on(
             break
         loader.script_load(script.text)
         todo = again
-    return answers
-
-
-def send_script_calls(
-    client: redis.Redis[bytes], script: Script, calls: Calls
-) -> Callable[[], list[Any]]:
-    """:func:`run_script_calls` in two halves, on one server (not a cluster's client, no
-    ``WAIT``): the calls go out now on a connection of their own, and the returned function reads
-    their answers, so the caller works while Redis runs them. Redis runs a connection's commands
-    in the order they came; what the caller sends meanwhile on other connections may run before
-    or after them. Until the answers are read the connection is the caller's; an error reading
-    them closes it (half read, it could not be used again) and raises."""
-    pool = client.connection_pool
-    connection = pool.get_connection("EVALSHA")
-    try:
-        connection.send_packed_command(
-            connection.pack_commands(
-                [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-            )
-        )
-    except BaseException:
-        connection.disconnect()
-        pool.release(connection)
-        raise
-
-    def answers() -> list[Any]:
-        results: list[Any] = []
-        try:
-            for _ in calls:
-                try:
-                    results.append(connection.read_response())
-                except redis.exceptions.ResponseError as refused:  # an answer, and the next follows
-                    results.append(refused)
-        except BaseException:
-            connection.disconnect()
-            raise
-        finally:
-            pool.release(connection)
-        # A script Redis did not know (its cache flushed, or it restarted) ran nothing: loaded,
-        # and those calls run again.
-        again = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(
-                result, redis.exceptions.NoScriptError
-            ):
-                raise result
-        if again:
-            redone = run_script_calls(client, script, [calls[i] for i in again])
-            for i, answer in zip(again, redone, strict=True):
-                results[i] = answer
-        return results
-
     return answers
 
 

@@ -97,7 +97,7 @@ class FailureMixin(TracingMixin):
         part.progress = new
         self.store.clear_failures(part.tp, due.batch_key)
         if resume_at is not None:
-            self._seek(part, resume_at)
+            self.transport.seek(part.tp, resume_at)
         # Redelivered records held back behind the failing events are read again too.
         self._rewind_redelivery(part)
         log.error(
@@ -118,9 +118,8 @@ class FailureMixin(TracingMixin):
         part.retry_at = self.clock.monotonic() + delay
         part.retry_from = first_unapplied
         self.transport.pause([part.tp])
-        part.rewinds += 1
         if first_unapplied is not None:
-            self._seek(part, first_unapplied)
+            self.transport.seek(part.tp, first_unapplied)
 
     def _resume_due(self) -> None:
         now = self.clock.monotonic()
@@ -133,7 +132,7 @@ class FailureMixin(TracingMixin):
                         continue
                     part.retry_from = None
                 if part.retry_from is not None:
-                    self._seek(part, part.retry_from)
+                    self.transport.seek(part.tp, part.retry_from)
                 self.transport.resume([part.tp])
                 self._rewind_redelivery(part)
 

@@ -6,7 +6,7 @@ cursor), with effects applied to a small Redis-alike keyspace tests can read. Th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import orjson
 
@@ -192,12 +192,6 @@ class MemoryStore:
             else:
                 answers.append(None)
         return answers
-
-    def send_commits(self, commits: Sequence[Commit]) -> Callable[[], list[Exception | None]]:
-        # Applied when the answers are asked for: the latest the contract allows, so whatever
-        # the caller does in between (another owner's acquire, a rebalance) comes first.
-        sent = list(commits)
-        return lambda: self.commit_many(sent)
 
     def commit(self, commit: Commit) -> None:
         with self._lock:

@@ -31,13 +31,13 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgpack  # type: ignore[import-untyped]
 import orjson
 import redis
 
-from consumers.redis_conn import Script, Wait, is_cluster, run_script_calls, send_script_calls
+from consumers.redis_conn import Script, Wait, run_script_calls
 from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
@@ -782,41 +782,13 @@ class RedisStore:
             raise refused
 
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
-        packed = self._packed_all(commits)
+        days = self._days()
+        expire_at = self._claims_expire_at()
+        packed = [self._packed(c, days, expire_at) for c in commits]
         answers = self._run_all(
             "commit",
             [(self.prefix(c.tp), arg) for c, (arg, _) in zip(commits, packed, strict=True)],
         )
-        return self._answered(commits, packed, answers)
-
-    def send_commits(self, commits: Sequence[Commit]) -> Callable[[], list[Exception | None]]:
-        if self.wait is not None or is_cluster(self.client):
-            # A cluster's calls go to several primaries, and a WAIT answers after the writes:
-            # both are run at once.
-            answered = self.commit_many(commits)
-            return lambda: answered
-        packed = self._packed_all(commits)
-        script = self._scripts["commit"]
-        calls: list[tuple[Sequence[str | bytes], Sequence[str | bytes | int]]] = [
-            ([self.prefix(c.tp) + "progress"], [arg, self.prefix(c.tp)])
-            for c, (arg, _) in zip(commits, packed, strict=True)
-        ]
-        sent = send_script_calls(self.client, script, calls)
-        return lambda: self._answered(commits, packed, sent())
-
-    def _packed_all(self, commits: Sequence[Commit]) -> list[tuple[bytes, list[int]]]:
-        days = self._days()
-        expire_at = self._claims_expire_at()
-        return [self._packed(c, days, expire_at) for c in commits]
-
-    def _answered(
-        self,
-        commits: Sequence[Commit],
-        packed: Sequence[tuple[bytes, list[int]]],
-        answers: Sequence[object],
-    ) -> list[Exception | None]:
-        """The commit script's answers as refusals, remembering the claim hashes given their
-        expiry by the commits that applied."""
         refusals: list[Exception | None] = []
         for c, (_, expire), answer in zip(commits, packed, answers, strict=True):
             assert isinstance(answer, list)

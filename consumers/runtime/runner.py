@@ -35,14 +35,16 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
-from consumers.runtime.commits import CommitMixin, InFlight
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetterStore
+from consumers.runtime.failures import FailureMixin
+from consumers.runtime.files import FilesMixin
 from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
 from consumers.runtime.store import Commit, Store
 from consumers.runtime.tracing import BatchTraces
+from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
@@ -59,7 +61,7 @@ from consumers.runtime.types import (
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, decode_with_wire
-from streams.errors import EnvelopeError, Fenced, ProcessorError
+from streams.errors import ClaimsFound, EnvelopeError, Fenced, ProcessorError
 from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.runtime")
@@ -106,22 +108,8 @@ class _Slice:
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
 
-# A record's decoding, done before its partition's progress is known: its event and canonical
-# bytes (keeps_wire), or why it is poison.
-Decoded = tuple[Event | None, bytes | None, EnvelopeError | None]
 
-
-@dataclass
-class _Ahead:
-    """The records of a poll made while the last poll's commit was in flight, decoded, and each
-    partition's rewinds then: a partition landing (or anything after) rewound lost its share."""
-
-    records: list[Record]
-    decoded: dict[int, Decoded]  # by id(record)
-    marks: dict[TP, tuple[PartitionState, int]]
-
-
-class Runner(CommitMixin):
+class Runner(FilesMixin, TransactionMixin, FailureMixin):
     def __init__(
         self,
         processor: Processor,
@@ -160,18 +148,11 @@ class Runner(CommitMixin):
         self.parts: dict[TP, PartitionState] = {}
         self._last_control_check = 0.0
         self._behind = False  # the last poll brought a full batch: poll batch_size_behind
-        self._in_flight: InFlight | None = None  # effects in Redis: the last poll's commits
 
     def start(self, topics: list[str]) -> None:
         self.transport.subscribe(topics, self._on_assign, self._on_revoke)
 
     def close(self) -> None:
-        try:
-            self.land()
-        finally:
-            self._close_parts_and_clients()
-
-    def _close_parts_and_clients(self) -> None:
         self._close_all_parts(self.parts.values())
         if self.parts:
             self._commit_group_offsets(self.parts.values())
@@ -248,21 +229,14 @@ class Runner(CommitMixin):
 
     def run_once(self, timeout: float = 0.5) -> int:
         """One poll and everything it brings. Returns the number of records handled."""
-        ahead = self._poll_ahead()
         self._resume_due()
         self._check_controls()
         self._refold()
         self._recover_pending()
         self._flush_due()
-        decoded: dict[int, Decoded] = {}
-        if ahead is not None:
-            records, decoded = self._still_current(ahead), ahead.decoded
-            polled = len(ahead.records)
-        else:
-            records = self.transport.poll(self._poll_size(), timeout)
-            polled = len(records)
+        records = self.transport.poll(self._poll_size(), timeout)
         # Behind: the poll brought at least a normal batch, so more is waiting.
-        self._behind = polled >= self.policy.batch_size
+        self._behind = len(records) >= self.policy.batch_size
         if self.redelivery is not None:
             records += self._redelivered(self.redelivery.poll(self.policy.batch_size))
         # Partitions assigned inside this poll: refold and finish their pending effects before any
@@ -275,75 +249,21 @@ class Runner(CommitMixin):
         self.stats.batches += 1
         self.stats.records += len(records)
         try:
-            self._handle(records, decoded)
+            self._handle(records)
         except BaseException:
-            self._broken_off()
+            # Broken off (the store went away mid-batch, a crash): what the poll handed over is
+            # not done. Put it back, so that nothing takes these partitions as read through it,
+            # least of all the offsets committed on the way out (by ``close`` and the revoke
+            # callback): past the cursor, the group would read lag 0 while those records wait.
+            with suppress(Exception):  # the error that broke the batch is the one to raise
+                for part in list(self.parts.values()):
+                    self._defer(part)
             raise
         self._commit_read_through()
         return len(records)
 
-    def _broken_off(self) -> None:
-        """A batch broken off (the store went away mid-batch, a crash): what the poll handed over
-        is not done. Put it back, so that nothing takes these partitions as read through it,
-        least of all the offsets committed on the way out (by ``close`` and the revoke callback):
-        past the cursor, the group would read lag 0 while those records wait."""
-        with suppress(Exception):  # the error that broke the batch is the one to raise
-            for part in list(self.parts.values()):
-                part.in_flight = part.ahead = False
-                self._defer(part)
-
-    def _poll_ahead(self) -> _Ahead | None:
-        """With the last poll's commits in flight: the records waiting now, fetched and decoded
-        while the store applies them, then the commits landed. None with nothing in flight."""
-        flight, self._in_flight = self._in_flight, None
-        if flight is None:
-            return None
-        marks: dict[TP, tuple[PartitionState, int]] = {}
-        try:
-            try:
-                records = self.transport.poll(self._poll_size(), 0)
-                # Before landing, which may rewind a partition and commits group offsets: these
-                # records are handed over and not done.
-                for record in records:
-                    part = self.parts.get(record.tp)
-                    if part is not None and record.tp not in marks:
-                        part.ahead = True
-                        marks[record.tp] = (part, part.rewinds)
-                decoded = {id(r): self._decode(r) for r in records}
-            finally:
-                # Landed whatever happened to the poll: the commits are applied or refused.
-                self._land(flight)
-        except BaseException:
-            self._broken_off()
-            raise
-        return _Ahead(records, decoded, marks)
-
-    def _still_current(self, ahead: _Ahead) -> list[Record]:
-        """The records polled ahead whose partition nothing has rewound since (the landing, a
-        refusal's reload, a failure's seek back, an operator's control): the others are read
-        again from where their partition now stands."""
-        for part, _ in ahead.marks.values():
-            part.ahead = False
-        current = {
-            tp
-            for tp, (part, rewinds) in ahead.marks.items()
-            if self.parts.get(tp) is part and part.rewinds == rewinds
-        }
-        return [r for r in ahead.records if r.tp in current]
-
-    def _decode(self, record: Record) -> Decoded:
-        try:
-            if self.processor.keeps_wire:
-                event, wire = decode_with_wire(
-                    Event, record.value, max_bytes=self.policy.max_envelope_bytes
-                )
-                return event, wire, None
-            return decode_event(record.value, max_bytes=self.policy.max_envelope_bytes), None, None
-        except EnvelopeError as exc:
-            return None, None, exc
-
-    def _handle(self, records: list[Record], decoded: dict[int, Decoded]) -> None:
-        """Apply and commit one poll's records (``decoded``: those decoded already)."""
+    def _handle(self, records: list[Record]) -> None:
+        """Apply and commit one poll's records."""
         read: dict[tuple[str, int], list[Record]] = {}  # by topic and partition, in order
         for record in records:
             key = (record.topic, record.partition)
@@ -361,24 +281,18 @@ class Runner(CommitMixin):
                 self._defer(part)
                 continue
             by_tp.setdefault(origin, []).extend(same)
-        slices = [self._decoded(self.parts[tp], recs, decoded) for tp, recs in by_tp.items()]
+        slices = [self._decoded(self.parts[tp], recs) for tp, recs in by_tp.items()]
         for piece in slices:
             piece.look = self._must_look(piece)
-        flight = self._process_and_send(slices)
-        if self.processor.effect_kind == EffectKind.REDIS and flight.ready:
-            self._in_flight = flight  # landed after the next poll (commits.py)
-        else:
-            self._land(flight)
-
-    def _again(self, slices: list[_Slice], met: set[TP]) -> None:
-        """Their commits met claims (duplicates, or events of an earlier revision) and wrote
-        nothing: the same records again, looked up first, as the batch of one partition with
-        duplicates always was."""
-        again = [piece for piece in slices if piece.part.tp in met and piece.part.tp in self.parts]
-        for piece in again:
-            piece.look = piece.again = True
-        if again:
-            self._land(self._process_and_send(again))
+        met = self._process_and_commit(slices)
+        if met:
+            # Their commits met claims (duplicates, or events of an earlier revision) and wrote
+            # nothing: the same records again, looked up first, as the batch of one partition
+            # with duplicates always was.
+            again = [piece for piece in slices if piece.part.tp in met]
+            for piece in again:
+                piece.look = piece.again = True
+            self._process_and_commit(again)
 
     def _must_look(self, piece: _Slice) -> bool:
         """Whether a slice's claims are looked up before it is processed. The live path leaves
@@ -392,8 +306,9 @@ class Runner(CommitMixin):
         rerun_through = piece.progress.rerun_through
         return any(r.offset <= rerun_through or self._is_redelivery(r) for r, _ in piece.candidates)
 
-    def _process_and_send(self, slices: list[_Slice]) -> InFlight:
-        """Process every slice and send their commits together (to be landed: commits.py)."""
+    def _process_and_commit(self, slices: list[_Slice]) -> set[TP]:
+        """Process every slice and commit them together; the partitions whose commit met claims
+        it had not looked up (:meth:`_commit`)."""
         decisions = self._decisions([s for s in slices if s.look])
         try:
             outcomes = []
@@ -411,10 +326,9 @@ class Runner(CommitMixin):
                     self._drop(part)
                     continue
                 outcomes.append(outcome)
-            return self._send(outcomes, slices)
-        except BaseException:
-            self._close_traces()
-            raise
+            return self._commit(outcomes)
+        finally:
+            self._close_traces()  # the failed applies' spans, once their failures are handled
 
     def _poll_size(self) -> int:
         """How many records the next poll may bring: ``batch_size_behind`` while the last poll
@@ -438,8 +352,6 @@ class Runner(CommitMixin):
     def idle(self) -> bool:
         """Nothing paused for a retry, nothing pending, and every partition read to its end (a
         consumer that merely got nothing for a while, on a loaded broker, is not idle)."""
-        if self._in_flight is not None:
-            return False
         if not all(p.retry_at is None and not p.needs_recovery for p in self.parts.values()):
             return False
         return self.transport.caught_up(self.parts)
@@ -461,28 +373,14 @@ class Runner(CommitMixin):
                     quiet_since = now
                 elif until_idle_s is not None and now - quiet_since >= until_idle_s:
                     break
-            self.land()
         return self.stats
 
-    def land(self) -> None:
-        """Land the last poll's commits, if they are in flight (effects in Redis: the next
-        ``run_once`` lands them after its poll, ``run`` and ``close`` before they return); for a
-        caller that looks at a poll's outcome right after it."""
-        flight, self._in_flight = self._in_flight, None
-        if flight is not None:
-            try:
-                self._land(flight)
-            except BaseException:
-                self._broken_off()
-                raise
-
-    def _decoded(
-        self, part: PartitionState, records: list[Record], decoded: dict[int, Decoded]
-    ) -> _Slice:
-        """A partition's records of this poll decoded (``decoded``: those decoded already) and
-        sorted: done already per the cursor, poison (undecodable), or events, of which those the
-        processor consumes are candidates."""
+    def _decoded(self, part: PartitionState, records: list[Record]) -> _Slice:
+        """A partition's records of this poll decoded and sorted: done already per the cursor,
+        poison (undecodable), or events, of which those the processor consumes are candidates."""
         consumes = self.processor.consumes
+        keeps_wire = self.processor.keeps_wire
+        max_bytes = self.policy.max_envelope_bytes
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
         piece = _Slice(part, records, progress)
@@ -501,15 +399,17 @@ class Runner(CommitMixin):
             elif progress.is_done(record.offset):
                 piece.events.append(None)
                 continue
-            found = decoded.get(id(record)) if decoded else None
-            event, wire, problem = self._decode(record) if found is None else found
-            if event is None:
-                assert problem is not None
-                piece.poison.append((record, problem))
+            try:
+                if keeps_wire:
+                    event, wire = decode_with_wire(Event, record.value, max_bytes=max_bytes)
+                    if wire is not None:
+                        piece.wires[len(piece.events)] = wire
+                else:
+                    event = decode_event(record.value, max_bytes=max_bytes)
+            except EnvelopeError as exc:
+                piece.poison.append((record, exc))
                 piece.events.append(None)
                 continue
-            if wire is not None:
-                piece.wires[len(piece.events)] = wire
             piece.events.append(event)
             if consumes is None or event.event_type in consumes:
                 piece.candidates.append((record, event))
@@ -689,6 +589,80 @@ class Runner(CommitMixin):
             unclaimed=[] if piece.look else unclaimed,
         )
         return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms, counted)
+
+    def _commit(self, outcomes: list[Outcome]) -> set[TP]:
+        """Commit the outcomes (each partition's atomic on its own) and what follows each that
+        applied: its Kafka effects, its group offset, its failures. The partitions whose commit
+        met claims it had not looked up, writing nothing: their counts are taken back, and the
+        caller processes them again."""
+        ready: list[Outcome] = []
+        for outcome in outcomes:
+            part = self.parts.get(outcome.commit.tp)
+            if part is None:
+                continue
+            if outcome.letters:
+                # Poison records go to the dead-letter store before the cursor passes them; if
+                # that write fails, nothing of this partition commits and the batch comes again.
+                try:
+                    self.dead_letters.write(outcome.letters)
+                except Exception as exc:
+                    log.error(
+                        "%s: dead-letter write failed, %s not committed: %s",
+                        self.processor.slug,
+                        part.tp,
+                        exc,
+                    )
+                    self._schedule_retry(part, outcome.commit.expected_acked + 1, 1)
+                    self._rewind_redelivery(part)
+                    continue
+                self.stats.dead_lettered += len(outcome.letters)
+                self.stats.poison_dead_lettered += len(outcome.letters)
+            if self.processor.effect_kind == EffectKind.FILES:
+                if outcome.failed:
+                    part.open_part = None  # its lines are read again from the committed cursor
+                    self._handle_failure(part, outcome)
+                else:
+                    self._fill_part(part, outcome)
+                continue
+            ready.append(outcome)
+        # Every partition's commit in one store call, each atomic on its own.
+        refusals = self._store_commit_many([(self.parts[o.commit.tp], o.commit) for o in ready])
+        committed: list[Outcome] = []
+        met: set[TP] = set()
+        for outcome, refusal in zip(ready, refusals, strict=True):
+            if isinstance(refusal, ClaimsFound):
+                met.add(outcome.commit.tp)
+                for name, n in outcome.counted.items():
+                    setattr(self.stats, name, getattr(self.stats, name) - n)
+                continue
+            part = self.parts.get(outcome.commit.tp)
+            if refusal is not None or part is None:
+                continue
+            part.progress = outcome.commit.progress
+            self._keep_states(part, outcome.commit.states)
+            committed.append(outcome)
+            self.failpoint("runtime.after_store_commit")
+        if self.processor.effect_kind == EffectKind.KAFKA and committed:
+            # Every batch commits its offsets in a transaction, with its records if it has any.
+            self._publish(committed)
+        if committed:
+            now = self.clock.now().timestamp()
+            for outcome in committed:
+                self.instruments.committed(self.processor.slug, outcome.applied_ms, now)
+        self._commit_group_offsets(
+            [self.parts[o.commit.tp] for o in committed if o.commit.tp in self.parts],
+            clean={o.commit.tp for o in committed if not o.failed},
+        )
+        self.failpoint("runtime.after_offsets_commit")
+        for outcome in committed:
+            part = self.parts.get(outcome.commit.tp)
+            if part is None:
+                continue
+            if outcome.failed:
+                self._handle_failure(part, outcome)
+            elif outcome.first_unapplied is None and part.retry_from is not None:
+                part.retry_from = None
+        return met
 
     def _check_controls(self) -> None:
         """Notice cursor moves and rebuilt folds made by operator controls while this process owns

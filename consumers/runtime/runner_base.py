@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -23,7 +23,7 @@ from consumers.runtime.types import (
 )
 from streams.clock import Clock
 from streams.envelopes import Event
-from streams.errors import CursorMoved, EnvelopeError, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, EnvelopeError, Fenced, PendingEffects
 from streams.headers import ORIGIN_OFFSET
 from streams.topology import redelivery_origin, redelivery_partition
 
@@ -115,12 +115,6 @@ class PartitionState:
     # The offset this owner last committed to the group (-1: none yet); the cursor in the store
     # is what resumes work, and the two differ by the transaction markers past the cursor.
     group_offset: int = -1
-    # Seeks and pauses of the partition so far: records polled before one are not read again.
-    rewinds: int = 0
-    # Its commit sent to the store and not yet answered; records of it polled ahead of that
-    # answer and not yet handled. Either way the transport's position is past records not done.
-    in_flight: bool = False
-    ahead: bool = False
 
 
 @dataclass
@@ -179,8 +173,6 @@ class RunnerBase:
         if (
             progress.applied_beyond
             or progress.dead
-            or part.in_flight
-            or part.ahead
             or part.retry_at is not None
             or part.needs_recovery
             or part.needs_refold
@@ -232,14 +224,9 @@ class RunnerBase:
         if part.redelivery is not None and self.redelivery is not None:
             self.redelivery.assign(part.redelivery, part.progress.redelivered_next)
 
-    def _seek(self, part: PartitionState, offset: int) -> None:
-        """Read the partition again from ``offset``: records of it polled before are stale."""
-        part.rewinds += 1
-        self.transport.seek(part.tp, offset)
-
     def _defer(self, part: PartitionState) -> None:
         """Put a partition's fetched records back: read them again once it is ready."""
-        self._seek(part, part.progress.acked_through + 1)
+        self.transport.seek(part.tp, part.progress.acked_through + 1)
         self._rewind_redelivery(part)
 
     def _keep_states(self, part: PartitionState, written: dict[str, JSON | None]) -> None:
@@ -265,7 +252,7 @@ class RunnerBase:
         part.retry_at = None
         part.retry_from = None
         self.transport.resume([part.tp])
-        self._seek(part, part.progress.acked_through + 1)
+        self.transport.seek(part.tp, part.progress.acked_through + 1)
         self._rewind_redelivery(part)
 
     def _store_commit(self, part: PartitionState, commit: Commit) -> bool:
@@ -273,6 +260,22 @@ class RunnerBase:
         is dropped) or the cursor moved under us (reloaded; pending effects recovered first)."""
         self.failpoint("runtime.before_store_commit")
         return self._commit_or_refuse(part, commit)
+
+    def _store_commit_many(
+        self, commits: Sequence[tuple[PartitionState, Commit]]
+    ) -> list[Exception | None]:
+        """:meth:`_store_commit` for every partition of a poll in one store call: per commit, in
+        order, None if it applied, else what refused it (a refused one's partition is handled as
+        there; ClaimsFound is left to the caller, which looks up and processes again)."""
+        if not commits:
+            return []
+        for _ in commits:
+            self.failpoint("runtime.before_store_commit")
+        refusals = self.store.commit_many([commit for _, commit in commits])
+        for (part, _), refusal in zip(commits, refusals, strict=True):
+            if refusal is not None and not isinstance(refusal, ClaimsFound):
+                self._refused(part, refusal)
+        return refusals
 
     def _commit_or_refuse(self, part: PartitionState, commit: Commit) -> bool:
         """The store commit and what a refusal means for the partition, shared by the batch's

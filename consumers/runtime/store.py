@@ -10,7 +10,7 @@ epoch is current) and the cursor is where the caller read it (compare-and-set).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -94,12 +94,6 @@ class Store(Protocol):
         each atomic on its own: per commit, in order, None if it applied or the Fenced,
         CursorMoved, PendingEffects or ClaimsFound that refused it (having written nothing of it). One round
         trip for every partition of a poll; an error reaching the store raises."""
-
-    def send_commits(self, commits: Sequence[Commit]) -> Callable[[], list[Exception | None]]:
-        """:meth:`commit_many` in two halves: the commits are sent now, and the returned call
-        gives their answers (waiting for them if need be), so the caller works meanwhile. Every
-        commit is applied or refused exactly as by ``commit_many``; only when is left open: a
-        backend may apply them at once. An error reaching the store raises from either half."""
 
     def pending(self, tp: TP) -> list[OutRecord]: ...
 

@@ -154,7 +154,7 @@ class TransactionMixin(RunnerBase):
             part.needs_first_fold = False
             part.progress = self.store.load(part.tp)
             part.states.clear()
-            self._seek(part, part.progress.acked_through + 1)
+            self.transport.seek(part.tp, part.progress.acked_through + 1)
 
     def _recover_pending(self) -> None:
         """Finish Kafka effects a crash or an aborted transaction left pending."""

@@ -113,26 +113,6 @@ class StoreContract:
         assert store.decisions(TPX, 0, [EVT, EVT2, EVT3]) == ({EVT, EVT2}, set())
         assert store.read(TPX, "k") == "v" and store.load(TPX).acked_through == 3
 
-    def test_sent_commits_are_applied_or_refused_as_commit_many_would(self) -> None:
-        """``send_commits``: the answers, once asked for, are ``commit_many``'s (a stale owner's
-        commit refused, writing nothing), and the state is theirs."""
-        store = self.make_store()
-        other = TP(TPX.topic, TPX.partition + 1)
-        epoch = store.acquire(TPX)
-        stale = store.acquire(other)
-        store.acquire(other)
-        answers = store.send_commits(
-            [
-                Commit(TPX, epoch, -1, 0, Progress(acked_through=4), claims=[EVT], looked=False),
-                Commit(other, stale, -1, 0, Progress(acked_through=9), claims=[EVT2]),
-            ]
-        )
-        refused = answers()
-        assert refused[0] is None and isinstance(refused[1], Fenced)
-        assert store.load(TPX).acked_through == 4 and store.load(other).acked_through == -1
-        assert store.decisions(TPX, 0, [EVT]) == ({EVT}, set())
-        assert store.decisions(other, 0, [EVT2]) == (set(), set())
-
     def test_effects_claims_state_and_cursor_land_together(self) -> None:
         store = self.make_store()
         epoch = store.acquire(TPX)

@@ -148,7 +148,6 @@ def test_a_running_zombie_stops_writing_once_another_owner_took_over() -> None:
     fresh = world.runner()
     world.drain(fresh)
     zombie.run_once(timeout=0)  # it still believes it owns the partitions
-    zombie.land()
     assert zombie.stats.fenced > 0
     assert set(world.ledger_counts().values()) == {1}
 
@@ -184,7 +183,6 @@ def test_a_failure_holds_back_only_its_own_project() -> None:
             world.publish(event(p, n))
     runner = world.runner()
     runner.run_once(timeout=0)  # first attempt: alpha fails
-    runner.land()
     assert world.ledger() == {p: [1, 2, 3] for p in others}
     world.drain(runner)
     assert world.ledger()["alpha"] == [2, 3]
@@ -391,7 +389,6 @@ def test_revoke_during_a_retry_leaves_nothing_paused_and_counts_carry_on() -> No
     tp = world.tp_of("alpha")
     a = world.runner()
     a.run_once(timeout=0)
-    a.land()
     assert a.parts[tp].retry_at is not None
     a.transport.revoke([tp])  # type: ignore[attr-defined]
     a.run_once(timeout=0)

@@ -75,7 +75,6 @@ def test_a_poll_over_several_partitions_commits_the_store_once() -> None:
     world, store, tps = _world()
     runner = world.runner(batch_size=500)
     assert runner.run_once(timeout=0) == 3 * len(PROJECTS)
-    runner.land()
     assert store.calls == {"commit_many": 1}
     assert all(store.load(tp).acked_through >= 0 for tp in tps)
     assert world.ledger() == {p: [1, 2, 3] for p in PROJECTS}
@@ -88,7 +87,6 @@ def test_a_partition_whose_commit_meets_claims_is_looked_up_and_processed_again_
     world, store, _ = _world()
     first = world.runner(batch_size=500)
     first.run_once(timeout=0)
-    first.land()
     copied = event(PROJECTS[0], 2)  # a publisher's re-send of an applied event
     world.publish(copied)
     world.publish(event(PROJECTS[0], 4))
@@ -97,7 +95,6 @@ def test_a_partition_whose_commit_meets_claims_is_looked_up_and_processed_again_
         world.publish(event(p, 4))
     store.calls.clear()
     handled = first.run_once(timeout=0)
-    first.land()
     assert handled == len(PROJECTS) + 1
     assert store.calls == {"commit_many": 2, "decisions_many": 1}
     assert first.stats.duplicates == 1
@@ -111,7 +108,6 @@ def test_one_fenced_partition_is_dropped_while_the_others_of_its_poll_commit() -
     lost = tps[0]
     store.meanwhile = lambda: store.acquire(lost)  # another process took it
     runner.run_once(timeout=0)
-    runner.land()
     assert lost not in runner.parts and runner.stats.fenced == 1
     assert store.load(lost).acked_through == -1
     assert all(store.load(tp).acked_through >= 0 for tp in tps[1:])
@@ -133,7 +129,6 @@ def test_a_partition_whose_cursor_moved_reloads_while_the_others_of_its_poll_com
 
     store.meanwhile = operator_moves_it
     runner.run_once(timeout=0)
-    runner.land()
     assert runner.parts[moved].progress.acked_through == 0  # reloaded from the store
     assert store.load(moved).acked_through == 0
     assert all(store.load(tp).acked_through >= 1 for tp in tps[:-1])

@@ -270,27 +270,3 @@ def test_a_day_past_the_claims_life_is_deleted_when_the_partition_next_claims() 
     clock.advance(4 * DAY_S)
     store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
     assert not first & set(_claim_hashes(client, store))
-
-
-def test_sent_commits_are_answered_after_a_flushed_script_cache() -> None:
-    client = _client()
-    store = _store(client)
-    epoch = store.acquire(TPX)
-    client.script_flush()  # as after a restart of Redis: the sent calls run nothing, then again
-    answers = store.send_commits(
-        [Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT])]
-    )
-    assert answers() == [None]
-    assert store.decisions(TPX, 0, [EVT]) == ({EVT}, set())
-
-
-def test_the_store_answers_other_calls_while_sent_commits_wait_to_be_read() -> None:
-    """The sent commits hold a connection of their own until their answers are read: the
-    store's other calls meanwhile go on others (a rebalance's acquire and load in a poll)."""
-    client = _client()
-    store = _store(client)
-    epoch = store.acquire(TPX)
-    answers = store.send_commits([Commit(TPX, epoch, -1, 0, Progress(acked_through=7))])
-    other = TP(TPX.topic, TPX.partition + 1)
-    assert store.acquire(other) == 1 and store.load(other).acked_through == -1
-    assert answers() == [None] and store.load(TPX).acked_through == 7
