@@ -1,9 +1,10 @@
 """Records no producer of ours writes, for writing straight onto a stream with a raw producer:
 values that are not an event (garbage, nothing, JSON of another shape, an event cut short or
-with a bad field, nesting deeper than a parser goes, an event over ``max_envelope_bytes``), with
-headers Kafka allows (a name with no value, bytes that are not UTF-8, a name given twice, our
-own names carrying lies, one huge value). Every one of them must be dead-lettered as poison by
-each subscription reading its stream, once, holding its bytes and headers as they came.
+with a bad field, nesting deeper than a parser goes or than an envelope may, an event over
+``max_envelope_bytes``), with headers Kafka allows (a name with no value, bytes that are not
+UTF-8, a name given twice, our own names carrying lies, one huge value). Every one of them must
+be dead-lettered as poison by each subscription reading its stream, once, holding its bytes and
+headers as they came.
 
 Used by the Kafka test of the runtime (tests/consumers/runtime/test_hostile_records_kafka.py)
 and the chaos matrix's row 9.
@@ -59,6 +60,7 @@ def catalog(project_id: str, max_envelope_bytes: int) -> list[Hostile]:
     valid = _event(project_id)
     bad_field = orjson.loads(valid) | {"eventId": "evt_nope"}
     deep = b'{"eventId":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    nested = orjson.loads(valid) | {"payload": {"deep": orjson.Fragment(b"[" * 300 + b"]" * 300)}}
     over = orjson.loads(valid) | {"payload": {"blob": "x" * max_envelope_bytes}}
     return [
         Hostile("garbage", b"\xff\x00\x13 not an event \xfe", []),
@@ -68,6 +70,7 @@ def catalog(project_id: str, max_envelope_bytes: int) -> list[Hostile]:
         Hostile("cut-short", valid[: len(valid) // 2], []),
         Hostile("bad-field", orjson.dumps(bad_field), []),
         Hostile("deep", deep, []),
+        Hostile("nested-past-the-writer", orjson.dumps(nested), []),
         Hostile("over-the-limit", orjson.dumps(over), []),
         Hostile(
             "headers-without-values",

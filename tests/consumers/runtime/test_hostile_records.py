@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind
-from streams.envelopes import decode_event, encode
+from streams.envelopes import MAX_NESTING, decode_event, encode
 from streams.errors import EnvelopeError
 from streams.headers import EVENT_ID, EVENT_TYPE, ORIGIN_OFFSET, PREFIX
 from streams.tracing import TRACEPARENT, TRACESTATE
@@ -102,9 +102,9 @@ def near_valid(draw: st.DrawFn) -> bytes:
         return orjson.dumps([obj])
     elif how == "twice":
         return VALID + VALID
-    else:  # nested deeper than a JSON parser goes, or nearly
-        depth = draw(st.integers(500, 3000))
-        return orjson.dumps(obj)[:-1] + b',"extra":' + b"[" * depth + b"]" * depth + b"}"
+    else:  # a payload nested deeper than an envelope may be, or than a JSON parser goes
+        depth = draw(st.integers(MAX_NESTING - 1, 1100))
+        obj["payload"] = {"deep": orjson.Fragment(b"[" * depth + b"]" * depth)}
     return orjson.dumps(obj)
 
 
