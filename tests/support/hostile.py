@@ -107,9 +107,12 @@ def catalog(project_id: str, max_envelope_bytes: int) -> list[Hostile]:
     ]
 
 
-def write(bootstrap: str, topic: str, partition: int, key: str, records: list[Hostile]) -> None:
-    """Write ``records`` in order to one partition with a producer of nobody's: no idempotence,
-    no envelope checks, the broker's record limit."""
+def write(
+    bootstrap: str, topic: str, partition: int, key: str, records: list[Hostile]
+) -> list[tuple[str, int, int]]:
+    """Write ``records`` in order to one partition with a producer of nobody's (no idempotence,
+    no envelope checks, the broker's record limit); where each landed (topic, partition,
+    offset), in order."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -119,9 +122,16 @@ def write(bootstrap: str, topic: str, partition: int, key: str, records: list[Ho
         }
     )
     failed: list[str] = []
+    landed: list[tuple[str, int, int]] = []
 
     def report(name: str) -> Callable[[KafkaError | None, Message], None]:
-        return lambda err, _msg: failed.append(f"{name}: {err}") if err is not None else None
+        def done(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(f"{name}: {err}")
+            else:
+                landed.append((msg.topic() or topic, msg.partition() or 0, msg.offset() or 0))
+
+        return done
 
     for record in records:
         producer.produce(
@@ -133,8 +143,9 @@ def write(bootstrap: str, topic: str, partition: int, key: str, records: list[Ho
             on_delivery=report(record.name),
         )
         producer.flush(30)  # one at a time: their order on the partition is the list's
-    if failed or len(producer) > 0:
+    if failed or len(producer) > 0 or len(landed) != len(records):
         raise AssertionError(f"hostile records not written: {failed or len(producer)}")
+    return landed
 
 
 def headers_of(message: Message) -> HeaderList:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from router.settings import Settings
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
 from tests.chaos.matrix.pipeline import Pipeline
@@ -20,10 +21,12 @@ from tests.chaos.matrix.scenarios import (
     Churn,
     Failpoint,
     Freeze,
+    Garbage,
     Poison,
     Scenario,
     ServerKill,
 )
+from tests.support import hostile
 from tests.support.infra import PrivateServices
 
 # The ledger fails, every time, an event whose payload says so (consumers/subscriptions/ledger.py).
@@ -72,6 +75,8 @@ class Injector:
         expected: int,
         snapshot: Callable[[], dict[str, int]],
         total: int,
+        *,
+        settings: Settings | None = None,  # where a fault that writes to the streams writes
     ) -> None:
         self.scenario = scenario
         self.pipeline = pipeline
@@ -87,6 +92,9 @@ class Injector:
         self._heal_error: BaseException | None = None
         self._churned = 0  # joins so far
         self._joined_at = 0.0
+        self.settings = settings
+        # Garbage: each hostile record written, by where it landed (topic, partition, offset).
+        self.garbage: dict[tuple[str, int, int], hostile.Hostile] = {}
 
     @property
     def healing(self) -> bool:
@@ -107,6 +115,9 @@ class Injector:
         elif isinstance(fault, ServerKill) and self.struck_at is None:
             if self._due(when):
                 self._kill(fault)
+        elif isinstance(fault, Garbage) and self.struck_at is None:
+            if self._due(when):
+                self._garbage(fault)
         elif (
             isinstance(fault, Churn)
             and self.healed_at is None
@@ -149,6 +160,21 @@ class Injector:
             self.pipeline.add(name, fault.role)
             self._churned += 1
             self._joined_at = now
+
+    def _garbage(self, fault: Garbage) -> None:
+        """The hostile records, in one go, onto the first partition of ``fault.partitions``
+        streams spread over the environment's."""
+        assert self.settings is not None, f"{self.scenario.name}: garbage needs the settings"
+        s = self.settings
+        self.at_strike = self.snapshot()
+        streams = s.topology.stream_names()
+        step = max(len(streams) // fault.partitions, 1)
+        records = hostile.catalog("hostile", s.max_envelope_bytes)
+        for n in range(fault.partitions):
+            topic, partition = streams[(n * step) % len(streams)], n % s.partitions
+            landed = hostile.write(s.kafka_bootstrap, topic, partition, "hostile", records)
+            self.garbage.update(zip(landed, records, strict=True))
+        self.struck_at = self.healed_at = time.monotonic()
 
     def _kill(self, fault: ServerKill) -> None:
         assert self.services is not None, f"{self.scenario.name}: a server fault needs its own"

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from consumers.lag import group_lag
+from consumers.runtime.dead_letters import DeadLetter, LetterKind
 from consumers.runtime.types import TP
 from consumers.subscriptions.ledger import read_ledger
 from consumers.subscriptions.projector.view import read_view
@@ -35,6 +36,7 @@ from streams.envelopes import Draft, Event
 from streams.errors import ViewNotFound
 from streams.outbox.store import OutboxStore, RowState
 from tests.chaos.matrix.scenarios import LEDGER, PROJECTOR, SUBSCRIPTIONS
+from tests.support.hostile import Hostile
 from tests.support.projector_oracle import expected_view
 
 NAMES = ("I1", "I2", "I3", "I4", "I5")
@@ -52,6 +54,9 @@ class Evidence:
     drained_in_s: float | None  # from the last wave written to lag 0 (None: never)
     drain_bound_s: float
     logs: Path | None = None  # the members' logs: each failed try of an event is a line there
+    # Records put straight onto the streams that are no event (row 9), by where they landed
+    # (topic, partition, offset): every subscription must dead-letter each as poison, once.
+    garbage: Mapping[tuple[str, int, int], Hostile] = field(default_factory=dict)
 
 
 def _few(items: Sequence[object] | set[str]) -> str:
@@ -165,11 +170,14 @@ def projector_views(s: Settings, e: Evidence) -> dict[str, list[str]]:
 
 def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     """I3: exactly the poison events dead-lettered, by the ledger only, each after exactly
-    max_batch_failures attempts: as the letter says, and as the failed tries logged count."""
-    problems = []
+    max_batch_failures attempts: as the letter says, and as the failed tries logged count; and
+    exactly the garbage records, by every subscription, each as poison after one attempt."""
     found = dead_letters(s, redis_client(s)).list()
+    problems = garbage_letters(e, [d for d in found if d.kind == LetterKind.POISON])
     held: dict[str, list[str]] = defaultdict(list)
     for letter in found:
+        if letter.kind == LetterKind.POISON:
+            continue
         held[letter.subscription or "?"].extend(x.event_id or "?" for x in letter.entries)
         if letter.attempts != s.max_batch_failures:
             problems.append(
@@ -193,6 +201,38 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     if got != want:
         problems.append(f"dead-lettered {got}, not {want}")
     return {"I3": problems}
+
+
+def garbage_letters(e: Evidence, poison: Sequence[DeadLetter]) -> list[str]:
+    """Each subscription's poison letters are exactly the garbage records, one letter each
+    (decoding them takes one attempt), naming what was wrong and holding each record's bytes
+    and headers as they came."""
+    problems = []
+    got: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for letter in poison:
+        who = letter.subscription or "?"
+        if letter.attempts != 1 or not letter.error.strip():
+            problems.append(
+                f"{who}: poison letter {letter.id} after {letter.attempts} attempts, error "
+                f"{letter.error!r}: a record that is no event is dead-lettered at once, saying why"
+            )
+        for entry in letter.entries:
+            where = (letter.source_topic, letter.source_partition, entry.offset)
+            got[who].append(where)
+            came = e.garbage.get(where)
+            if came is not None and (entry.value, entry.headers) != (came.value, came.headers):
+                problems.append(f"{who}: the letter of {came.name} at {where} is not as it came")
+    want = sorted(e.garbage)
+    for who in sorted(set(got) | (set(SUBSCRIPTIONS) if e.garbage else set())):
+        if sorted(got.get(who, [])) != want:
+            extra = sorted(set(got.get(who, [])) - set(want))
+            missing = sorted(set(want) - set(got.get(who, [])))
+            twice = len(got.get(who, [])) - len(set(got.get(who, [])))
+            problems.append(
+                f"{who}: poison letters {len(got.get(who, []))}, not {len(want)}: "
+                f"missing {_few(missing)}; not garbage {_few(extra)}; twice {twice}"
+            )
+    return problems
 
 
 def clean_end(s: Settings, e: Evidence) -> dict[str, list[str]]:

@@ -73,7 +73,18 @@ class Churn:
     every_s: float
 
 
-Fault = Failpoint | Poison | ServerKill | Freeze | Churn
+@dataclass(frozen=True, slots=True)
+class Garbage:
+    """Records no producer of ours writes (tests/support/hostile.py: garbage, no value, JSON of
+    other shapes, an event cut short or nested too deep or over the size limit, headers with no
+    value, not UTF-8, repeated, ours lying, huge, a record near the broker's limit), put straight
+    onto ``partitions`` stream partitions by a raw producer while the pipeline runs. Each
+    subscription must dead-letter each of them as poison, once."""
+
+    partitions: int
+
+
+Fault = Failpoint | Poison | ServerKill | Freeze | Churn | Garbage
 
 
 # -- when a fault strikes -----------------------------------------------------------------------------
@@ -175,6 +186,20 @@ SCENARIOS: tuple[Scenario, ...] = (
             "one event that fails every time is dead-lettered after exactly max_batch_failures "
             "attempts and is the only one: other projects' events behind it in its partition, "
             "and its own project's later events, are applied in order"
+        ),
+    ),
+    Scenario(
+        row=9,
+        name="garbage-on-a-stream",
+        fault=Garbage(partitions=3),
+        when=AfterApplied(0.2),
+        proves=(
+            "records no producer of ours writes, put straight onto three stream partitions "
+            "while the pipeline runs (garbage, no value, JSON of other shapes, an event cut "
+            "short, nested too deep or over the limit, headers with no value, not UTF-8, "
+            "repeated, ours lying, huge, a record near the broker's limit): each subscription "
+            "dead-letters each as poison once, holding its bytes and headers as they came, and "
+            "applies every real event once, in order"
         ),
     ),
     Scenario(
