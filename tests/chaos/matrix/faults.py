@@ -13,6 +13,7 @@ from pathlib import Path
 from router.settings import Settings
 from streams.envelopes import Draft
 from streams.failpoints import ENV as FAILPOINTS
+from tests.chaos.matrix.moves import Operator
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
     AfterApplied,
@@ -22,6 +23,7 @@ from tests.chaos.matrix.scenarios import (
     Failpoint,
     Freeze,
     Garbage,
+    OperatorMoves,
     Poison,
     Scenario,
     ServerKill,
@@ -54,11 +56,15 @@ def stopped(pid: int) -> bool:
 
 def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], list[str]]:
     """The workload with the row's poison event marked, and the ids it marked."""
-    if not isinstance(scenario.fault, Poison):
+    if isinstance(scenario.fault, OperatorMoves):  # its drill event, for the skip-through
+        fraction = scenario.fault.poison_at
+    elif isinstance(scenario.fault, Poison):
+        assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
+        fraction = scenario.when.fraction
+    else:
         return list(drafts), []
-    assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
     out = list(drafts)
-    at = int(len(out) * scenario.when.fraction)
+    at = int(len(out) * fraction)
     out[at] = dataclasses.replace(out[at], payload={**out[at].payload, **DRILL})
     return out, [out[at].event_id]
 
@@ -95,6 +101,7 @@ class Injector:
         self.settings = settings
         # Garbage: each hostile record written, by where it landed (topic, partition, offset).
         self.garbage: dict[tuple[str, int, int], hostile.Hostile] = {}
+        self.operator: Operator | None = None  # OperatorMoves: the moves under way
 
     @property
     def healing(self) -> bool:
@@ -118,6 +125,8 @@ class Injector:
         elif isinstance(fault, Garbage) and self.struck_at is None:
             if self._due(when):
                 self._garbage(fault)
+        elif isinstance(fault, OperatorMoves):
+            self._moves()
         elif (
             isinstance(fault, Churn)
             and self.healed_at is None
@@ -175,6 +184,17 @@ class Injector:
             landed = hostile.write(s.kafka_bootstrap, topic, partition, "hostile", records)
             self.garbage.update(zip(landed, records, strict=True))
         self.struck_at = self.healed_at = time.monotonic()
+
+    def _moves(self) -> None:
+        if self.operator is None:
+            if self._due(self.scenario.when):
+                assert self.settings is not None, f"{self.scenario.name}: moves need the settings"
+                self.at_strike = self.snapshot()
+                self.struck_at = time.monotonic()
+                self.operator = Operator(self.settings)
+                self.operator.start()
+        elif self.healed_at is None and self.operator.finished.is_set():
+            self.healed_at = time.monotonic()
 
     def _kill(self, fault: ServerKill) -> None:
         assert self.services is not None, f"{self.scenario.name}: a server fault needs its own"
@@ -235,6 +255,8 @@ class Injector:
             ]
             if idle:
                 return [f"members that never got a partition: {', '.join(idle)}"]
+        if isinstance(fault, OperatorMoves) and self.operator is not None:
+            return self.operator.problems + self.operator.unaudited()
         if isinstance(fault, Freeze):
             zombie = self.pipeline.members[fault.role].log(0).read_text(errors="replace")
             if "is stale" not in zombie:

@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from consumers.lag import group_lag
 from consumers.runtime.dead_letters import DeadLetter, LetterKind
@@ -35,6 +36,7 @@ from streams.clock import SystemClock
 from streams.envelopes import Draft, Event
 from streams.errors import ViewNotFound
 from streams.outbox.store import OutboxStore, RowState
+from tests.chaos.matrix import moves
 from tests.chaos.matrix.scenarios import LEDGER, PROJECTOR, SUBSCRIPTIONS
 from tests.support.hostile import Hostile
 from tests.support.projector_oracle import expected_view
@@ -57,6 +59,9 @@ class Evidence:
     # Records put straight onto the streams that are no event (row 9), by where they landed
     # (topic, partition, offset): every subscription must dead-letter each as poison, once.
     garbage: Mapping[tuple[str, int, int], Hostile] = field(default_factory=dict)
+    # Every record's place on the streams (topic, partition, offset) and its event id: what the
+    # offsets of an operator's audited moves (row 22) mean in events.
+    where: Mapping[tuple[str, int, int], str] = field(default_factory=dict)
 
 
 def _few(items: Sequence[object] | set[str]) -> str:
@@ -102,32 +107,78 @@ def published(outbox: OutboxStore, e: Evidence) -> dict[str, list[str]]:
 
 
 def ledger_effects(s: Settings, e: Evidence) -> dict[str, list[str]]:
-    """I1, I2 and I4 from the ledger's own records."""
-    ledger = read_ledger(redis_client(s), s.env)
+    """I1, I2 and I4 from the ledger's own records, and the audit log of operators' moves: an
+    event an audited skip-through covered is accounted for, not lost; an event an audited
+    reprocess_from re-ran is applied once more, at the revision it names, and only then."""
+    return judge_ledger(read_ledger(redis_client(s), s.env), moves.audited(s, LEDGER, e.where), e)
+
+
+def judge_ledger(
+    ledger: Mapping[str, Any], moved: moves.Audited, e: Evidence
+) -> dict[str, list[str]]:
+    """:func:`ledger_effects` of a ledger's record (read_ledger) and the audited moves."""
     counts: dict[str, int] = ledger["counts"]
+    revisions: dict[str, dict[int, int]] = ledger.get("revisions", {})
     owed = [d for d in e.drafts if d.event_id not in set(e.poison)]
-    lost = {d.event_id for d in owed} - set(counts)
-    twice = {event_id: n for event_id, n in counts.items() if n > 1}
-    stray = set(counts) - {d.event_id for d in owed}
+    owed_ids = {d.event_id for d in owed}
+    lost = owed_ids - set(counts) - moved.skipped
+    # One application per (event, cursor revision): counts holds them all, revisions those at a
+    # revision above 0.
+    twice = {
+        event_id: n
+        for event_id, n in counts.items()
+        if n - sum(revisions.get(event_id, {}).values()) > 1
+        or any(k > 1 for k in revisions.get(event_id, {}).values())
+    }
+    stray = set(counts) - owed_ids
+    not_rerun = {
+        i for i, r in moved.rerun.items() if i in owed_ids and revisions.get(i, {}).get(r) != 1
+    }
+    unasked = {i for i, revs in revisions.items() if set(revs) - {moved.rerun.get(i)}}
     slot_of = slots(e.drafts)
     order: dict[str, list[int]] = defaultdict(list)
+    again: dict[str, list[int]] = defaultdict(list)
     for d in owed:
-        order[d.project_id].append(slot_of[d.event_id])
+        if d.event_id in counts or d.event_id not in moved.skipped:
+            order[d.project_id].append(slot_of[d.event_id])
+        if d.event_id in moved.rerun:
+            again[d.project_id].append(slot_of[d.event_id])
     out_of_order = [
-        p for p, applied in ledger["projects"].items() if p in order and applied != order[p]
+        p
+        for p, applied in ledger["projects"].items()
+        if p in order and not _in_order(applied, order[p], again[p])
     ]
     i1 = [f"ledger: {len(lost)} events never applied: {_few(lost)}"] if lost else []
     i2 = (
-        [f"ledger: {len(twice)} events applied more than once: {_few(list(twice))}"]
+        [f"ledger: {len(twice)} events applied more than once a revision: {_few(list(twice))}"]
         if twice
         else []
     )
     if stray:
         i2.append(f"ledger: {len(stray)} effects of events it owed none: {_few(stray)}")
+    if not_rerun:
+        i1.append(
+            f"ledger: {len(not_rerun)} events an audited reprocess_from re-ran not applied once "
+            f"at its revision: {_few(not_rerun)}"
+        )
+    if unasked:
+        i2.append(
+            f"ledger: {len(unasked)} events applied at a revision no audited move re-ran them "
+            f"at: {_few(unasked)}"
+        )
     i4 = []
     for p in out_of_order[:SHOWN]:
         i4.append(f"ledger: project {p} applied slots {_ranges(ledger['projects'][p])}")
     return {"I1": i1, "I2": i2, "I4": i4}
+
+
+def _in_order(applied: Sequence[int], slots_in_order: list[int], rerun: list[int]) -> bool:
+    """The project's slots in order; after a reprocess_from, its slots in order up to some
+    point at or past the first re-run one, then the re-run slots in order."""
+    first = len(slots_in_order) - len(rerun)
+    return any(
+        list(applied) == slots_in_order[:m] + rerun for m in range(first, len(slots_in_order) + 1)
+    )
 
 
 def _ranges(values: Sequence[int]) -> str:
@@ -174,6 +225,8 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     exactly the garbage records, by every subscription, each as poison after one attempt."""
     found = dead_letters(s, redis_client(s)).list()
     problems = garbage_letters(e, [d for d in found if d.kind == LetterKind.POISON])
+    # A drill event an operator skipped through (audited) is handled without a dead letter.
+    poison = sorted(set(e.poison) - moves.audited(s, LEDGER, e.where).skipped)
     held: dict[str, list[str]] = defaultdict(list)
     for letter in found:
         if letter.kind == LetterKind.POISON:
@@ -187,7 +240,7 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     if e.logs is not None:
         # Counted apart from the letter's own number: the runtime logs each failed try.
         text = "".join(p.read_text(errors="replace") for p in sorted(e.logs.glob(f"{LEDGER}*.log")))
-        for event_id in e.poison:
+        for event_id in poison:
             tries = sum(
                 1 for line in text.splitlines() if f"{event_id} at " in line and "failed:" in line
             )
@@ -196,7 +249,7 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
                     f"{LEDGER}: {event_id} tried {tries} times (its log lines), not "
                     f"max_batch_failures={s.max_batch_failures}"
                 )
-    want = {LEDGER: sorted(e.poison)} if e.poison else {}
+    want = {LEDGER: poison} if poison else {}
     got = {sub: sorted(ids) for sub, ids in held.items()}
     if got != want:
         problems.append(f"dead-lettered {got}, not {want}")
