@@ -26,7 +26,7 @@ from streams.envelopes import MAX_NESTING, decode_event, encode
 from streams.errors import EnvelopeError
 from streams.headers import EVENT_ID, EVENT_TYPE, ORIGIN_OFFSET, PREFIX
 from streams.tracing import TRACEPARENT, TRACESTATE
-from tests.support.runtime_harness import LIMIT, World, event
+from tests.support.runtime_harness import LIMIT, REDELIVERY, World, event
 from tests.support.tracing import installed_provider
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
@@ -235,3 +235,25 @@ def test_a_traceparent_with_no_value_does_not_stop_a_traced_batch() -> None:
         world.log.append(tp.topic, tp.partition, value, b"alpha", ((TRACEPARENT, None),))  # type: ignore[arg-type]
         world.drain(world.runner())
         assert world.ledger() == {"alpha": [1]} and world.dead.list() == []
+
+
+def test_a_redelivery_naming_an_offset_no_integer_reads_is_poison() -> None:
+    # 5,000 digits pass isdigit(); int() refuses them past Python's digit limit, and that
+    # ValueError stopped the partition's every batch. The operator's retry never writes one.
+    world = World()
+    world.publish(event("alpha", 1))
+    partition = world.policy().redelivery_partition(world.tp_of("alpha"))
+    assert partition is not None
+    for offset in (b"9" * 5000, b"99999999999999999999"):  # past int64 too
+        world.log.append(
+            REDELIVERY,
+            partition,
+            encode(event("alpha", 2), max_bytes=LIMIT),
+            b"alpha",
+            ((ORIGIN_OFFSET, offset),),
+        )
+    world.drain(world.runner())
+    assert world.ledger() == {"alpha": [1]}
+    letters = world.dead.list()
+    assert [d.kind for d in letters] == [LetterKind.POISON] * 2
+    assert all("rh.origin_offset" in d.error for d in letters)
