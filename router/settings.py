@@ -676,6 +676,14 @@ class Settings(BaseSettings):
     workflow_instance_ttl_s: int = Field(
         30 * 86_400, ge=60, description="how long the workflow-instance registry keeps an instance"
     )
+    dead_letter_record_max_bytes: int = Field(
+        900_000,
+        ge=16 * 1024,
+        description="largest record the dead-letter store writes on its topic; an entry that "
+        "would be larger (a record a producer not ours wrote near the broker's limit) goes there "
+        "without its value and headers, which the letter's Redis index keeps whole. Below the "
+        "producer's message.max.bytes (librdkafka's default 1,000,000)",
+    )
     dead_letter_tenant_id: str = Field(
         "tenant-default",
         description="tenant of the task.blocked / task.failed events the dead-letter consumer "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import (
@@ -49,11 +49,13 @@ def format_time(value: datetime) -> str:
     """``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC, the milliseconds truncated."""
     if value.tzinfo is UTC and value.year >= 1000:
         # Every envelope's time is already UTC: isoformat is one C call where strftime plus
-        # the milliseconds were three steps. Its form differs from strftime's only in padding a
-        # year below 1000 (strftime writes 999, not 0999), which the general form below keeps.
+        # the milliseconds were three steps.
         return value.isoformat(timespec="milliseconds")[:-6] + "Z"
+    utc = value.astimezone(UTC)
+    # The year in four digits, as the form and the decoder require: strftime writes 999 for
+    # 0999, and an event so stamped went out as a record no reader decodes.
     return (
-        value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+        f"{utc.year:04d}" + utc.strftime("-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
     )
 
 
@@ -215,8 +217,8 @@ def decode_with_wire(
     archiver) need not encode it again. Telling costs a fifth of encoding: the envelopes are
     strict (a wire value is the field's value, never coerced), so the bytes are canonical when
     their keys are the model's in order with none of a non-None default left out, no value is
-    null, no time has a year below 1000 (written unpadded), and orjson writes the parsed object
-    back as the same bytes (no whitespace, escapes or other number forms)."""
+    null, and orjson writes the parsed object back as the same bytes (no whitespace, escapes or
+    other number forms)."""
     raw, parsed = _parsed(model, data, max_bytes)
     envelope = _validated(model, parsed)
     return envelope, raw if _canonical(model, parsed, raw) else None
@@ -237,7 +239,35 @@ def _parsed(
         raise EnvelopeError(kind, "<envelope>", raw[:60], f"not valid JSON ({exc})") from exc
     if not isinstance(parsed, dict):
         raise EnvelopeError(kind, "<envelope>", parsed, "must be a JSON object")
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING:  # fewer brackets cannot nest deeper
+        _check_nesting(kind, parsed)
     return raw, parsed
+
+
+# orjson reads JSON nested deeper than it writes: at most this many containers, one in another,
+# the envelope's own object included. An envelope nested deeper decoded, and then failed (not as
+# an EnvelopeError) wherever it was encoded again: the publisher's pass, a reader keeping wire
+# bytes, the dead-letter path.
+MAX_NESTING = 254
+
+
+def _check_nesting(kind: str, parsed: dict[str, Any]) -> None:
+    for key, value in parsed.items():
+        deepest, stack = 0, [(value, 2)]
+        while stack:
+            item, depth = stack.pop()
+            if isinstance(item, dict | list):
+                deepest = max(deepest, depth)
+                stack.extend(
+                    (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+                )
+        if deepest > MAX_NESTING:
+            raise EnvelopeError(
+                kind,
+                key,
+                "<nested>",
+                f"nested {deepest} levels deep; an envelope holds at most {MAX_NESTING}",
+            )
 
 
 def _validated(model: type[E], parsed: dict[str, Any]) -> E:
@@ -252,8 +282,6 @@ def _validated(model: type[E], parsed: dict[str, Any]) -> E:
 # Per envelope model, the key sequences found to be canonical (the wire names in the model's
 # order, none missing that encode would write): at most one per set of optional fields present.
 _CANONICAL_KEYS: dict[type[_Envelope], set[tuple[str, ...]]] = {}
-# Per envelope model, the wire names of its time fields.
-_TIME_FIELDS: dict[type[_Envelope], tuple[str, ...]] = {}
 
 
 def _canonical(model: type[_Envelope], parsed: dict[str, Any], raw: bytes) -> bool:
@@ -265,31 +293,7 @@ def _canonical(model: type[_Envelope], parsed: dict[str, Any], raw: bytes) -> bo
         known.add(keys)
     if None in parsed.values():
         return False
-    for alias in _time_fields(model):
-        value = parsed.get(alias)
-        if isinstance(value, str) and value.startswith("0"):
-            return False
     return orjson.dumps(parsed) == raw
-
-
-def _time_fields(model: type[_Envelope]) -> tuple[str, ...]:
-    fields = _TIME_FIELDS.get(model)
-    if fields is None:
-        fields = _TIME_FIELDS[model] = tuple(
-            info.alias or name
-            for name, info in model.model_fields.items()
-            if _is_time(info.metadata, info.annotation)
-        )
-    return fields
-
-
-def _is_time(metadata: list[Any], annotation: Any) -> bool:
-    """Is a field of this metadata and annotation a Timestamp (also inside ``| None``)?"""
-    if any(getattr(m, "func", None) is _parse_time for m in metadata):
-        return True
-    if get_origin(annotation) is Annotated:
-        return _is_time(list(annotation.__metadata__), get_args(annotation)[0])
-    return any(_is_time([], arg) for arg in get_args(annotation))
 
 
 def _canonical_keys(model: type[_Envelope], keys: tuple[str, ...]) -> bool:

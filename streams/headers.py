@@ -69,6 +69,9 @@ OPERATOR_RETRY = "rh.dead_letter"  # the id of the dead letter this record was r
 DEAD_LETTER_ID = "rh.dead_letter_id"
 DEAD_LETTER_KIND = "rh.dead_letter_kind"  # event-batch | poison | command
 SUBSCRIPTION = "rh.subscription"  # the subscription that dead-lettered the events
+# Written by the dead-letter store on its topic instead of an entry's value and headers when the
+# record would be too large for the topic (the sizes left out; the Redis index keeps them whole).
+DEAD_LETTER_CUT = "rh.dead_letter_cut"
 
 # -- legacy names, still read ----------------------------------------------------------------
 # The dead-letter store's topic wrote these until the vocabulary became one. Its records are kept
@@ -89,7 +92,8 @@ LEGACY: dict[str, str] = {
 }
 _LEGACY_OF = {new: tuple(o for o, n in LEGACY.items() if n == new) for new in LEGACY.values()}
 
-Headers = Iterable[tuple[str, bytes]]
+# A header may have no value (Kafka allows it; no producer of ours writes one).
+Headers = Iterable[tuple[str, bytes | None]]
 
 
 def is_ours(name: str) -> bool:
@@ -127,10 +131,10 @@ def header_int(headers: Headers, name: str, default: int) -> int:
         return default
 
 
-def header_dict(headers: Headers) -> dict[str, bytes]:
+def header_dict(headers: Headers) -> dict[str, bytes | None]:
     """Name -> value, the first value of a repeated name (as :func:`header` reads it), a legacy
     name under its new one unless the new one is there too."""
-    out: dict[str, bytes] = {}
+    out: dict[str, bytes | None] = {}
     for k, v in headers:
         out.setdefault(k, v)
     for old, new in LEGACY.items():

@@ -208,7 +208,8 @@ class Producer:
         value: bytes | None,
         *,
         key: str | None,
-        headers: Headers | None = None,
+        # A header may have no value (Kafka allows it): a record sent on keeps it so.
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
         partition: int | None = None,
         on_delivery: DeliveryCallback | None = None,
         span: trace.Span | None = None,

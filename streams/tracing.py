@@ -89,7 +89,8 @@ def tracer(name: str) -> trace.Tracer:
 
 class _HeaderGetter(Getter[Headers]):
     def get(self, carrier: Headers, key: str) -> list[str] | None:
-        found = [v.decode("latin-1") for k, v in carrier if k == key]
+        # Kafka allows a header with no value: it carries no context.
+        found = [v.decode("latin-1") for k, v in carrier if k == key and v is not None]
         return found or None
 
     def keys(self, carrier: Headers) -> list[str]:

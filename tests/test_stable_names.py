@@ -107,6 +107,7 @@ def test_redis_keys_of_the_runtime() -> None:
         env=ENV,
         topic=dead_letter_topic(ENV),
         reason_max_bytes=1000,
+        record_max_bytes=900_000,
         flush_timeout=1.0,
     )
     assert letters.prefix == "rh:pin:{dead-letters}:"

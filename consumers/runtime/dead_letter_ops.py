@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 from consumers.runtime.dead_letters import DeadLetter, DeadLetterStore, LetterKind, LetterStatus
 from consumers.runtime.types import TP
@@ -161,7 +162,8 @@ class DeadLetterActions:
         return self.get(letter_id)
 
 
-def _clean(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+def _clean(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes]]:
     """The entry's headers less those of ours (its retries, errors, origin, dead letter, under new
     names or legacy ones): a retried record starts again at attempt 1, from its origin."""
-    return [h for h in headers if not is_ours(h[0])]
+    # A header that came with no value goes back with none: the producer sends it as it is.
+    return cast(list[tuple[str, bytes]], [h for h in headers if not is_ours(h[0])])

@@ -10,6 +10,12 @@ why). The index keeps every entry's headers exactly as they came.
 Writing is idempotent on the dead letter's id: the index keeps the first, and the topic is
 compacted on ``<id>:<offset>`` so a repeated write collapses. If the write fails, it raises and the
 caller commits nothing.
+
+A stream may hold a record the dead-letter topic cannot take with the letter's headers added (a
+producer not ours, allowed up to the broker's limit, above what ours send). Refused, the write
+would fail on every try and stop the partition for good; so an entry whose record would pass
+``record_max_bytes`` goes to the topic with the letter's headers and ``rh.dead_letter_cut``
+(the sizes left out) instead of its value and headers, and the index keeps it whole.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from streams.envelopes import Event, format_time
 from streams.errors import DeliveryFailed, FailedRecord
 from streams.headers import (
     ATTEMPTS,
+    DEAD_LETTER_CUT,
     DEAD_LETTER_ID,
     DEAD_LETTER_KIND,
     ERROR,
@@ -69,7 +76,8 @@ class Entry:
     offset: int
     value: bytes | None
     key: bytes | None = None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    # As the record came: Kafka allows a header without a value (None), and a name more than once.
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     event_id: str | None = None
     event_type: str | None = None
     project_id: str | None = None
@@ -92,7 +100,10 @@ class Entry:
             "offset": self.offset,
             "value_b64": base64.b64encode(self.value).decode() if self.value is not None else None,
             "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
-            "headers": [[k, base64.b64encode(v).decode()] for k, v in self.headers],
+            "headers": [
+                [k, base64.b64encode(v).decode() if v is not None else None]
+                for k, v in self.headers
+            ],
             "event_id": self.event_id,
             "event_type": self.event_type,
             "project_id": self.project_id,
@@ -104,7 +115,9 @@ class Entry:
             offset=d["offset"],
             value=base64.b64decode(d["value_b64"]) if d.get("value_b64") is not None else None,
             key=base64.b64decode(d["key_b64"]) if d.get("key_b64") is not None else None,
-            headers=[(k, base64.b64decode(v)) for k, v in d.get("headers", [])],
+            headers=[
+                (k, base64.b64decode(v) if v is not None else None) for k, v in d.get("headers", [])
+            ],
             event_id=d.get("event_id"),
             event_type=d.get("event_type"),
             project_id=d.get("project_id"),
@@ -267,12 +280,14 @@ class KafkaRedisDeadLetters:
         topic: str,
         flush_timeout: float,
         reason_max_bytes: int,
+        record_max_bytes: int,
     ) -> None:
         self.producer = producer
         self.client = client
         self.topic = topic
         self.flush_timeout = flush_timeout
         self.reason_max_bytes = reason_max_bytes  # the rh.error header; the index keeps it all
+        self.record_max_bytes = record_max_bytes  # one record on the topic; the index keeps it all
         self.prefix = f"rh:{env}:{{dead-letters}}:"
 
     def _record_key(self, letter_id: str) -> str:
@@ -281,7 +296,7 @@ class KafkaRedisDeadLetters:
     def write(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
             for entry in letter.entries:
-                ours = [
+                ours: list[tuple[str, bytes | None]] = [
                     (DEAD_LETTER_ID, letter.id.encode()),
                     (DEAD_LETTER_KIND, letter.kind.encode()),
                     (ERROR, letter.error.encode()[: self.reason_max_bytes]),
@@ -298,13 +313,14 @@ class KafkaRedisDeadLetters:
                 # A command's entry already carries rh.error, rh.origin_* … from the worker's
                 # dead letter: the letter's values replace them rather than repeat the names.
                 stated = {name for name, _ in ours}
-                headers = [h for h in entry.headers if h[0] not in stated] + ours
-                self.producer.produce(
-                    self.topic,
-                    entry.value if entry.value is not None else b"",
-                    key=f"{letter.id}:{entry.offset}",
-                    headers=headers,
-                )
+                theirs = [h for h in entry.headers if h[0] not in stated]
+                value = entry.value if entry.value is not None else b""
+                key = f"{letter.id}:{entry.offset}"
+                if _size(value, key, theirs + ours) > self.record_max_bytes:
+                    cut = f"value {len(value)} bytes, headers {_size(b'', '', theirs)} bytes"
+                    theirs, value = [], b""
+                    ours.append((DEAD_LETTER_CUT, cut.encode()))
+                self.producer.produce(self.topic, value, key=key, headers=theirs + ours)
         self.producer.flush(self.flush_timeout)  # raises DeliveryFailed: the caller commits nothing
         pipe = self.client.pipeline(transaction=True)
         for letter in letters:
@@ -378,6 +394,11 @@ class KafkaRedisDeadLetters:
                     return True
                 except redis.WatchError:
                     continue
+
+
+def _size(value: bytes, key: str, headers: Sequence[tuple[str, bytes | None]]) -> int:
+    """A record's bytes as the producer's message.max.bytes counts them, near enough."""
+    return len(value) + len(key) + sum(len(k.encode()) + len(v or b"") + 8 for k, v in headers)
 
 
 def _copy(letter: DeadLetter) -> DeadLetter:

@@ -326,7 +326,7 @@ class RunnerBase:
     def _redelivery_problem(self, record: Record) -> EnvelopeError | None:
         """Why a redelivered record cannot be taken as one (it is then dead-lettered as poison)."""
         raw = record.header(ORIGIN_OFFSET)
-        if raw is None or not raw.isdigit():
+        if _offset_in(raw) is None:
             return EnvelopeError(
                 "redelivery", ORIGIN_OFFSET, raw, "must be the event's offset in its stream"
             )
@@ -334,4 +334,13 @@ class RunnerBase:
 
     def _origin_offset(self, record: Record) -> int:
         raw = record.header(ORIGIN_OFFSET) if self._is_redelivery(record) else None
-        return int(raw) if raw is not None and raw.isdigit() else record.offset
+        offset = _offset_in(raw)
+        return offset if offset is not None else record.offset
+
+
+def _offset_in(raw: bytes | None) -> int | None:
+    """A Kafka offset (an int64: at most 19 digits) written as digits; None for anything else,
+    a number int() would refuse past Python's digit limit included."""
+    if raw is None or not raw.isdigit() or len(raw) > 19:
+        return None
+    return int(raw)

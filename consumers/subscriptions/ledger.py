@@ -26,19 +26,27 @@ class Ledger(BaseProcessor):
         if event.payload.get("drill") == "fail":
             raise LedgerDrillFailure(f"drill: event {event.event_id} is marked to fail")
         position = event.slot if event.slot is not None else 0
-        return Effects(
-            redis=[
-                RedisOp("RPUSH", f"ledger:project:{event.project_id}", (position,)),
-                RedisOp("HINCRBY", "ledger:counts", (event.event_id, 1)),
-                RedisOp("SADD", "ledger:projects", (event.project_id,)),
-            ]
-        )
+        ops = [
+            RedisOp("RPUSH", f"ledger:project:{event.project_id}", (position,)),
+            RedisOp("HINCRBY", "ledger:counts", (event.event_id, 1)),
+            RedisOp("SADD", "ledger:projects", (event.project_id,)),
+        ]
+        if delivery.cursor_revision:
+            # Applied again after a deliberate reprocess_from: at which revision, so a witness
+            # tells one application per revision from a doubled one (revision 0, the usual one,
+            # costs nothing more).
+            revised = f"{event.event_id}@{delivery.cursor_revision}"
+            ops.append(RedisOp("HINCRBY", "ledger:revisions", (revised, 1)))
+        return Effects(redis=ops)
 
 
 def read_ledger(client: redis.Redis[bytes], env: str) -> dict[str, Any]:
-    """``{"projects": {project: [slot, ...]}, "counts": {event_id: n}}``, in applied order."""
+    """``{"projects": {project: [slot, ...]}, "counts": {event_id: n}, "revisions": {event_id:
+    {revision: n}}}``, in applied order; ``counts`` holds every application, ``revisions`` those
+    at a cursor revision above 0 (a reprocess_from's re-runs)."""
     projects: dict[str, list[int]] = {}
     counts: dict[str, int] = {}
+    revisions: dict[str, dict[int, int]] = {}
     prefix = f"rh:{env}:{{ledger|"
     for key in client.scan_iter(match=prefix + "*:x:ledger:*", count=1000):
         name = key.decode()
@@ -50,4 +58,9 @@ def read_ledger(client: redis.Redis[bytes], env: str) -> dict[str, Any]:
         elif logical == "ledger:counts":
             for event_id, n in client.hgetall(key).items():
                 counts[event_id.decode()] = counts.get(event_id.decode(), 0) + int(n)
-    return {"projects": dict(sorted(projects.items())), "counts": counts}
+        elif logical == "ledger:revisions":
+            for revised, n in client.hgetall(key).items():
+                which, revision = revised.decode().rsplit("@", 1)
+                at = revisions.setdefault(which, {})
+                at[int(revision)] = at.get(int(revision), 0) + int(n)
+    return {"projects": dict(sorted(projects.items())), "counts": counts, "revisions": revisions}

@@ -35,6 +35,22 @@ def _one_of(values: type[StrEnum]) -> GetPydanticSchema:
 
 
 LetterStatusParam = Annotated[str, _one_of(LetterStatus)]
+
+
+def _status_among(*statuses: LetterStatus) -> Any:
+    """A letter status limited to ``statuses`` (the ones an action can take), so the document
+    offers no status the call would refuse."""
+    strings = core_schema.literal_schema([s.value for s in statuses])
+    return Annotated[
+        str,
+        GetPydanticSchema(
+            lambda _type, _handler: core_schema.no_info_after_validator_function(
+                LetterStatus, strings
+            )
+        ),
+    ]
+
+
 LetterKindParam = Annotated[str, _one_of(LetterKind)]
 
 # streams.topology.check_slug's rule, stated for the OpenAPI document.
@@ -96,7 +112,7 @@ class DeadLetterSummary(_Shape):
 class Header(_Shape):
     name: str
     text: str | None = Field(description="the value as UTF-8 text; null when it is not text")
-    b64: str
+    b64: str | None = Field(description="the value, base64; null when the header has none")
 
 
 class DeadLetterEntry(_Shape):
@@ -151,10 +167,15 @@ class Requests:
     names the operator whose token made the call (operator_token_name, operator_tokens)."""
 
     def __init__(self, max_chars: int) -> None:
+        # Python strips \x1c-\x1f and \x85 as blanks, which a JSON Schema's \S takes for text:
+        # the pattern names them, so the document refuses every reason the server would.
         text = Annotated[
             str,
             StringConstraints(
-                strip_whitespace=True, min_length=1, max_length=max_chars, pattern=r"\S"
+                strip_whitespace=True,
+                min_length=1,
+                max_length=max_chars,
+                pattern=r"[^\s\x1c-\x1f\x85]",
             ),
         ]
         optional_reason: Any = (text | None, Field(None, description="why (for the audit log)"))
@@ -168,18 +189,34 @@ class Requests:
             reason=(text, Field(description="why the letter is closed without a retry")),
         )
         # A dry run takes the same body as the real run: flip dry_run, nothing else.
-        chosen = (DeadLetterFilter, Field(default_factory=DeadLetterFilter))
         dry_run = (bool, Field(False, description="list what the call would touch; touch nothing"))
         self.bulk_retry: type[BaseModel] = create_model(
             "BulkRetryRequest",
             __base__=_Shape,
-            filter=chosen,
+            filter=_filter("RetryFilter", LetterStatus.OPEN, LetterStatus.RETRYING),
             dry_run=dry_run,
             reason=optional_reason,
         )
         self.bulk_dismiss: type[BaseModel] = create_model(
-            "BulkDismissRequest", __base__=_Shape, filter=chosen, dry_run=dry_run, reason=reason
+            "BulkDismissRequest",
+            __base__=_Shape,
+            filter=_filter("DismissFilter", LetterStatus.OPEN),
+            dry_run=dry_run,
+            reason=reason,
         )
+
+
+def _filter(name: str, *statuses: LetterStatus) -> Any:
+    """The filter of a bulk action, its status limited to those the action takes."""
+    model = create_model(
+        name,
+        __base__=DeadLetterFilter,
+        status=(
+            _status_among(*statuses) | None,
+            Field(None, description=DeadLetterFilter.model_fields["status"].description),
+        ),
+    )
+    return (model, Field(default_factory=model))
 
 
 class ActionResult(_Shape):
@@ -361,9 +398,14 @@ def entry_of(entry: Entry) -> DeadLetterEntry:
     if entry.value is not None:
         try:
             value_json = orjson.loads(entry.value)
+            # Within the answer's own nesting, JSON nested deeper than a writer goes (a poison
+            # record's) failed the whole answer: such a value is shown as its text.
+            orjson.dumps([[[[[[[[value_json]]]]]]]])
             is_json = True
         except orjson.JSONDecodeError:
             text = _utf8(entry.value)
+        except TypeError:
+            value_json, text = None, _utf8(entry.value)
     return DeadLetterEntry(
         offset=entry.offset,
         event_id=entry.event_id,
@@ -374,7 +416,7 @@ def entry_of(entry: Entry) -> DeadLetterEntry:
         value_is_json=is_json,
         value_json=value_json,
         value_text=text,
-        headers=[Header(name=k, text=_utf8(v), b64=_b64(v) or "") for k, v in entry.headers],
+        headers=[Header(name=k, text=_utf8(v), b64=_b64(v)) for k, v in entry.headers],
     )
 
 

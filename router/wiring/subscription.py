@@ -116,6 +116,7 @@ def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDe
         topic=dead_letter_topic(settings.env),
         flush_timeout=settings.flush_timeout_s,
         reason_max_bytes=settings.command_error_max_bytes,
+        record_max_bytes=settings.dead_letter_record_max_bytes,
     )
 
 

@@ -82,7 +82,8 @@ class CommandContext:
     max_deliveries: int
     record: Record
     now: datetime
-    headers: Mapping[str, bytes] = field(default_factory=dict)
+    # First value of each name; None for a header sent without a value (Kafka allows it).
+    headers: Mapping[str, bytes | None] = field(default_factory=dict)
 
 
 class CommandHandler(Protocol):

@@ -48,6 +48,7 @@ from streams.errors import (
     ServerRefused,
     Unreachable,
 )
+from streams.outbox import stored
 from streams.outbox.postgres_writer import PostgresUnitOfWork
 from streams.outbox.store import (
     AuditEntry,
@@ -244,7 +245,8 @@ def _row(values: Sequence[Any], envelope: bytes) -> OutboxRow:
         slot=int(values[2]),
         event_type=values[3],
         envelope=envelope,
-        trace_context=values[5] or {},
+        # jsonb of any shape: a writer's INSERT may put a string or an array there.
+        trace_context=stored.trace_context(values[5]),
         state=RowState(values[6]),
         attempts=int(values[7]),
         deferrals=int(values[8]),

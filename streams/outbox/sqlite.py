@@ -39,6 +39,7 @@ from streams.outbox.sqlite_schema import (
     SCHEMA_VERSION,
     SqliteOptions,
     row_from_sql,
+    sendable_row,
 )
 from streams.outbox.sqlite_writer import SqliteUnitOfWork
 from streams.outbox.store import (
@@ -49,6 +50,7 @@ from streams.outbox.store import (
     RowState,
     RowUpdate,
 )
+from streams.outbox.stored import StoredRowInvalid
 
 # A writer waiting for the write lock tries again after LOCK_POLL_MIN_S, doubling to LOCK_POLL_MAX_S.
 LOCK_POLL_MIN_S = 0.0002
@@ -299,7 +301,28 @@ class SqliteOutbox:
             " ORDER BY h.project_id <= ?, h.project_id, o.slot LIMIT ?",
             (rows_per_project, max_rows, after_project or "", max_rows),
         )
-        return [row_from_sql(r) for r in found]
+        rows: list[OutboxRow] = []
+        bad: dict[Any, str] = {}
+        cut: set[Any] = set()
+        for values in found:
+            if values[1] in cut:
+                continue
+            try:
+                rows.append(sendable_row(values, self.options.max_envelope_bytes))
+            except StoredRowInvalid as exc:
+                # Written past our writer (by hand, by another program): the row fails and holds
+                # its project, as a row the broker refuses would; the other projects flow.
+                cut.add(values[1])
+                if values[6] == RowState.PENDING:
+                    bad[values[0]] = str(exc)
+        if bad:
+            with self._write("fail invalid rows") as conn:
+                conn.executemany(
+                    "UPDATE outbox SET state = 'failed', last_error = ? "
+                    "WHERE event_id = ? AND state = 'pending'",
+                    [(error, event_id) for event_id, error in bad.items()],
+                )
+        return rows
 
     def next_due_at(self) -> float | None:
         found = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE state = 'retry_wait'")

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from streams.outbox import stored
 from streams.outbox.store import OPEN_STATES, OutboxRow, RowState
 
 SCHEMA_VERSION = 1
@@ -80,13 +79,16 @@ PREFIXED_COLUMNS = ", ".join(f"o.{name.strip()}" for name in COLUMNS.split(","))
 
 
 def row_from_sql(values: Sequence[Any]) -> OutboxRow:
+    """A stored row as it is, for reading. The publisher sends only rows :func:`sendable_row`
+    accepted: a SQLite column takes any type, and a row written by hand may hold anything."""
+    raw = values[4]
     return OutboxRow(
         event_id=values[0],
         project_id=values[1],
         slot=values[2],
         event_type=values[3],
-        envelope=bytes(values[4]),
-        trace_context=orjson.loads(values[5]) if values[5] else {},
+        envelope=bytes(raw) if isinstance(raw, bytes | memoryview) else str(raw).encode(),
+        trace_context=stored.trace_context(values[5]),
         state=RowState(values[6]),
         attempts=values[7],
         deferrals=values[8],
@@ -95,3 +97,41 @@ def row_from_sql(values: Sequence[Any]) -> OutboxRow:
         created_at=values[11],
         published_at=values[12],
     )
+
+
+def sendable_row(values: Sequence[Any], max_envelope_bytes: int) -> OutboxRow:
+    """A stored row the publisher may send: its columns of the right types and its envelope a
+    JSON object that agrees with them; raises StoredRowInvalid saying what is wrong."""
+    event_id, project_id, slot, event_type, envelope = values[:5]
+    if not (
+        type(envelope) is bytes
+        and type(event_id) is str
+        and type(project_id) is str
+        and type(slot) is int
+        and type(event_type) is str
+        and type(values[11]) is float  # REAL: a number written there is stored as a float
+    ):
+        _refuse_types(values)
+        envelope = stored.envelope_bytes(envelope)
+    stored.check_envelope(
+        envelope,
+        event_id=event_id,
+        project_id=project_id,
+        slot=slot,
+        event_type=event_type,
+        max_bytes=max_envelope_bytes,
+    )
+    return row_from_sql(values)
+
+
+def _refuse_types(values: Sequence[Any]) -> None:
+    """Raise StoredRowInvalid naming the column of a wrong type; return if there is none (an
+    envelope stored as text is taken as its UTF-8 bytes)."""
+    for name, value in (("event_id", values[0]), ("project_id", values[1])):
+        if not isinstance(value, str):
+            raise stored.StoredRowInvalid(f"{name} {value!r} is not text")
+    if not isinstance(values[3], str):
+        raise stored.StoredRowInvalid(f"event_type {values[3]!r} is not text")
+    stored.whole(values[2], "slot")
+    stored.number(values[11], "created_at")
+    stored.envelope_bytes(values[4])

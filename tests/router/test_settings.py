@@ -37,6 +37,7 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("claim_buckets", 65_537, "less than or equal to 65536"),
         ("router_outbox_path", "", "at least 1 character"),
         ("command_error_max_bytes", 63, "greater than or equal to 64"),
+        ("dead_letter_record_max_bytes", 16_383, "greater than or equal to 16384"),
         ("worker_transaction_max_commands", 0, "greater than or equal to 1"),
         ("worker_transaction_max_commands", 100_001, "less than or equal to 100000"),
         ("worker_transaction_max_ms", 0, "greater than or equal to 1"),

@@ -17,6 +17,7 @@ from streams.failpoints import ENV as FAILPOINTS
 from streams.outbox.publisher import AFTER_ACK
 from streams.topology import stream_index
 from tests.chaos.matrix import command_faults
+from tests.chaos.matrix.moves import Operator
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import (
     PUBLISHER,
@@ -28,7 +29,9 @@ from tests.chaos.matrix.scenarios import (
     FailingCommands,
     Failpoint,
     Freeze,
+    Garbage,
     LongOutage,
+    OperatorMoves,
     OutboxServerKill,
     Poison,
     RouterPoison,
@@ -36,6 +39,7 @@ from tests.chaos.matrix.scenarios import (
     ServerKill,
     TransactionalZombie,
 )
+from tests.support import hostile
 from tests.support.infra import PrivateServices
 
 # The ledger fails, every time, an event whose payload says so (consumers/subscriptions/ledger.py).
@@ -73,11 +77,15 @@ def poisoned(scenario: Scenario, drafts: Sequence[Draft]) -> tuple[list[Draft], 
     """The workload with the row's poison event marked, and the ids it marked."""
     if isinstance(scenario.fault, RouterPoison):
         return command_faults.router_poisoned(scenario, drafts)
-    if not isinstance(scenario.fault, Poison | DeadLetterOutage):
+    if isinstance(scenario.fault, OperatorMoves):  # its drill event, for the skip-through
+        fraction = scenario.fault.poison_at
+    elif isinstance(scenario.fault, Poison | DeadLetterOutage):
+        assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
+        fraction = scenario.when.fraction
+    else:
         return list(drafts), []
-    assert isinstance(scenario.when, AtEvent), f"{scenario.name}: a poison event sits AtEvent"
     out = list(drafts)
-    at = int(len(out) * scenario.when.fraction)
+    at = int(len(out) * fraction)
     stream = scenario.fault.stream if isinstance(scenario.fault, Poison) else None
     if stream is not None:
         streams = Settings.model_fields["streams"].default
@@ -146,6 +154,10 @@ class Injector:
         elif isinstance(fault, TransactionalZombie):
             self._extra = command_faults.ZombieInjector(fault, pipeline, stopped, snapshot)
         self._assigned_at = 0.0  # when the latest join first held partitions (after_assigned)
+        self.settings = settings
+        # Garbage: each hostile record written, by where it landed (topic, partition, offset).
+        self.garbage: dict[tuple[str, int, int], hostile.Hostile] = {}
+        self.operator: Operator | None = None  # OperatorMoves: the moves under way
 
     @property
     def healing(self) -> bool:
@@ -184,6 +196,11 @@ class Injector:
             if publisher.proc is not None and not publisher.exits and stopped(publisher.proc.pid):
                 self._kill(fault)
                 publisher.signal(signal.SIGCONT)
+        elif isinstance(fault, Garbage) and self.struck_at is None:
+            if self._due(when):
+                self._garbage(fault)
+        elif isinstance(fault, OperatorMoves):
+            self._moves()
         elif (
             isinstance(fault, Churn)
             and self.healed_at is None
@@ -234,6 +251,32 @@ class Injector:
             self.pipeline.add(name, fault.role)
             self._churned += 1
             self._joined_at = now
+
+    def _garbage(self, fault: Garbage) -> None:
+        """The hostile records, in one go, onto the first partition of ``fault.partitions``
+        streams spread over the environment's."""
+        assert self.settings is not None, f"{self.scenario.name}: garbage needs the settings"
+        s = self.settings
+        self.at_strike = self.snapshot()
+        streams = s.topology.stream_names()
+        step = max(len(streams) // fault.partitions, 1)
+        records = hostile.catalog("hostile", s.max_envelope_bytes)
+        for n in range(fault.partitions):
+            topic, partition = streams[(n * step) % len(streams)], n % s.partitions
+            landed = hostile.write(s.kafka_bootstrap, topic, partition, "hostile", records)
+            self.garbage.update(zip(landed, records, strict=True))
+        self.struck_at = self.healed_at = time.monotonic()
+
+    def _moves(self) -> None:
+        if self.operator is None:
+            if self._due(self.scenario.when):
+                assert self.settings is not None, f"{self.scenario.name}: moves need the settings"
+                self.at_strike = self.snapshot()
+                self.struck_at = time.monotonic()
+                self.operator = Operator(self.settings)
+                self.operator.start()
+        elif self.healed_at is None and self.operator.finished.is_set():
+            self.healed_at = time.monotonic()
 
     def _kill(self, fault: ServerKill | LongOutage | OutboxServerKill) -> None:
         svc = self.services
@@ -320,6 +363,8 @@ class Injector:
             ]
             if idle:
                 return [f"members that never got a partition: {', '.join(idle)}"]
+        if isinstance(fault, OperatorMoves) and self.operator is not None:
+            return self.operator.problems + self.operator.unaudited()
         if isinstance(fault, Freeze):
             zombie = self.pipeline.members[fault.role].log(0).read_text(errors="replace")
             if "is stale" not in zombie:

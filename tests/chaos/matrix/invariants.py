@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from consumers.lag import group_lag
+from consumers.runtime.dead_letters import DeadLetter, LetterKind
 from consumers.runtime.types import TP
 from consumers.subscriptions.ledger import read_ledger
 from consumers.subscriptions.projector.view import read_view
@@ -34,7 +36,9 @@ from streams.clock import SystemClock
 from streams.envelopes import Draft, Event
 from streams.errors import ViewNotFound
 from streams.outbox.store import OutboxStore, RowState
+from tests.chaos.matrix import moves
 from tests.chaos.matrix.scenarios import LEDGER, PROJECTOR, SUBSCRIPTIONS
+from tests.support.hostile import Hostile
 from tests.support.projector_oracle import expected_view
 
 NAMES = ("I1", "I2", "I3", "I4", "I5")
@@ -52,6 +56,12 @@ class Evidence:
     drained_in_s: float | None  # from the last wave written to lag 0 (None: never)
     drain_bound_s: float
     logs: Path | None = None  # the members' logs: each failed try of an event is a line there
+    # Records put straight onto the streams that are no event (row 9), by where they landed
+    # (topic, partition, offset): every subscription must dead-letter each as poison, once.
+    garbage: Mapping[tuple[str, int, int], Hostile] = field(default_factory=dict)
+    # Every record's place on the streams (topic, partition, offset) and its event id: what the
+    # offsets of an operator's audited moves (row 22) mean in events.
+    where: Mapping[tuple[str, int, int], str] = field(default_factory=dict)
     # Which subscription dead-letters which poison events; None: the ledger, ``poison``.
     poisoned: Mapping[str, Sequence[str]] | None = None
 
@@ -104,32 +114,78 @@ def published(outbox: OutboxStore, e: Evidence) -> dict[str, list[str]]:
 
 
 def ledger_effects(s: Settings, e: Evidence) -> dict[str, list[str]]:
-    """I1, I2 and I4 from the ledger's own records."""
-    ledger = read_ledger(redis_client(s), s.env)
+    """I1, I2 and I4 from the ledger's own records, and the audit log of operators' moves: an
+    event an audited skip-through covered is accounted for, not lost; an event an audited
+    reprocess_from re-ran is applied once more, at the revision it names, and only then."""
+    return judge_ledger(read_ledger(redis_client(s), s.env), moves.audited(s, LEDGER, e.where), e)
+
+
+def judge_ledger(
+    ledger: Mapping[str, Any], moved: moves.Audited, e: Evidence
+) -> dict[str, list[str]]:
+    """:func:`ledger_effects` of a ledger's record (read_ledger) and the audited moves."""
     counts: dict[str, int] = ledger["counts"]
+    revisions: dict[str, dict[int, int]] = ledger.get("revisions", {})
     owed = [d for d in e.drafts if d.event_id not in set(e.poison)]
-    lost = {d.event_id for d in owed} - set(counts)
-    twice = {event_id: n for event_id, n in counts.items() if n > 1}
-    stray = set(counts) - {d.event_id for d in owed}
+    owed_ids = {d.event_id for d in owed}
+    lost = owed_ids - set(counts) - moved.skipped
+    # One application per (event, cursor revision): counts holds them all, revisions those at a
+    # revision above 0.
+    twice = {
+        event_id: n
+        for event_id, n in counts.items()
+        if n - sum(revisions.get(event_id, {}).values()) > 1
+        or any(k > 1 for k in revisions.get(event_id, {}).values())
+    }
+    stray = set(counts) - owed_ids
+    not_rerun = {
+        i for i, r in moved.rerun.items() if i in owed_ids and revisions.get(i, {}).get(r) != 1
+    }
+    unasked = {i for i, revs in revisions.items() if set(revs) - {moved.rerun.get(i)}}
     slot_of = slots(e.drafts)
     order: dict[str, list[int]] = defaultdict(list)
+    again: dict[str, list[int]] = defaultdict(list)
     for d in owed:
-        order[d.project_id].append(slot_of[d.event_id])
+        if d.event_id in counts or d.event_id not in moved.skipped:
+            order[d.project_id].append(slot_of[d.event_id])
+        if d.event_id in moved.rerun:
+            again[d.project_id].append(slot_of[d.event_id])
     out_of_order = [
-        p for p, applied in ledger["projects"].items() if p in order and applied != order[p]
+        p
+        for p, applied in ledger["projects"].items()
+        if p in order and not _in_order(applied, order[p], again[p])
     ]
     i1 = [f"ledger: {len(lost)} events never applied: {_few(lost)}"] if lost else []
     i2 = (
-        [f"ledger: {len(twice)} events applied more than once: {_few(list(twice))}"]
+        [f"ledger: {len(twice)} events applied more than once a revision: {_few(list(twice))}"]
         if twice
         else []
     )
     if stray:
         i2.append(f"ledger: {len(stray)} effects of events it owed none: {_few(stray)}")
+    if not_rerun:
+        i1.append(
+            f"ledger: {len(not_rerun)} events an audited reprocess_from re-ran not applied once "
+            f"at its revision: {_few(not_rerun)}"
+        )
+    if unasked:
+        i2.append(
+            f"ledger: {len(unasked)} events applied at a revision no audited move re-ran them "
+            f"at: {_few(unasked)}"
+        )
     i4 = []
     for p in out_of_order[:SHOWN]:
         i4.append(f"ledger: project {p} applied slots {_ranges(ledger['projects'][p])}")
     return {"I1": i1, "I2": i2, "I4": i4}
+
+
+def _in_order(applied: Sequence[int], slots_in_order: list[int], rerun: list[int]) -> bool:
+    """The project's slots in order; after a reprocess_from, its slots in order up to some
+    point at or past the first re-run one, then the re-run slots in order."""
+    first = len(slots_in_order) - len(rerun)
+    return any(
+        list(applied) == slots_in_order[:m] + rerun for m in range(first, len(slots_in_order) + 1)
+    )
 
 
 def _ranges(values: Sequence[int]) -> str:
@@ -173,18 +229,28 @@ def projector_views(s: Settings, e: Evidence) -> dict[str, list[str]]:
 def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     """I3: exactly the poison events dead-lettered, by the subscriptions that fail on them
     (the ledger's drill event: the ledger only), each after exactly max_batch_failures
-    attempts: as the letter says, and as the failed tries logged count."""
-    problems = []
+    attempts: as the letter says, and as the failed tries logged count (a drill event an
+    operator skipped through, audited, owes no letter); and exactly the garbage records, by
+    every subscription, each as poison after one attempt."""
     found = dead_letters(s, redis_client(s)).list()
+    problems = garbage_letters(e, [d for d in found if d.kind == LetterKind.POISON])
+    # A drill event an operator skipped through (audited) is handled without a dead letter.
+    skipped = moves.audited(s, LEDGER, e.where).skipped
     held: dict[str, list[str]] = defaultdict(list)
     for letter in found:
+        if letter.kind == LetterKind.POISON:
+            continue
         held[letter.subscription or "?"].extend(x.event_id or "?" for x in letter.entries)
         if letter.attempts != s.max_batch_failures:
             problems.append(
                 f"{letter.subscription}: letter {letter.id} after {letter.attempts} attempts, "
                 f"not max_batch_failures={s.max_batch_failures}"
             )
-    want = e.dead_by()
+    want = {
+        slug: sorted(set(ids) - (skipped if slug == LEDGER else set()))
+        for slug, ids in e.dead_by().items()
+    }
+    want = {slug: ids for slug, ids in want.items() if ids}
     for slug, ids in want.items():
         if e.logs is None:
             break
@@ -203,6 +269,38 @@ def letters(s: Settings, e: Evidence) -> dict[str, list[str]]:
     if got != want:
         problems.append(f"dead-lettered {got}, not {want}")
     return {"I3": problems}
+
+
+def garbage_letters(e: Evidence, poison: Sequence[DeadLetter]) -> list[str]:
+    """Each subscription's poison letters are exactly the garbage records, one letter each
+    (decoding them takes one attempt), naming what was wrong and holding each record's bytes
+    and headers as they came."""
+    problems = []
+    got: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for letter in poison:
+        who = letter.subscription or "?"
+        if letter.attempts != 1 or not letter.error.strip():
+            problems.append(
+                f"{who}: poison letter {letter.id} after {letter.attempts} attempts, error "
+                f"{letter.error!r}: a record that is no event is dead-lettered at once, saying why"
+            )
+        for entry in letter.entries:
+            where = (letter.source_topic, letter.source_partition, entry.offset)
+            got[who].append(where)
+            came = e.garbage.get(where)
+            if came is not None and (entry.value, entry.headers) != (came.value, came.headers):
+                problems.append(f"{who}: the letter of {came.name} at {where} is not as it came")
+    want = sorted(e.garbage)
+    for who in sorted(set(got) | (set(SUBSCRIPTIONS) if e.garbage else set())):
+        if sorted(got.get(who, [])) != want:
+            extra = sorted(set(got.get(who, [])) - set(want))
+            missing = sorted(set(want) - set(got.get(who, [])))
+            twice = len(got.get(who, [])) - len(set(got.get(who, [])))
+            problems.append(
+                f"{who}: poison letters {len(got.get(who, []))}, not {len(want)}: "
+                f"missing {_few(missing)}; not garbage {_few(extra)}; twice {twice}"
+            )
+    return problems
 
 
 def clean_end(s: Settings, e: Evidence) -> dict[str, list[str]]:

@@ -15,8 +15,10 @@ from pathlib import Path
 from router.settings import Settings
 from streams.envelopes import Draft
 from tests.chaos.matrix import faults, server_faults
+from tests.chaos.matrix.moves import Operator
 from tests.chaos.matrix.pipeline import Pipeline
 from tests.chaos.matrix.scenarios import Scenario
+from tests.support import hostile
 from tests.support.infra import PrivateServices
 
 
@@ -81,6 +83,17 @@ class Strikes:
         for part in self.parts:
             out.update(getattr(part, "notes", {}))
         return out
+
+    @property
+    def garbage(self) -> dict[tuple[str, int, int], hostile.Hostile]:
+        out: dict[tuple[str, int, int], hostile.Hostile] = {}
+        for part in self.parts:
+            out.update(part.garbage)
+        return out
+
+    @property
+    def operator(self) -> Operator | None:
+        return next((p.operator for p in self.parts if p.operator is not None), None)
 
     def poll(self) -> None:
         for part in self.parts:

@@ -63,6 +63,7 @@ class TestKafkaRedisDeadLetters(DeadLetterStoreContract):
             topic=real.topic,
             flush_timeout=UNREACHABLE_FLUSH_S,
             reason_max_bytes=real.reason_max_bytes,
+            record_max_bytes=real.record_max_bytes,
         )
 
 
@@ -76,7 +77,11 @@ def test_the_topic_holds_the_original_bytes_and_headers_a_tee_not_a_swallow() ->
     try:
         store = dead_letters(settings, redis_client(settings))
         # The entry's own rh.error (a command's worker wrote one) gives way to the letter's.
-        original = [("event_id", b"e3"), ("x", b"\x80"), (ERROR, b"the worker's words")]
+        original: list[tuple[str, bytes | None]] = [
+            ("event_id", b"e3"),
+            ("x", b"\x80"),
+            (ERROR, b"the worker's words"),
+        ]
         d = letter(3, entries=[Entry(3, b"\xff\x00raw", None, original)])
         store.write([d])
         consumer = assign_only_consumer(settings.kafka_config(), "dead-letter-tee")

@@ -519,13 +519,12 @@ def test_the_openapi_document_and_the_page(http: httpx.Client) -> None:
     assert set(shapes["DismissRequest"]["properties"]) == {"reason"}
     assert set(shapes["BulkRetryRequest"]["properties"]) == {"filter", "dry_run", "reason"}
     assert set(shapes["BulkDismissRequest"]["properties"]) == {"filter", "dry_run", "reason"}
-    assert set(shapes["DeadLetterFilter"]["properties"]) == {
-        "subscription",
-        "kind",
-        "queue",
-        "status",
-        "since",
-    }
+    for name, statuses in (("RetryFilter", ["open", "retrying"]), ("DismissFilter", ["open"])):
+        fields = shapes[name]["properties"]
+        assert set(fields) == {"subscription", "kind", "queue", "status", "since"}
+        # Only the statuses the action takes: the document offers none the call refuses.
+        offered = [s.get("enum", [s.get("const")]) for s in fields["status"]["anyOf"]]
+        assert offered == [statuses, [None]]
     page = http.get("/")
     assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_POLICY
     html = page.text
