@@ -396,3 +396,16 @@ def test_a_stored_row_that_is_no_envelope_fails_and_holds_only_its_project(
     assert [h.project_id for h in store.held_projects(10)] == ["proj-a"]
     assert store.get(after).state is RowState.PENDING
     assert store.get(other).state is RowState.PUBLISHED
+
+
+def test_the_publishers_marks_do_not_wait_for_the_wal_and_writers_commits_do(
+    pg: OutboxBackend,
+) -> None:
+    """Lost with a crash of the server, a mark only sends its row again (the consumers' claims
+    absorb the copy); a writer's events must survive it."""
+    store = pg.store()
+    assert isinstance(store, PostgresOutbox)
+    with store._bookkeeping("record publish results") as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    with store._conn("read") as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)

@@ -326,3 +326,48 @@ def test_a_capped_pass_shares_rows_evenly_and_rotates(outbox_backend: OutboxBack
     after = store.sendable(10, 20, "proj-19")
     expected = [f"proj-{n:02d}" for n in [*range(20, 30), *range(10)]]
     assert [r.project_id for r in after] == expected
+
+
+def test_sqlite_writers_commit_durably_and_the_publishers_marks_without_waiting_for_the_disk(
+    tmp_path: Path,
+) -> None:
+    """A writer's events survive a power cut (``synchronous`` as set, FULL by default); the
+    publisher's marks are its own bookkeeping, committed without an fsync: lost, a row is sent
+    again and the consumers' claims absorb the copy. Each transaction's level, as SQLite ran it."""
+    from streams.outbox.sqlite import SqliteOutbox
+
+    base = sqlite_outbox(tmp_path / "o.db")
+    store = SqliteOutbox(
+        tmp_path / "o.db",
+        options=dataclasses.replace(base.options, synchronous="FULL"),
+        create=False,
+    )
+    ran: list[str] = []
+    conn = store._conn()
+    conn.set_trace_callback(ran.append)
+
+    def level_of_commits() -> list[str]:
+        level, out = "", []
+        for sql in ran:
+            if sql.startswith("PRAGMA synchronous"):
+                level = sql.split("=")[1].strip()
+            elif sql == "COMMIT":
+                out.append(level)
+        return out
+
+    with store.transaction() as unit:
+        unit.append("proj-a", drafts("proj-a", 2), tenant_id="t")
+    rows = store.sendable(10, 10, None)
+    store.apply(
+        [
+            RowUpdate(r.event_id, RowState.PUBLISHED, 0, 0, None, None, published_at=1.0)
+            for r in rows
+        ]
+    )
+    with store.transaction() as unit:
+        unit.append("proj-a", drafts("proj-a", 1), tenant_id="t")
+    assert level_of_commits() == ["", "NORMAL", "FULL"], ran
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again after the marks
+    assert store.counts()[RowState.PUBLISHED] == 2
+    for outbox in (store, base):
+        outbox.close()
