@@ -23,6 +23,7 @@ swallows one.
     │   ├── PublisherLocked         another publisher holds the outbox (names its pid)
     │   │   └── PublisherLeaseHeld  another publisher holds a PostgreSQL outbox's advisory lock
     │   └── OutboxSchemaError       a PostgreSQL database without the outbox schema, or another version
+    ├── StoredRowInvalid            (ValueError) an outbox row written with bad columns: unsendable
     ├── Fenced                      a progress write by a stale owner: the partition moved on
     ├── InstanceIdHeld              KIP-848 still holds this static member id for a killed process
     ├── ReplicasBehind              a Redis commit not on the replicas WAIT asked for: the process stops
@@ -275,6 +276,12 @@ class OutboxSchemaError(OutboxError):
 # -- the subscription runtime ----------------------------------------------------------------------
 # A partition is named by ``consumers.runtime.types.TP``; streams sits below consumers and cannot
 # name that type, so the errors keep it as ``object`` and only print it.
+
+
+class StoredRowInvalid(RhumbatronError, ValueError):
+    """A stored outbox row the publisher cannot send (written by hand, or by another program, with
+    a column of the wrong type or an envelope that does not agree with its columns); the message
+    says what is wrong with it."""
 
 
 class Fenced(RhumbatronError):

@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from streams import tracing
 from streams.clock import Clock, SystemClock
-from streams.errors import OutboxError, PublisherLocked
+from streams.errors import OutboxError, PublisherLocked, StoredRowInvalid
 from streams.files import create_private, open_private
 from streams.outbox.sqlite_schema import (
     COLUMNS,
@@ -50,7 +50,6 @@ from streams.outbox.store import (
     RowState,
     RowUpdate,
 )
-from streams.outbox.stored import StoredRowInvalid
 
 # A writer waiting for the write lock tries again after LOCK_POLL_MIN_S, doubling to LOCK_POLL_MAX_S.
 LOCK_POLL_MIN_S = 0.0002

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streams.errors import StoredRowInvalid
 from streams.outbox import stored
 from streams.outbox.store import OPEN_STATES, OutboxRow, RowState
 
@@ -129,9 +130,9 @@ def _refuse_types(values: Sequence[Any]) -> None:
     envelope stored as text is taken as its UTF-8 bytes)."""
     for name, value in (("event_id", values[0]), ("project_id", values[1])):
         if not isinstance(value, str):
-            raise stored.StoredRowInvalid(f"{name} {value!r} is not text")
+            raise StoredRowInvalid(f"{name} {value!r} is not text")
     if not isinstance(values[3], str):
-        raise stored.StoredRowInvalid(f"event_type {values[3]!r} is not text")
+        raise StoredRowInvalid(f"event_type {values[3]!r} is not text")
     stored.whole(values[2], "slot")
     stored.number(values[11], "created_at")
     stored.envelope_bytes(values[4])

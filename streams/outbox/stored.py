@@ -20,9 +20,7 @@ from typing import Any
 
 import orjson
 
-
-class StoredRowInvalid(ValueError):
-    """A stored row the publisher cannot send; the message says what is wrong with it."""
+from streams.errors import StoredRowInvalid
 
 
 def trace_context(raw: Any) -> dict[str, str]:
