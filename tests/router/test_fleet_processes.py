@@ -111,6 +111,11 @@ def _status_json(s: Settings) -> dict[str, Any]:
     return out
 
 
+def _holds_partitions(s: Settings, name: str) -> bool:
+    members = {m["name"]: m for m in _status_json(s)["members"]}
+    return bool(members.get(name, {}).get("partitions"))
+
+
 def _stop(fleet: subprocess.Popen[bytes], log: Path) -> float:
     started = time.monotonic()
     fleet.send_signal(signal.SIGTERM)
@@ -153,6 +158,9 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
     try:
         wait_until(lambda: _all_running(s, names), 120, "every member running")
         wait_until(lambda: applied(s) > 0, 120, "the ledger applying")
+        # Killed before the coordinator counted it a member (a slow start on a loaded machine),
+        # ledger-1 would leave no id held: kill it once the group gives it partitions.
+        wait_until(lambda: _holds_partitions(s, "ledger-1"), 120, "ledger-1 holding partitions")
         victim = _members(s)["ledger-1"]
         os.kill(victim.pid, signal.SIGKILL)
         wait_until(
