@@ -514,9 +514,16 @@ def _store(env: str, slug: str) -> RedisAccess:
             "expire",
             "type",
             "lrange",
-            # the scripts' calls (the commit's Redis effects: consumers.runtime.store.OPS)
+            # the scripts' calls (the commit's Redis effects: consumers.runtime.store.OPS; the
+            # commit's claim check: HSETNX today, HEXISTS earlier days, SISMEMBER the old day
+            # sets; UNLINK a day past the claims' life; INCR the epoch with a WAIT)
             "hget",
             "hset",
+            "hsetnx",
+            "hexists",
+            "sismember",
+            "unlink",
+            "incr",
             "hdel",
             "hincrby",
             "exists",
