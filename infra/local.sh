@@ -510,6 +510,7 @@ dir $dir
 cluster-enabled yes
 cluster-config-file $dir/nodes.conf
 cluster-node-timeout $REDIS_CLUSTER_NODE_TIMEOUT_MS
+repl-diskless-sync-delay 0
 appendonly yes
 appendfsync everysec
 save ""
@@ -517,8 +518,14 @@ CONF
   redis-server "$dir/redis.conf" || fail "redis-server on port $port did not start; see $dir/redis.log"
 }
 
+# Ready: the cluster is ok, and a replica has its master's data (its link up). A replica still
+# waiting for its first sync holds nothing, and a master killed then could not be failed over
+# ("disconnected from master for longer than allowed").
 redis_cluster_ok() {
-  redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
+  redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+  local replication
+  replication="$(redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null)"
+  case "$replication" in *role:slave*) printf '%s' "$replication" | grep -q '^master_link_status:up' ;; esac
 }
 
 redis_cluster_up() {
@@ -547,7 +554,7 @@ redis_cluster_up() {
     fi
     sleep 0.1
   done
-  fail "redis cluster did not reach cluster_state:ok on every node within ${REDIS_CLUSTER_READY_TIMEOUT}s; see $STATE/redis-cluster/*/redis.log"
+  fail "redis cluster did not reach cluster_state:ok on every node, with every replica in sync, within ${REDIS_CLUSTER_READY_TIMEOUT}s; see $STATE/redis-cluster/*/redis.log"
 }
 
 # Stops (TERM) or kills (KILL) the nodes on the ports given, or every node.
