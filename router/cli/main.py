@@ -86,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    _refuse_undecodable(parser, words)
+    args = parser.parse_args(words)
     log_handler = logs.configure(verbose=args.verbose)
     if args.config is not None:
         os.environ[CONFIG_VARIABLE] = args.config  # this command's children read it too
@@ -111,8 +114,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # put back, and the process's next start reads on from the cursor Redis holds.
         print(f"rhumbatron: Redis failed while running: {_redis_failure(exc)}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A path the file system refuses (too long, a directory, no permission) where a command
+        # opens a file it was given: one line naming it, as any other refusal.
+        print(f"rhumbatron: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _refuse_undecodable(parser: argparse.ArgumentParser, words: list[str]) -> None:
+    """Refuse, as argparse refuses a bad word, an argument whose bytes are not UTF-8 (Python
+    hands them over with surrogates): names, ids and paths are UTF-8 text here, and such a word
+    would fail far from the command line, wherever it is first encoded."""
+    for position, word in enumerate(words, 1):
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError:
+            parser.error(f"argument {position} is not UTF-8 text: {os.fsencode(word)!r}")
 
 
 def _redis_failure(exc: Exception) -> str:

@@ -87,7 +87,11 @@ class SqliteOutbox:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        if not create and not self.path.exists():
+        try:
+            present = self.path.exists()
+        except OSError as exc:  # a name too long, a path through a file
+            raise OutboxError(f"cannot open the outbox at {self.path}: {exc.strerror}") from exc
+        if not create and not present:
             raise OutboxError(
                 f"no outbox at {self.path}: check the path (writers create the outbox on first "
                 "use, e.g. rhumbatron produce --outbox PATH)"
