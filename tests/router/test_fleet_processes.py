@@ -111,9 +111,13 @@ def _status_json(s: Settings) -> dict[str, Any]:
     return out
 
 
+def _status_members(s: Settings) -> dict[str, Any]:
+    """``fleet status --json``'s members by name (their partitions and lag as the group has them)."""
+    return {m["name"]: m for m in _status_json(s)["members"]}
+
+
 def _holds_partitions(s: Settings, name: str) -> bool:
-    members = {m["name"]: m for m in _status_json(s)["members"]}
-    return bool(members.get(name, {}).get("partitions"))
+    return bool(_status_members(s).get(name, {}).get("partitions"))
 
 
 def _stop(fleet: subprocess.Popen[bytes], log: Path) -> float:
@@ -193,7 +197,7 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
         seen: list[Any] = []
 
         def caught_up() -> bool:
-            members = {m["name"]: m for m in _status_json(s)["members"]}
+            members = _status_members(s)
             ledgers = [members["ledger-1"], members["ledger-2"]]
             seen[:] = [(m["partitions"], m["lag"]) for m in ledgers]
             return (
