@@ -56,6 +56,7 @@ class KafkaTransport:
         session_timeout_ms: int,
         max_poll_interval_ms: int = 300_000,
         prefetch_kbytes: int | None = None,
+        fetch_backoff_ms: int | None = None,
         instance_id: str | None = None,
     ) -> None:
         self.group_id = group_id
@@ -71,6 +72,10 @@ class KafkaTransport:
         if prefetch_kbytes is not None:
             # What librdkafka fetches ahead of the polls, per consumer (its default is 64 MB).
             extra["queued.max.messages.kbytes"] = prefetch_kbytes
+        if fetch_backoff_ms is not None:
+            # How long a partition's fetching waits once its prefetch is full (librdkafka's
+            # default is a second: at a small prefetch the consumer then idled between fetches).
+            extra["fetch.queue.backoff.ms"] = fetch_backoff_ms
         self.consumer = confluent_kafka.Consumer(
             client_config(
                 base,

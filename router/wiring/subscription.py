@@ -232,6 +232,7 @@ def open_subscription(
         session_timeout_ms=settings.session_timeout_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         prefetch_kbytes=settings.consumer_prefetch_kbytes,
+        fetch_backoff_ms=settings.consumer_fetch_backoff_ms,
         instance_id=settings.group_instance_id,
     )
     runner = Runner(

@@ -70,6 +70,8 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("fold_cache_projects", 10_000_001, "less than or equal to 10000000"),
         ("consumer_prefetch_kbytes", 63, "greater than or equal to 64"),
         ("consumer_prefetch_kbytes", 2_097_152, "less than or equal to 2097151"),
+        ("consumer_fetch_backoff_ms", -1, "greater than or equal to 0"),
+        ("consumer_fetch_backoff_ms", 300_001, "less than or equal to 300000"),
         ("gc_young_threshold", 99, "greater than or equal to 100"),
         ("gc_young_threshold", 10_000_001, "less than or equal to 10000000"),
         ("pump_page_size", 0, "greater than or equal to 1"),
