@@ -262,13 +262,13 @@ def measure_latency(env: BenchEnv, rate: int, prefix: str) -> list[Row]:
         remove_environment(s)
 
 
-@case("e2e-1k")
+@case("e2e-1k", children=True)
 def e2e_1k(env: BenchEnv) -> list[Row]:
     """Rows e2e-p50-ms, e2e-p99-ms, e2e-p999-ms: 1,000 events/s."""
     return measure_latency(env, 1000, "e2e")
 
 
-@case("e2e-5k")
+@case("e2e-5k", children=True)
 def e2e_5k(env: BenchEnv) -> list[Row]:
     """Rows e2e-5k-p50-ms, e2e-5k-p99-ms, e2e-5k-p999-ms: 5,000 events/s."""
     return measure_latency(env, 5000, "e2e-5k")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -182,3 +183,24 @@ def test_a_failed_childs_error_is_the_line_naming_its_exception() -> None:
     assert last_error(failed) == 'psycopg.errors.UndefinedTable: relation "t" does not exist'
     bare = subprocess.CompletedProcess(["x"], 1, stdout="", stderr="killed\n")
     assert last_error(bare) == "killed"
+
+
+@pytest.mark.parametrize(
+    ("name", "counts_the_child"), [("rss-of-children", True), ("rss-of-itself", False)]
+)
+def test_a_case_of_child_processes_reports_their_peak_rss_not_its_own(
+    name: str, counts_the_child: bool, tmp_path: Any
+) -> None:
+    # A fresh interpreter: this one's earlier children would count in RUSAGE_CHILDREN too.
+    script = (
+        "import json, pathlib\n"
+        "from bench.harness import run_one\n"
+        f"result = run_one({name!r}, 'rsstest', 1, quick=True, run_dir=pathlib.Path({str(tmp_path)!r}),"
+        " round_no=1, module='tests.bench.rss_cases')\n"
+        "print(json.dumps(result['rss_mb']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    rss_mb = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (rss_mb >= 600) is counts_the_child, rss_mb
