@@ -133,11 +133,13 @@ MISSING = _Missing()
 def _wire_name(model: type[_Envelope], loc: tuple[int | str, ...]) -> str:
     if not loc:
         return "<envelope>"
+    # An empty key is named as JSON writes it, '""': an error must name what was wrong, and a
+    # field named '' named nothing.
+    parts = [str(part) or '""' for part in loc]
     head = loc[0]
     if isinstance(head, str) and head in model.model_fields:
-        alias = model.model_fields[head].alias or head
-        return ".".join([alias, *(str(part) for part in loc[1:])])
-    return ".".join(str(part) for part in loc)
+        parts[0] = model.model_fields[head].alias or head
+    return ".".join(parts)
 
 
 def _translate(model: type[E], exc: ValidationError) -> EnvelopeError:

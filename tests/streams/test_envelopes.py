@@ -181,6 +181,11 @@ def test_unknown_and_missing_fields_are_named() -> None:
     del data["projectId"]
     with pytest.raises(EnvelopeError, match="'projectId' = <missing>: required field is missing"):
         decode_event(orjson.dumps(data), max_bytes=LIMIT)
+    data = _valid_event_dict()
+    data[""] = 3  # found by the near-valid-bytes soak: the error named the field ''
+    with pytest.raises(EnvelopeError, match="""field '""' = 3: unknown field""") as refused:
+        decode_event(orjson.dumps(data), max_bytes=LIMIT)
+    assert refused.value.field == '""'
 
 
 def test_oversized_envelope_is_refused_with_size_and_limit() -> None:
