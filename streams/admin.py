@@ -137,26 +137,8 @@ def provision(
         )
     report = ProvisionReport()
     missing = [s for s in specs if s.name not in existing]
-    if missing:
-        futures = admin.create_topics(
-            [
-                NewTopic(s.name, s.partitions, s.replication_factor, config=s.config)
-                for s in missing
-            ],
-            operation_timeout=timeout,
-            request_timeout=timeout,
-        )
-        for name, future in futures.items():
-            try:
-                _result(future, f"creating {name}", base, timeout)
-                report.created.append(name)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise TopologyError(
-                        f"could not create topic {name}: {exc.args[0].str()}"
-                    ) from exc
-                report.existing.append(name)  # another provisioner won the race
-        _await_leaders(admin, base, [s.name for s in missing], timeout)
+    report.created = _create_missing(admin, base, missing, timeout)
+    report.existing.extend(s.name for s in missing if s.name not in report.created)
     present = [s for s in specs if s.name in existing]
     for spec in present:
         report.existing.append(spec.name)
@@ -168,6 +150,46 @@ def provision(
             )
     report.reconfigured = _align_configs(admin, base, present, timeout)
     return report
+
+
+def ensure_topics(
+    admin: AdminClient, base: Mapping[str, Any], specs: Iterable[TopicSpec], *, timeout: float
+) -> list[str]:
+    """Create those of ``specs`` that do not exist, and return (the names created) once every
+    partition of every one of them is served. Changes nothing that exists, neither partitions nor
+    configuration: for a client that owns its topics but may not alter them (the analytics
+    rollup, whose consumer must find them in the broker's metadata when it joins its group)."""
+    specs = list(specs)
+    metadata = ensure_reachable(admin, base, timeout)
+    created = _create_missing(
+        admin, base, [s for s in specs if s.name not in metadata.topics], timeout
+    )
+    _await_leaders(admin, base, [s.name for s in specs], timeout)
+    return created
+
+
+def _create_missing(
+    admin: AdminClient, base: Mapping[str, Any], missing: list[TopicSpec], timeout: float
+) -> list[str]:
+    """Create ``missing`` and wait until they are served; the names this call created (a topic
+    another client created meanwhile is not among them)."""
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    created = []
+    for name, future in futures.items():
+        try:
+            _result(future, f"creating {name}", base, timeout)
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise TopologyError(f"could not create topic {name}: {exc.args[0].str()}") from exc
+    _await_leaders(admin, base, [s.name for s in missing], timeout)
+    return created
 
 
 def _await_leaders(

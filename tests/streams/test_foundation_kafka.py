@@ -12,9 +12,16 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from router.settings import Settings
-from streams.admin import admin_client, describe_topology, provision
+from streams.admin import (
+    admin_client,
+    describe_configs,
+    describe_topology,
+    ensure_topics,
+    provision,
+)
 from streams.errors import DeliveryFailed, TopologyError
 from streams.producer import Producer, send_to_streams
+from streams.topology import TopicSpec
 from streams.workload import project_ids, slotted_events, workload
 from tests.support.environment import make_settings
 from tests.support.kafka import murmur2_partition, read_all
@@ -59,7 +66,6 @@ def test_provisioning_restores_drifted_retention(settings: Settings) -> None:
     )
     for f in admin.incremental_alter_configs([resource]).values():
         f.result()
-    from streams.admin import describe_configs
 
     # Config changes reach the broker's metadata cache asynchronously; wait until it shows.
     deadline = time.monotonic() + 30
@@ -70,6 +76,37 @@ def test_provisioning_restores_drifted_retention(settings: Settings) -> None:
     assert report.reconfigured == [name]
     streams = describe_topology(admin, base, settings.topology, 10)["streams"]
     assert streams[3]["retention_ms"] == 604_800_000
+
+
+def test_ensure_topics_creates_what_is_missing_serves_it_and_changes_nothing_that_exists(
+    settings: Settings,
+) -> None:
+    base = settings.kafka_config()
+    admin = admin_client(base)
+    present, absent = (f"rhumbatron-ensure-{n}-{settings.env}" for n in ("present", "absent"))
+    for f in admin.create_topics(
+        [NewTopic(present, 1, 1, config={"retention.ms": "1000"})]
+    ).values():
+        f.result()
+    specs = [
+        TopicSpec(present, 3, 1, {"retention.ms": "60000"}, kind="internal"),
+        TopicSpec(absent, 3, 1, {"cleanup.policy": "compact,delete", "retention.ms": "60000"}),
+    ]
+    assert ensure_topics(admin, base, specs, timeout=30) == [absent]
+    # Served on return: every partition has a leader and answers a produce at once.
+    topics = admin.list_topics(timeout=10).topics
+    assert len(topics[absent].partitions) == 3
+    assert all(p.leader >= 0 for p in topics[absent].partitions.values())
+    producer = Producer(base)
+    for partition in range(3):
+        producer.produce(absent, b"v", key="k", partition=partition)
+    producer.flush(10)  # raises DeliveryFailed naming any record the broker refused
+    # What existed is left as it was: its partitions and its configuration.
+    assert len(topics[present].partitions) == 1
+    configs = describe_configs(admin, base, [present, absent], 10)
+    assert configs[present]["retention.ms"] == "1000"
+    assert configs[absent]["cleanup.policy"] == "compact,delete"
+    assert ensure_topics(admin, base, specs, timeout=30) == []
 
 
 def test_provisioning_refuses_a_plan_over_the_stream_limit(settings: Settings) -> None:
