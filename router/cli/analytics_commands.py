@@ -17,6 +17,7 @@ from router.cli.common import parse_duration, print_json
 from router.cli.observed import observed
 from router.settings import Settings
 from router.wiring.analytics import (
+    declare_rollup_topics,
     point_counts,
     read_metric,
     read_project,
@@ -24,7 +25,6 @@ from router.wiring.analytics import (
     rollup_config,
 )
 from router.wiring.provisioning import require_topics
-from streams.admin import admin_client, ensure_topics
 from streams.errors import ConfigurationError
 from streams.files import private_dir
 from streams.topology import metrics_topic
@@ -40,7 +40,7 @@ BEAT_INTERVAL_S = 5.0
 
 def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        from consumers.subscriptions.analytics.rollup import build_app, internal_topics, run_worker
+        from consumers.subscriptions.analytics.rollup import build_app, run_worker
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"the rollup needs faust-streaming ({exc.name} is not installed); install the "
@@ -57,11 +57,7 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
     )
     with observed(settings, "analytics-rollup", needs=("kafka",)) as health:
         app = build_app(config)
-        # Its changelog and leader topics exist and are served before its consumer joins.
-        base = settings.kafka_config()
-        ensure_topics(
-            admin_client(base), base, internal_topics(app), timeout=settings.connect_timeout_s
-        )
+        declare_rollup_topics(settings, app)  # served before its consumer joins its group
 
         # The health beat from the worker's own event loop: a loop that hangs stops it.
         @app.timer(interval=BEAT_INTERVAL_S)  # type: ignore[untyped-decorator]

@@ -15,10 +15,13 @@ import orjson
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
 from consumers.topic_reader import read_committed
 from router.settings import Settings
+from streams.admin import admin_client, ensure_topics
 from streams.errors import ConfigurationError, Unreachable
 from streams.topology import metrics_topic
 
 if TYPE_CHECKING:
+    import faust
+
     from consumers.subscriptions.analytics.rollup import RollupConfig
 
 
@@ -49,6 +52,18 @@ def rollup_config(settings: Settings) -> RollupConfig:
         datadir=str(settings.in_state_dir(settings.analytics_rollup_dir) / settings.env),
         session_timeout_s=settings.session_timeout_ms / 1000,
         security=rollup_security(settings.kafka_config()),
+    )
+
+
+def declare_rollup_topics(settings: Settings, app: faust.App) -> list[str]:
+    """Create the rollup's changelog and leader topics as faust would, and return (the names
+    created) once every partition of them is served: its consumer must find them in the broker's
+    metadata when it joins (``consumers.subscriptions.analytics.rollup.internal_topics``)."""
+    from consumers.subscriptions.analytics.rollup import internal_topics
+
+    base = settings.kafka_config()
+    return ensure_topics(
+        admin_client(base), base, internal_topics(app), timeout=settings.connect_timeout_s
     )
 
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import signal
 import socket
@@ -402,33 +401,6 @@ def test_the_rollup_stays_exact_when_it_loses_its_group_mid_stream(
         _check_windows(rs, points, log)
     finally:
         _stop(again)
-
-
-def test_the_rollup_topics_are_served_before_its_worker_starts(
-    rs: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """faust creates its changelog and leader topics just before its consumer joins; a topic
-    that new can be missing from the consumer's metadata at the join, and every fold then fails
-    (PartitionsMismatch) until that metadata refreshes. The command creates them first."""
-    from consumers.subscriptions.analytics import rollup as rollup_module
-    from router.cli.analytics_commands import analytics_rollup
-
-    cli(rs, "provision")
-    seen: dict[str, Any] = {}
-
-    def instead_of_the_worker(app: Any, **_: Any) -> None:
-        names = [spec.name for spec in rollup_module.internal_topics(app)]
-        metadata = admin_client(rs.kafka_config()).list_topics(timeout=10)
-        seen.update({n: metadata.topics.get(n) for n in names})
-
-    monkeypatch.setattr(rollup_module, "run_worker", instead_of_the_worker)
-    assert analytics_rollup(rs, argparse.Namespace(log_level="warning")) == 0
-    assert len(seen) == 4
-    for name, topic in seen.items():
-        assert topic is not None, f"{name} did not exist when the worker would start"
-        assert topic.partitions and all(p.leader >= 0 for p in topic.partitions.values()), name
-    changelog = seen[f"{rollup_app_id(rs)}-by_metric-changelog"]
-    assert len(changelog.partitions) == rs.partitions
 
 
 def test_the_analytics_command_names_the_address_when_no_rollup_runs(rs: Settings) -> None:
