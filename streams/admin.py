@@ -161,10 +161,10 @@ def ensure_topics(
     rollup, whose consumer must find them in the broker's metadata when it joins its group)."""
     specs = list(specs)
     metadata = ensure_reachable(admin, base, timeout)
-    created = _create_missing(
-        admin, base, [s for s in specs if s.name not in metadata.topics], timeout
-    )
-    _await_leaders(admin, base, [s.name for s in specs], timeout)
+    present = [s.name for s in specs if s.name in metadata.topics]
+    created = _create_missing(admin, base, [s for s in specs if s.name not in present], timeout)
+    if present:  # maybe created a moment ago by another client; what was missing is awaited
+        _await_leaders(admin, base, present, timeout)
     return created
 
 

@@ -267,6 +267,26 @@ def _committed_to_the_end(s: Settings, wait_s: float) -> list[tuple[int, int]] |
         reader.close()
 
 
+def _await_counting(s: Settings, metric: str, log: Path) -> None:
+    """Return once the rollup has counted some point of ``metric``."""
+    deadline = time.monotonic() + SETTLE_S
+    seen = 0
+    while time.monotonic() < deadline and seen == 0:
+        view = _metric_view(s, metric)
+        seen = view["total"] if view else 0
+        time.sleep(0.05)
+    assert seen > 0, f"the rollup never started counting\n{_log_tail(log)}"
+
+
+def _restart_and_check(s: Settings, points: list[dict[str, Any]], log: Path) -> None:
+    """A new rollup worker's windows equal ``points``."""
+    rollup = _start_rollup(s, log)
+    try:
+        _check_windows(s, points, log)
+    finally:
+        _stop(rollup)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -334,11 +354,7 @@ def test_the_rollup_counts_each_committed_point_once_per_minute(
     finally:
         _stop(rollup)
     # So a SIGKILL now and a restart count nothing twice.
-    again = _start_rollup(rs, log)
-    try:
-        _check_windows(rs, points, log)
-    finally:
-        _stop(again)
+    _restart_and_check(rs, points, log)
 
 
 def test_the_rollup_stays_exact_after_a_sigkill_mid_stream(rs: Settings, tmp_path: Path) -> None:
@@ -350,21 +366,11 @@ def test_the_rollup_stays_exact_after_a_sigkill_mid_stream(rs: Settings, tmp_pat
 
     first = _start_rollup(rs, log)
     try:
-        deadline = time.monotonic() + SETTLE_S
-        seen = 0
-        while time.monotonic() < deadline and seen == 0:
-            view = _metric_view(rs, metric)
-            seen = view["total"] if view else 0
-            time.sleep(0.05)
-        assert seen > 0, f"the rollup never started counting\n{_log_tail(log)}"
+        _await_counting(rs, metric, log)
         first.send_signal(signal.SIGKILL)
     finally:
         _stop(first)
-    second = _start_rollup(rs, log)
-    try:
-        _check_windows(rs, points, log)
-    finally:
-        _stop(second)
+    _restart_and_check(rs, points, log)
 
 
 def test_the_rollup_stays_exact_when_it_loses_its_group_mid_stream(
@@ -381,13 +387,7 @@ def test_the_rollup_stays_exact_when_it_loses_its_group_mid_stream(
     log = tmp_path / "rollup.log"
     rollup = _start_rollup(rs, log)
     try:
-        deadline = time.monotonic() + SETTLE_S
-        seen = 0
-        while time.monotonic() < deadline and seen == 0:
-            view = _metric_view(rs, metric)
-            seen = view["total"] if view else 0
-            time.sleep(0.05)
-        assert seen > 0, f"the rollup never started counting\n{_log_tail(log)}"
+        _await_counting(rs, metric, log)
         rollup.send_signal(signal.SIGSTOP)
         time.sleep(rs.session_timeout_ms / 1000 + 3)
         rollup.send_signal(signal.SIGCONT)
@@ -396,11 +396,7 @@ def test_the_rollup_stays_exact_when_it_loses_its_group_mid_stream(
         assert rollup.poll() is None, _log_tail(log)
     finally:
         _stop(rollup)
-    again = _start_rollup(rs, log)
-    try:
-        _check_windows(rs, points, log)
-    finally:
-        _stop(again)
+    _restart_and_check(rs, points, log)
 
 
 def test_the_analytics_command_names_the_address_when_no_rollup_runs(rs: Settings) -> None:
