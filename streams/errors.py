@@ -434,6 +434,11 @@ class PointError(RhumbatronError, ValueError):
     """A record on the points topic that is not a valid metric point."""
 
 
+class ChangelogNotSent(RhumbatronError):
+    """The analytics rollup could not write its table changes to their changelog before a
+    commit or an abort: it stops rather than commit offsets past them."""
+
+
 class ViewNotFound(RhumbatronError):
     def __init__(self, project_id: str, env: str, tp: object, slug: str) -> None:
         self.project_id = project_id

@@ -35,6 +35,7 @@ What the rollup guarantees, as measured against our broker, is in docs/analytics
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -59,7 +60,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from consumers.subscriptions.analytics.projector import METRIC_NAMES
 from streams import tracing as t
-from streams.errors import ConfigurationError, PointError
+from streams.errors import ChangelogNotSent, ConfigurationError, PointError
 from streams.topology import TopicSpec
 
 log = logging.getLogger("rhumbatron.analytics.rollup")
@@ -404,7 +405,79 @@ def build_app(config: RollupConfig) -> faust.App:
     ).relative_to(_event_time)
     invalid = app.Table("invalid", default=int, partitions=config.partitions)
     tables = (by_project.table, by_metric.table, invalid)
-    last_offsets: dict[TP, int] = {}  # the offset of each partition's latest point (note_gap)
+    last_offsets: dict[TP, int] = {}  # the offset of each partition's latest point folded
+    sent: list[asyncio.Future[Any]] = []  # table changes since the last commit (keep_sent)
+    folding = asyncio.Event()  # cleared while a commit is made (commit_what_was_sent)
+    folding.set()
+
+    def keep_sent(table: Any) -> None:
+        """Keep the future of each change ``table`` sends to its changelog."""
+        send = table.send_changelog
+
+        def send_and_keep(*args: Any, **kwargs: Any) -> Any:
+            future = send(*args, **kwargs)
+            sent.append(future)
+            return future
+
+        table.send_changelog = send_and_keep
+
+    for table in tables:
+        keep_sent(table)
+
+    async def all_sent(stage: str) -> None:
+        """Wait until every table change kept in ``sent`` is written to its changelog partition
+        (in the open transaction of its points partition); raise naming what failed."""
+        if not sent:
+            return
+        _, waiting = await asyncio.wait(list(sent), timeout=config.session_timeout_s)
+        if waiting:
+            raise ChangelogNotSent(
+                f"{len(waiting)} of {len(sent)} table changes were not written to the changelog "
+                f"within {config.session_timeout_s:g} s ({stage}); the rollup stops rather than "
+                "commit offsets past them, and a restart reads them again"
+            )
+        failed = [f.exception() for f in sent if f.exception() is not None]
+        sent.clear()
+        if failed:
+            raise ChangelogNotSent(
+                f"{len(failed)} table changes could not be written to the changelog ({stage}): "
+                f"{failed[0]!r}"
+            )
+
+    faust_commit: list[Any] = []  # faust's own TransactionManager.commit, once replaced
+
+    async def commit_what_was_sent(
+        offsets: Mapping[TP, int], start_new_transaction: bool = True
+    ) -> bool:
+        """Commit, with each partition's offset, exactly the table changes of the points before
+        it.
+
+        faust queues a table change in its producer buffer and sends it from there, and commits
+        a transaction without draining that buffer: the changes of points whose offsets it
+        commits could still be queued, to go out in the next transaction, and a SIGKILL or a
+        rebalance before that one committed lost them (measured: 14 of 13,334 points short
+        after three SIGKILLs mid-stream). Here no point is folded while a commit is made, every
+        change sent so far is written first, and each partition's offset is the one after its
+        last point folded, whatever faust counted as acknowledged."""
+        folding.clear()
+        try:
+            await all_sent("before a commit")
+            exact = {tp: last_offsets[tp] + 1 for tp in offsets if tp in last_offsets}
+            if not exact:
+                return False
+            done: bool = await faust_commit[0](exact, start_new_transaction=start_new_transaction)
+            return done
+        finally:
+            folding.set()
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (mode's stub wants a union)
+    async def guard_commits(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Have every commit go through :func:`commit_what_was_sent` (installed once)."""
+        del sender, args, signal, kwargs
+        if not faust_commit:
+            manager = cast(Any, app.consumer).transactions  # faust's TransactionManager
+            faust_commit.append(manager.commit)
+            manager.commit = commit_what_was_sent
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # (mode's stub wants a union)
     async def forget_uncommitted(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -424,6 +497,19 @@ def build_app(config: RollupConfig) -> faust.App:
         faust has flushed its producer buffer by then."""
         del sender, args, signal, kwargs
         producer = cast(Any, app.producer)
+        # Changes still queued in faust's buffer belong to the transaction aborted here: they
+        # are never sent (sent later, they would land in the next transaction). The one being
+        # sent, and those sent, are awaited first, so that the abort takes them.
+        queued = producer.buffer.pending  # faust.transport.producer.ProducerBuffer
+        dropped = set()
+        while not queued.empty():
+            dropped.add(id(queued.get_nowait()))
+        sent[:] = [future for future in sent if id(future) not in dropped]
+        try:
+            await all_sent("before an abort")
+        except ChangelogNotSent:
+            log.exception("aborting the open transactions without some table changes")
+            sent.clear()
         for transactional_id in list(getattr(producer, "_transaction_producers", {})):
             await producer.abort_transaction(transactional_id)
         last_offsets.clear()
@@ -436,6 +522,10 @@ def build_app(config: RollupConfig) -> faust.App:
     @app.agent(points, name="rollup")
     async def roll_points(stream: StreamT[bytes]) -> None:
         async for event in stream.events():
+            if not folding.is_set():
+                await folding.wait()  # a commit is being made
+            # From here to the point's acknowledgement (by faust, on the next iteration) nothing
+            # awaits: no commit can fall between a fold and its offset's acknowledgement.
             note_gap(event.message.tp, event.message.offset)
             with point_span(event, config.app_id) as span:
                 fold(event, span)
