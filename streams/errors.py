@@ -42,6 +42,7 @@ swallows one.
     ├── RouterInputError            (ValueError) an event the causal router cannot fold
     ├── ProjectorInputError         (ValueError) an event lacks what the project view needs
     ├── PointError                  (ValueError) not a valid metric point (or query of points)
+    ├── ChangelogNotSent            the analytics rollup's table changes were not written in time
     ├── ViewNotFound                a project has no view in that environment (yet)
     ├── CommandExpired              a command's deadline passed before it ran (dead-lettered)
     ├── LedgerDrillFailure          a failure a drill injects into the ledger subscription
