@@ -6,6 +6,7 @@ them. The rollup's configuration and the readers are in :mod:`router.wiring.anal
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -46,6 +47,7 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
             f"the rollup needs faust-streaming ({exc.name} is not installed); install the "
             "'analytics' extra: pip install -e '.[analytics]'"
         ) from exc
+    require_port_free(settings.analytics_rollup_host, settings.analytics_rollup_port)
     require_topics(settings, [metrics_topic(settings.env)])
     config = rollup_config(settings)
     private_dir(config.datadir)
@@ -67,6 +69,26 @@ def analytics_rollup(settings: Settings, args: argparse.Namespace) -> int:
 
         run_worker(app, loglevel=args.log_level)
     return 0
+
+
+def require_port_free(host: str, port: int) -> None:
+    """Refuse, naming the setting, a web port another process listens on: faust would fail to
+    bind it only once its worker had started, with a traceback."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigurationError(f"analytics_rollup_host {host!r} does not resolve: {exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as faust's server binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"the rollup cannot serve its web view on {host}:{port}: {exc.strerror} (another "
+                "rollup of this environment?); choose another port with "
+                "RHUMBATRON_ANALYTICS_ROLLUP_PORT"
+            ) from exc
 
 
 # -- reading the web view ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ that new can be missing from the consumer's metadata at the join, and every fold
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from router.settings import Settings
 from router.wiring.analytics import rollup_app_id
 from router.wiring.provisioning import provision_environment
 from streams.admin import admin_client
+from streams.errors import ConfigurationError
 from tests.support.runtime_processes import runtime_settings
 
 pytestmark = pytest.mark.integration
@@ -44,3 +46,23 @@ def test_the_rollup_topics_are_served_before_its_worker_starts(
         assert topic.partitions and all(p.leader >= 0 for p in topic.partitions.values()), name
     changelog = seen[f"{rollup_app_id(s)}-by_metric-changelog"]
     assert len(changelog.partitions) == s.partitions
+
+
+def test_a_taken_web_port_is_one_clear_error_before_anything_starts(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_worker(app: Any, **_: Any) -> None:
+        raise AssertionError("the worker must not start")
+
+    monkeypatch.setattr(rollup_module, "run_worker", no_worker)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        s = runtime_settings(
+            settings, analytics_rollup_dir=str(tmp_path / "rollup"), analytics_rollup_port=port
+        )
+        with pytest.raises(ConfigurationError) as refused:
+            analytics_rollup(s, argparse.Namespace(log_level="warning"))
+    assert f"cannot serve its web view on 127.0.0.1:{port}" in str(refused.value)
+    assert "RHUMBATRON_ANALYTICS_ROLLUP_PORT" in str(refused.value)
