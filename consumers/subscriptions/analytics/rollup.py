@@ -569,7 +569,7 @@ def build_app(config: RollupConfig) -> faust.App:
         points delivered since that seek and not yet taken by the agent were dropped, while
         faust's record of the last offset it read had moved past them, so they were never read
         again and the next commit went past them. Seen once as one point of 8,000 missing after
-        a restart; with the agent slowed down, thousands (``test_rollup_kafka.py``). A point
+        a restart; with the agent slowed down, 82 at one restart (``test_rollup_kafka.py``). A point
         left in the queue from before a rebalance is still not folded: faust skips a message of
         an earlier generation, and one taken while its flow is suspended."""
         queue = cast(Any, stream.channel).queue  # mode's FlowControlQueue
