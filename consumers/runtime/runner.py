@@ -224,8 +224,10 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                 if p.redelivery is not None:
                     self.redelivery.unassign(p.redelivery)
         self._commit_group_offsets(gone)
-        for p in gone:
-            log.info("%s: revoked %s", self.processor.slug, p.tp)
+        # Every partition the group takes is said, one this process had dropped already (fenced
+        # by a newer owner) too: the log is the history of what the group gave and took.
+        for tp in tps:
+            log.info("%s: revoked %s", self.processor.slug, tp)
 
     def run_once(self, timeout: float = 0.5) -> int:
         """One poll and everything it brings. Returns the number of records handled."""

@@ -91,6 +91,24 @@ class Process:
         return records, applied, duplicates
 
 
+def _moves_and_warnings(*processes: Process) -> str:
+    """What a failed wait shows: each process's partition moves, warnings and errors, and what it
+    holds by them."""
+    shown: list[str] = []
+    for name, p in zip(("first", "second"), processes, strict=False):
+        shown.append(f"{name} holds {sorted(p.owned())}:")
+        shown += [
+            f"  {line}"
+            for line in p.lines()
+            if ASSIGNED.match(line)
+            or REVOKED.match(line)
+            or " WARNING " in line
+            or " ERROR " in line
+            or line.startswith("%")
+        ]
+    return "\n".join(shown)
+
+
 def _start(s: Settings, log: Path) -> Process:
     proc = subprocess.Popen(
         [sys.executable, "-m", "router.cli", "-v", "consume", "--subscription", SLUG],
@@ -152,13 +170,20 @@ def test_a_second_projector_process_takes_partitions_mid_run_without_loss_or_dou
         # just before it joins the group.
         wait_until(lambda: bool(joined.lines()), 60, "the second process started")
         opened = datetime.now()
-        wait_until(lambda: bool(joined.owned()), 120, "the second process assigned partitions")
+
+        def moves() -> str:
+            return _moves_and_warnings(first, joined)
+
+        wait_until(
+            lambda: bool(joined.owned()), 120, "the second process assigned partitions", moves
+        )
         wait_until(
             lambda: (
                 first.owned() | joined.owned() == everything and not first.owned() & joined.owned()
             ),
             60,
             "the partitions shared between the two",
+            moves,
         )
         # The rebalance, as the logs say it before the stop revokes everything.
         assigned, revoked = joined.moves(ASSIGNED), first.moves(REVOKED)

@@ -4,7 +4,10 @@ claims), a refused partition handled alone, and larger polls while behind."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+
+import pytest
 
 from consumers.runtime.memory_store import MemoryStore
 from consumers.runtime.store import Commit
@@ -114,6 +117,25 @@ def test_one_fenced_partition_is_dropped_while_the_others_of_its_poll_commit() -
     assert {p for p, seen in world.ledger().items() if seen} == {
         p for p in PROJECTS if world.tp_of(p) != lost
     }
+
+
+def test_the_revoke_of_a_partition_dropped_when_fenced_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The log is the history of what the group gave and took: a partition this process had
+    dropped on being fenced is still said to be revoked when the group takes it."""
+    world, store, tps = _world()
+    runner = world.runner(batch_size=500)
+    lost = tps[0]
+    store.meanwhile = lambda: store.acquire(lost)
+    runner.run_once(timeout=0)
+    assert lost not in runner.parts
+    runner.transport.revoke([lost, tps[1]])  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, logger="rhumbatron.runtime"):
+        runner.run_once(timeout=0)
+    said = [r.getMessage() for r in caplog.records if ": revoked " in r.getMessage()]
+    assert said == [f"{runner.processor.slug}: revoked {tp}" for tp in (lost, tps[1])]
+    assert set(runner.parts) == set(tps[2:])
 
 
 def test_a_partition_whose_cursor_moved_reloads_while_the_others_of_its_poll_commit() -> None:
