@@ -437,6 +437,17 @@ class Settings(BaseSettings):
         "whatever the number of projects (a causal-router fold at its history bound is ~150 KB "
         "in memory)",
     )
+    fold_cache_kbytes: int = Field(
+        8_192,
+        ge=0,
+        le=16_777_216,
+        description="KB of folds (their encoded size, as written to Redis) a subscription process "
+        "keeps in memory between polls, over all its partitions (each partition an equal share; "
+        "those written longest ago go first and are read back from Redis by a later event; 0: "
+        "no bound but fold_cache_projects): bounds memory where folds are large, as the causal "
+        "router's are (~40 KB encoded, ~150 KB in memory at its history bound), while keeping "
+        "many small ones",
+    )
     consumer_prefetch_kbytes: int = Field(
         2_048,
         ge=64,

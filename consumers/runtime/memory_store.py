@@ -233,7 +233,9 @@ class MemoryStore:
                 if state is None:
                     states.pop(project, None)
                 else:
-                    states[project] = orjson.dumps(state).decode()
+                    encoded = orjson.dumps(state)
+                    states[project] = encoded.decode()
+                    commit.state_bytes[project] = len(encoded)
             if commit.pending is not None:
                 self._pending[tp] = encode_pending(commit.pending)
             for batch_key in commit.cleared_failures:

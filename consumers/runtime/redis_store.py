@@ -747,7 +747,9 @@ class RedisStore:
             if state is None:
                 deletes.append(project)
             else:
-                sets += [project, orjson.dumps(state)]
+                encoded = orjson.dumps(state)
+                sets += [project, encoded]
+                commit.state_bytes[project] = len(encoded)
         return _pack(
             [
                 str(commit.epoch),

@@ -641,7 +641,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             if refusal is not None or part is None:
                 continue
             part.progress = outcome.commit.progress
-            self._keep_states(part, outcome.commit.states)
+            self._keep_states(part, outcome.commit)
             committed.append(outcome)
             self.failpoint("runtime.after_store_commit")
         if self.processor.effect_kind == EffectKind.KAFKA and committed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,9 +50,11 @@ class RuntimePolicy:
     # Records per poll while the subscription is behind (its last poll found a full batch
     # waiting); 0: batch_size always.
     batch_size_behind: int = 0
-    # Folds kept in memory between polls, over all the partitions this process owns (0: no
-    # bound); a project's fold past its partition's share is read back from the store.
+    # Folds kept in memory between polls, over all the partitions this process owns, by count
+    # and by their encoded bytes (0: no bound); a project's fold past its partition's share of
+    # either is read back from the store.
     fold_cache_projects: int = 0
+    fold_cache_bytes: int = 0
 
     def behind_batch_size(self) -> int:
         return max(self.batch_size, self.batch_size_behind)
@@ -103,7 +104,11 @@ class PartitionState:
     epoch: int
     progress: Progress
     live_from: int
+    # The folds kept between polls, the latest written last, and the encoded size of each the
+    # store wrote (one read from the store and not written since counts 0 until it is).
     states: dict[str, JSON | None] = field(default_factory=dict)
+    state_bytes: dict[str, int] = field(default_factory=dict)
+    kept_bytes: int = 0
     retry_at: float | None = None
     retry_from: int | None = None
     due_letter: DueLetter | None = None
@@ -115,6 +120,11 @@ class PartitionState:
     # The offset this owner last committed to the group (-1: none yet); the cursor in the store
     # is what resumes work, and the two differ by the transaction markers past the cursor.
     group_offset: int = -1
+
+    def forget_states(self) -> None:
+        self.states.clear()
+        self.state_bytes.clear()
+        self.kept_bytes = 0
 
 
 @dataclass
@@ -229,26 +239,31 @@ class RunnerBase:
         self.transport.seek(part.tp, part.progress.acked_through + 1)
         self._rewind_redelivery(part)
 
-    def _keep_states(self, part: PartitionState, written: dict[str, JSON | None]) -> None:
-        """Keep a committed batch's folds as its partition's latest, and no more folds than the
-        partition's share of ``fold_cache_projects``: those written longest ago go first (the
-        store holds them; a later event of theirs reads them back)."""
-        kept = part.states
-        for project, state in written.items():
+    def _keep_states(self, part: PartitionState, commit: Commit) -> None:
+        """Keep a committed batch's folds as its partition's latest, within the partition's
+        share of ``fold_cache_projects`` and of ``fold_cache_bytes`` (each fold's size as the
+        store encoded it): those written longest ago go first (the store holds them; a later
+        event of theirs reads them back). The latest written fold is always kept."""
+        kept, sizes = part.states, part.state_bytes
+        for project, state in commit.states.items():
             kept.pop(project, None)  # to the end: written most recently
             kept[project] = state
-        bound = self.policy.fold_cache_projects
-        if bound <= 0:
-            return
-        over = len(kept) - max(1, bound // max(1, len(self.parts)))
-        if over > 0:
-            for project in list(itertools.islice(kept, over)):
-                del kept[project]
+            size = commit.state_bytes.get(project, 0)
+            part.kept_bytes += size - sizes.get(project, 0)
+            sizes[project] = size
+        owners = max(1, len(self.parts))
+        projects, nbytes = self.policy.fold_cache_projects, self.policy.fold_cache_bytes
+        most = max(1, projects // owners) if projects > 0 else len(kept)
+        most_bytes = max(1, nbytes // owners) if nbytes > 0 else part.kept_bytes
+        while len(kept) > 1 and (len(kept) > most or part.kept_bytes > most_bytes):
+            oldest = next(iter(kept))
+            del kept[oldest]
+            part.kept_bytes -= sizes.pop(oldest, 0)
 
     def _reload(self, part: PartitionState) -> None:
         part.open_part = None
         part.progress = self.store.load(part.tp)
-        part.states.clear()
+        part.forget_states()
         part.retry_at = None
         part.retry_from = None
         self.transport.resume([part.tp])

@@ -36,6 +36,9 @@ class Commit:
     dead_claims: list[str] = field(default_factory=list)
     redis: list[RedisOp] = field(default_factory=list)
     states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
+    # Set by the store as it writes them: each state's encoded size (the runner bounds the folds
+    # it keeps in memory by these).
+    state_bytes: dict[str, int] = field(default_factory=dict)
     pending: list[OutRecord] | None = None  # Kafka effects awaiting their transaction
     cleared_failures: list[str] = field(default_factory=list)  # batch keys now passed
     # Offsets a fold must leave out (dead-lettered), and ones it may take again (a dead letter

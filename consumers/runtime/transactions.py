@@ -143,7 +143,7 @@ class TransactionMixin(RunnerBase):
             )
             part.needs_refold = False
             part.progress = self.store.load(part.tp)
-            part.states.clear()
+            part.forget_states()
         for part in [p for p in self.parts.values() if p.needs_first_fold]:
             if self.controls is None:
                 raise RuntimeError(
@@ -153,7 +153,7 @@ class TransactionMixin(RunnerBase):
             self.controls.first_fold(part.tp, epoch=part.epoch)
             part.needs_first_fold = False
             part.progress = self.store.load(part.tp)
-            part.states.clear()
+            part.forget_states()
             self.transport.seek(part.tp, part.progress.acked_through + 1)
 
     def _recover_pending(self) -> None:

@@ -58,6 +58,7 @@ def policy(settings: Settings, slug: str) -> RuntimePolicy:
         batch_size=settings.batch_size,
         batch_size_behind=settings.batch_size_behind,
         fold_cache_projects=settings.fold_cache_projects,
+        fold_cache_bytes=settings.fold_cache_kbytes * 1024,
         max_batch_failures=settings.max_batch_failures,
         retry_backoff_s=settings.batch_retry_backoff_s,
         retry_backoff_max_s=settings.batch_retry_backoff_max_s,

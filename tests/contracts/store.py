@@ -136,18 +136,19 @@ class StoreContract:
             RedisOp("SLOT", "slots", ("missing", 4, 100)),
             RedisOp("SLOT", "slots", ("missing", 2, 100)),
         ]
-        store.commit(
-            Commit(
-                TPX,
-                epoch,
-                -1,
-                0,
-                Progress(acked_through=3),
-                claims=[EVT],
-                redis=ops,
-                states={"p1": {"k": [1, 2]}, "p2": {"v": 1}},
-            )
+        first = Commit(
+            TPX,
+            epoch,
+            -1,
+            0,
+            Progress(acked_through=3),
+            claims=[EVT],
+            redis=ops,
+            states={"p1": {"k": [1, 2]}, "p2": {"v": 1}},
         )
+        store.commit(first)
+        # Each state's size as written (the runner bounds the folds it keeps by it).
+        assert first.state_bytes == {"p1": len(b'{"k":[1,2]}'), "p2": len(b'{"v":1}')}
         assert store.read(TPX, "view") == {"name": "x", "n": "5", "gen": "7"}
         assert store.read(TPX, "agents") == {"b"}
         assert store.read(TPX, "feed") == ["e3", "e2"]
@@ -161,8 +162,10 @@ class StoreContract:
             "p2": {"v": 1},
             "p3": None,
         }
-        store.commit(Commit(TPX, epoch, 3, 0, Progress(acked_through=5), states={"p2": None}))
+        deleting = Commit(TPX, epoch, 3, 0, Progress(acked_through=5), states={"p2": None})
+        store.commit(deleting)
         assert store.all_states(TPX) == {"p1": {"k": [1, 2]}}
+        assert deleting.state_bytes == {}
 
     def test_slot_gaps_are_capped(self) -> None:
         store = self.make_store()

@@ -68,6 +68,8 @@ from tests.support.environment import ROOT, make_settings, run_cli, subprocess_e
         ("process_name", "ledger/1", "should match pattern"),
         ("fold_cache_projects", 0, "greater than or equal to 1"),
         ("fold_cache_projects", 10_000_001, "less than or equal to 10000000"),
+        ("fold_cache_kbytes", -1, "greater than or equal to 0"),
+        ("fold_cache_kbytes", 16_777_217, "less than or equal to 16777216"),
         ("consumer_prefetch_kbytes", 63, "greater than or equal to 64"),
         ("consumer_prefetch_kbytes", 2_097_152, "less than or equal to 2097151"),
         ("consumer_fetch_backoff_ms", -1, "greater than or equal to 0"),
