@@ -255,10 +255,19 @@ class RunnerBase:
         projects, nbytes = self.policy.fold_cache_projects, self.policy.fold_cache_bytes
         most = max(1, projects // owners) if projects > 0 else len(kept)
         most_bytes = max(1, nbytes // owners) if nbytes > 0 else part.kept_bytes
-        while len(kept) > 1 and (len(kept) > most or part.kept_bytes > most_bytes):
-            oldest = next(iter(kept))
-            del kept[oldest]
-            part.kept_bytes -= sizes.pop(oldest, 0)
+        over, over_bytes = len(kept) - most, part.kept_bytes - most_bytes
+        if over <= 0 and over_bytes <= 0:
+            return
+        oldest: list[str] = []  # one pass from the front (each lookup from it would rescan)
+        for project in kept:
+            if (over <= 0 and over_bytes <= 0) or len(oldest) == len(kept) - 1:
+                break
+            oldest.append(project)
+            over -= 1
+            over_bytes -= sizes.get(project, 0)
+        for project in oldest:
+            del kept[project]
+            part.kept_bytes -= sizes.pop(project, 0)
 
     def _reload(self, part: PartitionState) -> None:
         part.open_part = None
