@@ -117,8 +117,14 @@ class Fleet:
         # of the fold cache at their least): a dropped fold is read back from the store, under
         # the same crashes, aborts and moves.
         self.made += 1
-        least = {"fold_cache_projects": 1, "fold_cache_bytes": 1} if self.made % 2 else {}
-        return self.world.runner(FlakyEffects(), auto_assign=False, failpoint=failpoint, **least)
+        least = 1 if self.made % 2 else 0  # 0: no bound
+        return self.world.runner(
+            FlakyEffects(),
+            auto_assign=False,
+            failpoint=failpoint,
+            fold_cache_projects=least,
+            fold_cache_bytes=least,
+        )
 
     def start(self) -> None:
         self.members = [self.member(), self.member()]
