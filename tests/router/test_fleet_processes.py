@@ -26,6 +26,7 @@ from streams.workload import workload, write_workload
 from tests.support.environment import ROOT, cleanup_environment, make_settings, subprocess_env
 from tests.support.ledger_oracle import applied, assert_applied_once_in_order
 from tests.support.outbox import outbox_for
+from tests.support.prometheus import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -228,7 +229,10 @@ def _kill_one_and_check_everything(s: Settings, tmp_path: Path, *, held: bool = 
 
 @pytest.fixture
 def whole() -> Iterator[Settings]:
-    s = _fleet_settings(fleet_workers={"agent-wakeups": "ok"}, operator_port=0)
+    # The rollup on a port of its own: another test's may hold the default meanwhile.
+    s = _fleet_settings(
+        fleet_workers={"agent-wakeups": "ok"}, operator_port=0, analytics_rollup_port=free_port()
+    )
     provision_environment(s)
     yield s
     cleanup_environment(s)

@@ -21,6 +21,7 @@ from router.wiring.analytics import rollup_app_id
 from router.wiring.provisioning import provision_environment
 from streams.admin import admin_client
 from streams.errors import ConfigurationError
+from tests.support.prometheus import free_port
 from tests.support.runtime_processes import runtime_settings
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,10 @@ pytestmark = pytest.mark.integration
 def test_the_rollup_topics_are_served_before_its_worker_starts(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = runtime_settings(settings, analytics_rollup_dir=str(tmp_path / "rollup"))
+    # A port of its own: another test's rollup may hold the default one meanwhile.
+    s = runtime_settings(
+        settings, analytics_rollup_dir=str(tmp_path / "rollup"), analytics_rollup_port=free_port()
+    )
     provision_environment(s)
     seen: dict[str, Any] = {}
 
