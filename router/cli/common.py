@@ -1,5 +1,5 @@
-"""What every command module shares: JSON output, durations and counts given on the command line,
-the operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
+"""What every command module shares: JSON output, durations, counts and feed URLs given on the
+command line, the operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -59,6 +60,22 @@ def _at_least(text: str, least: int, *, whole: bool) -> float:
     if not value >= least:  # NaN (not a number, or given as "nan") is refused too
         raise argparse.ArgumentTypeError(f"must be {what} >= {least}, got {text!r}")
     return value
+
+
+def feed_url(text: str) -> str:
+    """An ``argparse`` ``type=``: a feed's URL, absolute http or https with a host, nothing in it
+    that is blank or a control character (the feed is named by it in the checkpoint topic, the
+    audit log and every message about it)."""
+    parts = urlsplit(text)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(c.isspace() or not c.isprintable() for c in text)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be the feed's URL, http:// or https:// with a host, got {text!r}"
+        )
+    return text
 
 
 def operator_name(given: str | None) -> str:

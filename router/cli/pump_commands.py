@@ -12,6 +12,7 @@ import redis
 
 from consumers.runtime.controls import RedisAuditLog
 from router.cli.common import (
+    feed_url,
     non_negative_int,
     operator_name,
     positive_int,
@@ -197,7 +198,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Without a subcommand: run the pump of --feed (long-running; --once for one "
         "pass to the feed's end). Each batch and its checkpoint commit in one Kafka transaction.",
     )
-    p.add_argument("--feed", metavar="URL", help="the feed's URL")
+    p.add_argument("--feed", type=feed_url, metavar="URL", help="the feed's URL")
     p.add_argument("--once", action="store_true", help="one pass: stop once caught up")
     p.add_argument(
         "--legacy-corpus-id", metavar="UUID", help="the corpus id a legacy sequence belongs to"
@@ -210,7 +211,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = p.add_subparsers(dest="pump_command")
 
     c = commands.add_parser("checkpoint", help="the feed's checkpoint")
-    c.add_argument("--feed", metavar="URL", required=True, help="the feed's URL")
+    c.add_argument("--feed", type=feed_url, metavar="URL", required=True, help="the feed's URL")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(pump_handler=checkpoint)
 
@@ -218,7 +219,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "skip-through", help="move the checkpoint past a refused line (audited)"
     )
     c.add_argument("sequence", type=positive_int, metavar="SEQUENCE", help="the new checkpoint")
-    c.add_argument("--feed", metavar="URL", required=True, help="the feed's URL")
+    c.add_argument("--feed", type=feed_url, metavar="URL", required=True, help="the feed's URL")
     c.add_argument("--reason", required=True, help="why, for the audit log")
     c.add_argument("--who", help="operator name for the audit log (default: the login name)")
     c.set_defaults(pump_handler=skip_through)
@@ -227,7 +228,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "forget",
         help="remove the feed's checkpoint, for a new lineage (audited; docs/pump.md)",
     )
-    c.add_argument("--feed", metavar="URL", required=True, help="the feed's URL")
+    c.add_argument("--feed", type=feed_url, metavar="URL", required=True, help="the feed's URL")
     c.add_argument("--reason", required=True, help="why, for the audit log")
     c.add_argument("--who", help="operator name for the audit log (default: the login name)")
     c.set_defaults(pump_handler=forget)
