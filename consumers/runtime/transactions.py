@@ -72,7 +72,7 @@ class TransactionMixin(RunnerBase):
         elif self.output is not None:
             marks = {tp: self.parts[tp].progress.txn_marker() for tp in ends}
             try:
-                self._transact([], ends, marks)
+                self._transact([], ends, marks, step="read_through")
             except TransactionFailed as exc:
                 # Only lag figures wait for it: the next loop tries again.
                 log.info("%s: offsets past the markers not committed: %s", self.processor.slug, exc)
@@ -81,15 +81,24 @@ class TransactionMixin(RunnerBase):
             self.parts[tp].group_offset = offset
 
     def _transact(
-        self, records: list[OutRecord], offsets: Mapping[TP, int], marks: Mapping[TP, str]
+        self,
+        records: list[OutRecord],
+        offsets: Mapping[TP, int],
+        marks: Mapping[TP, str],
+        *,
+        step: str = "transaction",
     ) -> None:
+        """One Kafka transaction. ``step`` names its fail-points: ``transaction`` for a batch's
+        (or a recovery's) effects, ``read_through`` for offsets alone. They are told apart so that
+        a crash test armed at the N-th effects transaction dies with effects pending, whatever
+        number of offsets-only commits the timing of the polls put before it."""
         assert self.output is not None
         self.output.begin()
         try:
             for record in records:
                 self.output.produce(record)
             self.output.send_offsets(offsets, self.transport.group_metadata(), marks)
-            self.failpoint("runtime.before_transaction_commit")
+            self.failpoint(f"runtime.before_{step}_commit")
             self.output.commit()
         except TransactionFailed:
             self.output.abort()
@@ -98,7 +107,7 @@ class TransactionMixin(RunnerBase):
             self.output.abort()
             raise TransactionFailed("output", str(exc), abortable=True) from exc
         self.stats.transactions += 1
-        self.failpoint("runtime.after_transaction_commit")
+        self.failpoint(f"runtime.after_{step}_commit")
 
     def _unlanded(
         self, part: PartitionState, records: list[OutRecord], committed: Committed | None

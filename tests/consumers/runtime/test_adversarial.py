@@ -41,6 +41,8 @@ BOUNDARIES = (
     "runtime.after_store_commit",
     "runtime.before_transaction_commit",
     "runtime.after_transaction_commit",
+    "runtime.before_read_through_commit",  # Kafka effects: a transaction of offsets alone
+    "runtime.after_read_through_commit",
     "runtime.after_offsets_commit",
 )
 

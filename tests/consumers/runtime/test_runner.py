@@ -83,6 +83,34 @@ CRASH_CASES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("boundary", "pending"),
+    [("runtime.before_transaction_commit", True), ("runtime.before_read_through_commit", False)],
+)
+def test_a_crash_in_a_kafka_transaction_leaves_effects_pending_only_in_an_effects_transaction(
+    boundary: str, pending: bool
+) -> None:
+    """The two kinds of transaction have their own fail-points: a crash at the first effects
+    transaction must be healed by a re-send; one in a transaction of offsets alone (past the
+    markers a batch read through) leaves nothing to re-send, and the tally is exact as well."""
+    world = World()
+    ids = _fill(world)
+
+    def crash(name: str) -> None:
+        if name == boundary:
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        world.drain(world.runner(Counter(), cuts=cuts_from([4] * 100), failpoint=crash))
+    heir = world.runner(Counter(), cuts=cuts_from([3] * 100))
+    world.drain(heir)
+    assert (heir.stats.recovered > 0) is pending
+    assert sorted(r["_id"] for r in world.out_records()) == sorted(
+        {r["_id"] for r in world.out_records()}
+    )
+    assert len(world.out_records()) == len(ids)
+
+
 @pytest.mark.parametrize(("kind", "boundary", "nth"), CRASH_CASES)
 def test_a_crash_at_every_boundary_loses_nothing_and_doubles_nothing(
     boundary: str, nth: int, kind: str
