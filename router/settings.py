@@ -24,6 +24,7 @@ import tomllib
 from contextvars import ContextVar
 from functools import cached_property
 from importlib.resources.abc import Traversable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -660,6 +661,20 @@ class Settings(BaseSettings):
         "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form)",
     )
     max_command_deliveries: int = Field(4, ge=1)
+    retry_tiers_s: list[int] = Field(
+        default_factory=lambda: [60, 600, 3600],
+        max_length=8,
+        description="the delays of each queue's retry tiers (whole seconds, ascending): a "
+        "handler's Retry(delay_s=...) waits on the first tier at or above its delay (the queue's "
+        "own retry delay is the tier below them all); each tier is a retry topic of its own",
+    )
+    max_retry_delay_s: float = Field(
+        3600.0,
+        ge=0,
+        le=7 * 86_400,
+        description="the longest wait a handler's Retry(delay_s=...) gets (the tiers above it "
+        "are not used for it)",
+    )
 
     # -- command workers --
     worker_poll_interval_s: float = Field(
@@ -760,8 +775,9 @@ class Settings(BaseSettings):
     )
     fleet_workers: dict[str, str] = Field(
         default_factory=dict,
-        description="queue purpose -> the handler its command workers run (rhumbatron worker "
-        "--handler); a queue not named has no workers in the fleet",
+        description="queue purpose -> the handler its command workers run, as rhumbatron "
+        "worker --handler takes it (package.module:attr, or an installed handler's name); a "
+        "queue not named has no workers in the fleet",
     )
     fleet_worker_processes: int = Field(
         1, ge=1, le=64, description="worker processes the fleet runs per queue it names"
@@ -1018,6 +1034,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"RHUMBATRON_PUMP_BACKOFF_MAX_S={self.pump_backoff_max_s:g} is below "
                 f"RHUMBATRON_PUMP_BACKOFF_S={self.pump_backoff_s:g}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _retry_tiers_ascend(self) -> Settings:
+        tiers = self.retry_tiers_s
+        if any(t < 1 for t in tiers) or any(a >= b for a, b in pairwise(tiers)):
+            raise ValueError(
+                f"RHUMBATRON_RETRY_TIERS_S={tiers}: each tier is a whole number of seconds >= 1, "
+                "in ascending order with none twice (e.g. [60, 600, 3600])"
             )
         return self
 
@@ -1401,6 +1427,7 @@ class Settings(BaseSettings):
             dead_letter_retention_ms=self.dead_letter_retention_ms,
             metrics_retention_ms=self.metrics_retention_ms,
             max_streams=self.max_streams_per_env,
+            retry_tiers_s=tuple(self.retry_tiers_s),
         )
 
 

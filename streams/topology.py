@@ -130,10 +130,17 @@ def redelivery_topic(subscription: str, env: str) -> str:
     return f"rhumbatron_redelivery_{check_slug(subscription).replace('-', '_')}_{check_env(env)}"
 
 
-def retry_topic(purpose: str, env: str) -> str:
-    """``rhumbatron-<purpose>-retry-<env>``: a command queue's retries, each with its due time."""
+def retry_topic(purpose: str, env: str, tier_s: int | None = None) -> str:
+    """``rhumbatron-<purpose>-retry-<env>``: a command queue's retries after its own delay, each
+    with its due time; with ``tier_s``, ``rhumbatron-<purpose>-retry-<tier_s>s-<env>``: the retry
+    tier that holds the retries a handler asked to wait ``tier_s`` seconds for. A topic holds one
+    delay, so its records stay in due order."""
     queue_name(purpose, env)
-    return f"rhumbatron-{purpose}-retry-{env}"
+    if tier_s is None:
+        return f"rhumbatron-{purpose}-retry-{env}"
+    if tier_s < 1:
+        raise TopologyError(f"a retry tier is a whole number of seconds >= 1, got {tier_s!r}")
+    return f"rhumbatron-{purpose}-retry-{tier_s}s-{env}"
 
 
 def transactional_id(slug: str, env: str, lease: int) -> str:
@@ -200,6 +207,7 @@ class Topology:
     dead_letter_retention_ms: int
     max_streams: int
     metrics_retention_ms: int = 30 * 86_400_000
+    retry_tiers_s: tuple[int, ...] = ()  # the delays of each queue's retry tiers, ascending
 
     def __post_init__(self) -> None:
         check_env(self.env)
@@ -282,15 +290,19 @@ class Topology:
     def redelivery_partition(self, topic: str, partition: int) -> int | None:
         return redelivery_partition(self.stream_names(), self.partitions, topic, partition)
 
-    def retry_spec(self, purpose: str) -> TopicSpec:
-        config = {"retention.ms": str(self.queue_retention_ms), "cleanup.policy": "delete"}
-        return TopicSpec(
+    def retry_topics(self, purpose: str) -> list[str]:
+        """A queue's retry topic (its own delay), then one per retry tier."""
+        return [
             retry_topic(purpose, self.env),
-            self.queue_partitions,
-            self.replication_factor,
-            config,
-            "queue",
-        )
+            *(retry_topic(purpose, self.env, t) for t in self.retry_tiers_s),
+        ]
+
+    def retry_specs(self, purpose: str) -> list[TopicSpec]:
+        config = {"retention.ms": str(self.queue_retention_ms), "cleanup.policy": "delete"}
+        return [
+            TopicSpec(name, self.queue_partitions, self.replication_factor, dict(config), "queue")
+            for name in self.retry_topics(purpose)
+        ]
 
     def redelivery_spec(self, subscription: str) -> TopicSpec:
         """One partition per stream partition, so partition k belongs to origin
@@ -314,12 +326,12 @@ class Topology:
         )
 
     def worker_reads(self, slug: str, purpose: str) -> GroupReads:
-        """A command worker (the dead-letter consumer too) reads its queue and retry topic."""
+        """A command worker (the dead-letter consumer too) reads its queue and retry topics."""
         return GroupReads(
             group_id(slug, self.env),
             slug,
             "command-worker",
-            (queue_name(purpose, self.env), retry_topic(purpose, self.env)),
+            (queue_name(purpose, self.env), *self.retry_topics(purpose)),
         )
 
     def all_specs(self) -> list[TopicSpec]:

@@ -59,7 +59,6 @@ from streams.topology import (
     pump_checkpoint_topic,
     queue_name,
     redelivery_topic,
-    retry_topic,
 )
 
 PROVISIONER = "provisioner"
@@ -388,7 +387,7 @@ def _worker(topology: Topology, purpose: str, policy: QueuePolicy) -> list[Kafka
     env = topology.env
     slug = worker_slug(purpose)
     reads = topology.worker_reads(slug, purpose)
-    writes = [queue_name(purpose, env), retry_topic(purpose, env)]
+    writes = [queue_name(purpose, env), *topology.retry_topics(purpose)]
     if policy.dead_letter is not None:
         writes.append(queue_name(policy.dead_letter, env))
     acls = [
@@ -442,7 +441,7 @@ def _operator(
             "lag: each group's end offsets (ListOffsets) and committed offsets (OffsetFetch)",
         ),
         *_topics(
-            [retry_topic(p, env) for p in QUEUE_PURPOSES],
+            [t for p in QUEUE_PURPOSES for t in topology.retry_topics(p)],
             (Operation.DESCRIBE,),
             "lag of the workers over their retry topics",
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from router.wiring.workers import worker_slug
 from streams.errors import TopologyError
-from streams.topology import QUEUE_PURPOSES, GroupReads, Topology, metrics_topic, retry_topic
+from streams.topology import QUEUE_PURPOSES, GroupReads, Topology, metrics_topic
 
 # The analytics rollup's group (faust's app id, router.wiring.analytics.rollup_app_id): it reads
 # the metric points; its tables' changelogs are read by assignment and never committed.
@@ -33,6 +33,6 @@ def group_reads(topology: Topology, group: str) -> GroupReads:
         everything = (
             *topology.stream_names(),
             *topology.queue_names(),
-            *(retry_topic(p, env) for p in QUEUE_PURPOSES),
+            *(t for p in QUEUE_PURPOSES for t in topology.retry_topics(p)),
         )
         return GroupReads(group, slug, "other", (), everything)

@@ -42,7 +42,7 @@ def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> 
     return [
         *topology.all_specs(),
         topology.pump_spec(),
-        *(topology.retry_spec(purpose) for purpose in QUEUE_PURPOSES),
+        *(spec for purpose in QUEUE_PURPOSES for spec in topology.retry_specs(purpose)),
         *(topology.redelivery_spec(slug) for slug in slugs),
     ]
 
@@ -74,12 +74,12 @@ def pump_topics(topology: Topology) -> list[str]:
 
 def worker_topics(topology: Topology, purpose: str, *, streams: bool = False) -> list[str]:
     """What a command worker touches: every queue (more work, the dead-letter queue), its retry
-    topic, the dead-letter store's topic; with ``streams`` (the dead-letter consumer, whose task
+    topics, the dead-letter store's topic; with ``streams`` (the dead-letter consumer, whose task
     events go out through the router's outbox) the streams too."""
     return [
         *(topology.stream_names() if streams else []),
         *topology.queue_names(),
-        topology.retry_spec(purpose).name,
+        *topology.retry_topics(purpose),
         *(s.name for s in topology.internal_specs()),
     ]
 

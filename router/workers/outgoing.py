@@ -56,16 +56,20 @@ def retry_record(
     attempt: int,
     error: BaseException,
     now_ms: int,
+    *,
+    topic: str | None = None,
+    delay_s: float | None = None,
 ) -> OutRecord:
-    """The next attempt, on the retry topic, due ``retry_delay_s`` from now."""
-    due_ms = now_ms + int(policy.retry_delay_s * 1000)
+    """The next attempt, on the retry topic (``topic``: a retry tier's), due ``retry_delay_s``
+    (``delay_s``: the tier's delay) from now."""
+    due_ms = now_ms + int((policy.retry_delay_s if delay_s is None else delay_s) * 1000)
     headers = carried(record) + [
         (ATTEMPT, str(attempt).encode()),
         (DUE_MS, str(due_ms).encode()),
         *error_headers(policy, error),
     ]
     return OutRecord(
-        topic=policy.retry_topic,
+        topic=topic or policy.retry_topic,
         key=command.project_id,
         value=record.value or b"",
         record_id=f"{command.command_id}:attempt:{attempt}",

@@ -135,13 +135,14 @@ def test_transactional_ids_only_where_effects_go_to_kafka(prod: Settings) -> Non
         }
 
 
-def test_a_worker_writes_its_queue_its_retry_topic_and_the_dead_letter_queue(
+def test_a_worker_writes_its_queue_its_retry_topics_and_the_dead_letter_queue(
     prod: Settings,
 ) -> None:
     grants = _by_name(prod)
     for purpose in QUEUE_PURPOSES:
         writes = _names(grants[worker_slug(purpose)], Resource.TOPIC, Operation.WRITE)
-        own = {queue_name(purpose, "prod"), f"rhumbatron-{purpose}-retry-prod"}
+        tiers = {f"rhumbatron-{purpose}-retry-{t}s-prod" for t in prod.retry_tiers_s}
+        own = {queue_name(purpose, "prod"), f"rhumbatron-{purpose}-retry-prod", *tiers}
         dead = prod.queues[purpose].dead_letter
         expected = own | ({queue_name(dead, "prod")} if dead else set())
         if purpose == "dead-letter":

@@ -18,13 +18,14 @@ def test_a_subscription_reads_the_streams_and_its_own_redelivery_topic() -> None
     assert dead_letter_topic(s.env) not in (*reads.subscribed, *reads.assigned)
 
 
-def test_a_worker_and_the_dead_letter_consumer_read_their_queue_and_retry_topic() -> None:
+def test_a_worker_and_the_dead_letter_consumer_read_their_queue_and_retry_topics() -> None:
     s = make_settings()
     for purpose in ("integration", DEAD_LETTER_QUEUE):
         policy = worker_policy(s, purpose)
         reads = group_reads(s.topology, group_id(worker_slug(purpose), s.env))
         assert reads.kind == "command-worker"
-        assert reads.subscribed == (policy.queue_topic, policy.retry_topic)  # what it subscribes
+        assert reads.subscribed == (policy.queue_topic, *policy.retry_topics)  # what it subscribes
+        assert len(policy.retry_topics) == 1 + len(s.retry_tiers_s)
         assert reads.assigned == ()
 
 
