@@ -34,7 +34,7 @@ from consumers.lag import group_lag
 from router.settings import Settings
 from router.wiring.groups import group_reads
 from router.wiring.provisioning import check_subscription
-from router.workers.drills import HANDLERS
+from router.workers.handlers import load_handler
 from streams.admin import admin_client
 from streams.errors import ConfigurationError, InstanceIdHeld
 from streams.topology import QUEUE_PURPOSES, group_id
@@ -90,11 +90,10 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
                 f"RHUMBATRON_FLEET_WORKERS: unknown queue {purpose!r}; known: "
                 f"{', '.join(QUEUE_PURPOSES)}"
             )
-        if handler not in HANDLERS:
-            raise ConfigurationError(
-                f"RHUMBATRON_FLEET_WORKERS: {purpose}={handler!r}: unknown handler; built-in "
-                f"handlers: {', '.join(sorted(HANDLERS))}"
-            )
+        try:
+            load_handler(handler)  # imported here too: a wrong path stops the fleet at start
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"RHUMBATRON_FLEET_WORKERS: {purpose}: {exc}") from None
         for n in range(1, settings.fleet_worker_processes + 1):
             members.append(
                 Member(

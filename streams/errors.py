@@ -62,6 +62,8 @@ swallows one.
 
     InternalSignal                  root of control-flow signals: caught where they steer
     ├── MoreWork                    a command handler asks for another delivery of its command
+    ├── Retry                       a command handler's failed attempt, retried (after a delay)
+    ├── Fail                        a command handler's permanent failure: no further attempt
     ├── LetterBeingRetried          the dead-letter consumer asks to read a record again later
     ├── CommittedUnknown            the group's committed offsets cannot be known yet: ask later
     ├── ClaimsFound                 a commit not looked up first met claims: look them up, again
@@ -541,6 +543,31 @@ class LegacyCheckpointAmbiguous(PumpError):
 class MoreWork(InternalSignal):
     """Raised by a handler whose command has more work: deliver it again (at most
     ``max_command_deliveries`` deliveries in all; the last one is acknowledged)."""
+
+
+class Retry(InternalSignal):
+    """Raised by a handler: this attempt failed, try again within the queue's ``retries``.
+    ``delay_s`` asks for a wait before the next attempt (None: the queue's own retry delay); it is
+    rounded up to the next retry tier (``retry_tiers_s``) and capped by ``max_retry_delay_s`` and
+    the command's deadline. ``reason`` is what the retry, or the dead letter after the last
+    attempt, says."""
+
+    def __init__(self, delay_s: float | None = None, reason: str = "") -> None:
+        if delay_s is not None and not delay_s >= 0:  # NaN too
+            raise ValueError(f"Retry(delay_s={delay_s!r}): must be None or a number >= 0")
+        self.delay_s = delay_s
+        self.reason = reason
+        super().__init__(reason or "retry requested")
+
+
+class Fail(InternalSignal):
+    """Raised by a handler: the command cannot succeed, whatever the attempt. No further attempt:
+    it is dead-lettered now with ``reason`` (on a queue without a dead-letter queue, handed to the
+    queue's ``on_exhausted`` path like any last failure)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
 class LetterBeingRetried(InternalSignal):

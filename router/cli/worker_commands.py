@@ -25,12 +25,12 @@ from router.wiring.workers import (
     WorkerProcess,
     open_dead_letter_consumer,
     open_worker,
+    serve_worker,
     worker_figures,
     worker_slug,
 )
-from router.workers.drills import HANDLERS
+from router.workers.handlers import load_handler
 from router.workers.worker import WorkerStats
-from streams.errors import ConfigurationError
 from streams.topology import QUEUE_PURPOSES
 
 
@@ -51,16 +51,10 @@ def _run(
     def sample() -> str:
         return f"{name}: {stats.records} records, {_outcomes(stats.outcomes)}, lag {lag()}"
 
-    def tick() -> None:
-        health.beat()
-        health.ready = True  # subscribed to its queue (and retry topic), polling
-        process.tick()
-
-    try:
-        with ProgressReporter(sample, settings.progress_interval_s):
-            stats = process.worker.run(until_idle_s=until_idle, should_stop=stop.is_set, tick=tick)
-    finally:
-        process.close()
+    with ProgressReporter(sample, settings.progress_interval_s):
+        stats = serve_worker(
+            process, until_idle_s=until_idle, should_stop=stop.is_set, health=health
+        )
     print(worker_summary(name, stats), file=sys.stderr)
     sys.stdout.write(orjson.dumps(stats.as_dict()).decode() + "\n")
     return 0
@@ -99,14 +93,10 @@ def worker_summary(name: str, stats: WorkerStats) -> str:
 
 def worker(settings: Settings, args: argparse.Namespace) -> int:
     name = args.handler_name
-    if name not in HANDLERS:
-        raise ConfigurationError(
-            f"unknown handler {name!r}; built-in handlers: {', '.join(sorted(HANDLERS))}"
-        )
+    handler = load_handler(name)  # a wrong path is one line and exit 2, before anything starts
     stop = stop_on_signals()
     with observed(settings, f"worker-{args.queue}") as health:
         client = redis_client(settings)
-        handler = HANDLERS[name](client, settings.env, args.queue)
         process = open_worker(settings, args.queue, handler, client=client)
         label = f"worker {args.queue} ({name})"
         return _run(settings, process, label, args.queue, args.until_idle, stop, health)
@@ -130,14 +120,22 @@ def worker_stats(settings: Settings, args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "worker",
-        help="run a command worker on one queue with a built-in handler (drills, demo, bench)",
+        help="run a command worker on one queue with your handler (or a built-in drill)",
+        description="Runs a command worker: it reads the queue and its retry topics and runs "
+        "the handler on each command, with retries, dead letters and exact attempts "
+        "(docs/handlers.md). The handler is your code, named as package.module:attr (a "
+        "function handler(command, ctx), plain or async, a Handlers registry, or a "
+        "QueueHandler subclass) or by the name it is installed under in the entry-point group "
+        "rhumbatron.handlers. Built-in: ok, drill, flaky (drills, the demo and the benchmark).",
     )
     p.add_argument("--queue", required=True, choices=QUEUE_PURPOSES, help="the queue's purpose")
     p.add_argument(
         "--handler",
         dest="handler_name",
         required=True,
-        help=f"one of: {', '.join(sorted(HANDLERS))}",
+        metavar="PACKAGE.MODULE:ATTR|NAME",
+        help="your handler as package.module:attr, or an installed handler's name "
+        "(entry points rhumbatron.handlers; built-in: ok, drill, flaky)",
     )
     p.add_argument(
         "--until-idle",

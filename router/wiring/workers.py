@@ -17,13 +17,14 @@ from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
 from consumers.runtime.producer_lease import ProducerLease
 from router.settings import Settings
 from router.wiring.metrics import worker_instruments
+from router.wiring.probes import ProcessHealth
 from router.wiring.provisioning import require_topics, worker_topics
 from router.wiring.subscription import dead_letters, redis_client, redis_wait
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
 from router.workers.model import CommandHandler, WorkerPolicy
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
-from router.workers.worker import Worker
+from router.workers.worker import Worker, WorkerStats
 from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
@@ -53,6 +54,8 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         error_max_bytes=settings.command_error_max_bytes,
         transaction_max_commands=settings.worker_transaction_max_commands,
         transaction_max_ms=settings.worker_transaction_max_ms,
+        retry_tiers_s=tuple(settings.retry_tiers_s),
+        max_retry_delay_s=settings.max_retry_delay_s,
     )
 
 
@@ -74,7 +77,7 @@ def provision_queues(settings: Settings, purposes: list[str], *, streams: bool =
             *(topology.stream_specs() if streams else []),
             *topology.queue_specs(),
             *topology.internal_specs(),
-            *(topology.retry_spec(p) for p in purposes),
+            *(spec for p in purposes for spec in topology.retry_specs(p)),
         ],
         topology=topology,
         timeout=settings.connect_timeout_s,
@@ -119,6 +122,7 @@ def open_worker(
     require_topics(settings, worker_topics(settings.topology, purpose, streams=streams))
     base = settings.kafka_config()
     slug = worker_slug(purpose)
+    handler.setup(purpose, settings.env, client)
     lease = ProducerLease(client, env=settings.env, slug=slug, ttl_s=settings.producer_lease_ttl_s)
     n = lease.acquire()
     output = KafkaOutput(
@@ -154,6 +158,29 @@ def open_worker(
     worker.start()
     worker_instruments().watch(purpose, worker.stats)
     return WorkerProcess(worker, client, lease)
+
+
+def serve_worker(
+    process: WorkerProcess,
+    *,
+    until_idle_s: float | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    health: ProcessHealth | None = None,
+) -> WorkerStats:
+    """Runs an opened worker until ``should_stop()`` (or idle for ``until_idle_s``), renewing its
+    producer lease and beating its health on every loop (ready once it polls), then closes it:
+    the one loop the CLI, the fleet's members and a team's own process share."""
+
+    def tick() -> None:
+        if health is not None:
+            health.beat()
+            health.ready = True  # subscribed to its queue (and retry topics), polling
+        process.tick()
+
+    try:
+        return process.worker.run(until_idle_s=until_idle_s, should_stop=should_stop, tick=tick)
+    finally:
+        process.close()
 
 
 def open_dead_letter_consumer(

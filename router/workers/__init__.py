@@ -3,12 +3,12 @@ consumers (indexer, workflow starts, agent wakes), and the dead-letter consumer.
 docs/queues.md for the design and why retry topics with a due time were chosen over share
 groups."""
 
-from router.workers.model import CommandContext, CommandHandler, QueueHandler, WorkerPolicy
+from router.workers.model import CommandHandler, Context, QueueHandler, WorkerPolicy
 from router.workers.worker import Worker, WorkerStats
 
 __all__ = [
-    "CommandContext",
     "CommandHandler",
+    "Context",
     "QueueHandler",
     "Worker",
     "WorkerPolicy",

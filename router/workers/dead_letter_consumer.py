@@ -41,7 +41,7 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.types import Record
 from consumers.subscriptions.causal_router.commands import own_task
-from router.workers.model import CommandContext, QueueHandler
+from router.workers.model import Context, QueueHandler
 from streams.clock import Clock
 from streams.envelopes import Command, Draft, format_time
 from streams.errors import LetterBeingRetried
@@ -80,7 +80,7 @@ class DeadLetterRecorder(QueueHandler):
         self.clock = clock
         self.default_tenant = default_tenant
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         record = ctx.record
         letter_id = command_letter_id(command.command_id)
         # Back from this letter's retry by an operator (and failed again).

@@ -1,4 +1,5 @@
-"""Built-in handlers for drills, the demo and the benchmark (``rhumbatron worker --handler``):
+"""Built-in handlers for drills, the demo and the benchmark (``rhumbatron worker --handler NAME``),
+installed under the entry-point group ``rhumbatron.handlers`` like any team's handler:
 
 - ``ok``: every command succeeds; does nothing else (the runtime's own cost);
 - ``drill``: obeys ``payload.drill`` — ``"fail"`` fails every attempt (so the command is
@@ -12,12 +13,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from typing import ClassVar
 
 import redis
 
-from router.workers.model import CommandContext, CommandHandler, QueueHandler
+from router.workers.model import Context, QueueHandler
 from router.workers.stores import prefix
 from streams.envelopes import Command
 from streams.errors import HandlerDrillFailure, MoreWork
@@ -26,14 +26,14 @@ from streams.errors import HandlerDrillFailure, MoreWork
 class OkHandler(QueueHandler):
     name: ClassVar[str] = "ok"
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         return None
 
 
 class FlakyHandler(QueueHandler):
     name: ClassVar[str] = "flaky"
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         if ctx.attempt == 1 and fails_once(command.command_id):
             raise HandlerDrillFailure(f"flaky: first attempt of {command.command_id} fails")
         return None
@@ -47,12 +47,18 @@ def fails_once(command_id: str) -> bool:
 class DrillHandler(QueueHandler):
     name: ClassVar[str] = "drill"
 
-    def __init__(self, client: redis.Redis[bytes], *, env: str, queue: str) -> None:
+    def __init__(
+        self, client: redis.Redis[bytes] | None = None, *, env: str = "", queue: str = ""
+    ) -> None:
+        if client is not None:
+            self.setup(queue, env, client)
+
+    def setup(self, queue: str, env: str, client: redis.Redis[bytes]) -> None:
         self.client = client
         self.runs_key = f"{prefix(env)}drill:{queue}:runs"
         self.ok_key = f"{prefix(env)}drill:{queue}:ok"
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         self.client.hincrby(self.runs_key, command.command_id, 1)
         mode = command.payload.get("drill")
         if mode == "fail":
@@ -72,12 +78,3 @@ def read_drill(client: redis.Redis[bytes], env: str, queue: str) -> dict[str, di
         part: {k.decode(): int(v) for k, v in client.hgetall(base + part).items()}
         for part in ("runs", "ok")
     }
-
-
-HandlerFactory = Callable[["redis.Redis[bytes]", str, str], CommandHandler]
-
-HANDLERS: dict[str, HandlerFactory] = {
-    "ok": lambda client, env, queue: OkHandler(),
-    "drill": lambda client, env, queue: DrillHandler(client, env=env, queue=queue),
-    "flaky": lambda client, env, queue: FlakyHandler(),
-}

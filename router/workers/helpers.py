@@ -24,7 +24,7 @@ from typing import ClassVar, Protocol
 import orjson
 import redis
 
-from router.workers.model import CommandContext, QueueHandler
+from router.workers.model import Context, QueueHandler
 from router.workers.stores import prefix
 from streams.envelopes import Command, format_time
 from streams.errors import CommandExpired
@@ -67,7 +67,7 @@ class MemoryIndexStates:
         return dict(self.states.get(project_id, {}))
 
 
-BuildIndex = Callable[[Command, CommandContext], None]
+BuildIndex = Callable[[Command, Context], None]
 
 
 class IndexingHandler(QueueHandler):
@@ -77,12 +77,12 @@ class IndexingHandler(QueueHandler):
         self.build = build
         self.states = states
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         self.build(command, ctx)
         self.states.record(command.project_id, self._fields("ok", command, ctx, ""))
         return "indexed"
 
-    def on_exhausted(self, command: Command, ctx: CommandContext, error: BaseException) -> bool:
+    def on_exhausted(self, command: Command, ctx: Context, error: BaseException) -> bool:
         status = "expired" if isinstance(error, CommandExpired) else "failed"
         text = f"{type(error).__name__}: {error}"
         self.states.record(command.project_id, self._fields(status, command, ctx, text))
@@ -90,7 +90,7 @@ class IndexingHandler(QueueHandler):
         return True
 
     @staticmethod
-    def _fields(status: str, command: Command, ctx: CommandContext, error: str) -> dict[str, str]:
+    def _fields(status: str, command: Command, ctx: Context, error: str) -> dict[str, str]:
         return {
             "status": status,
             "error": error,
@@ -195,7 +195,7 @@ class WorkflowStartHandler(QueueHandler):
         self.registry = registry
         self.start = start
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         if command.command_type not in WORKFLOW_STARTS:
             raise ValueError(
                 f"{command.command_id}: {command.command_type!r} starts no workflow; known: "
@@ -230,7 +230,7 @@ def _at(now: datetime) -> str:
 
 # -- agent wakes -------------------------------------------------------------------------------
 Relevance = Callable[[Command], bool]
-Wake = Callable[[Command, CommandContext], None]
+Wake = Callable[[Command, Context], None]
 
 
 class AgentWakeHandler(QueueHandler):
@@ -242,7 +242,7 @@ class AgentWakeHandler(QueueHandler):
         self.is_relevant = is_relevant
         self.wake = wake
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         if not self.is_relevant(command):
             log.info("agent.wake %s is stale: a false wakeup, ended at once", command.command_id)
             return "false_wakeup"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Protocol
 
+import redis
+
 from consumers.runtime.types import Record
 from streams.envelopes import Command
 from streams.topology import check_env, queue_name, retry_topic
@@ -43,6 +45,9 @@ class WorkerPolicy:
     # One transaction holds chunks of ``batch`` up to this many commands, open at most this long.
     transaction_max_commands: int
     transaction_max_ms: int
+    # Each a retry topic of its own beside the queue's (its own delay): Retry(delay_s=...).
+    retry_tiers_s: tuple[int, ...] = ()
+    max_retry_delay_s: float = 3600.0
 
     def __post_init__(self) -> None:
         queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it
@@ -68,13 +73,44 @@ class WorkerPolicy:
         return retry_topic(self.purpose, self.env)
 
     @property
+    def retry_topics(self) -> tuple[str, ...]:
+        """The queue's own retry topic, then one per tier."""
+        return (
+            self.retry_topic,
+            *(retry_topic(self.purpose, self.env, t) for t in self.retry_tiers_s),
+        )
+
+    def retry_wait(self, asked_s: float | None, remaining_s: float | None) -> tuple[str, float]:
+        """Where a retry goes and how long it waits there. None asked: the queue's own delay.
+        Else the first tier at or above the wait asked for (a topic holds one delay, so its
+        records stay in due order and a long wait never holds back a short one), among the tiers
+        within ``max_retry_delay_s`` and the time left before the deadline; the longest of those
+        when none is long enough; the queue's own when none fits at all."""
+        own = (self.retry_topic, self.retry_delay_s)
+        if asked_s is None:
+            return own
+        cap = (
+            self.max_retry_delay_s
+            if remaining_s is None
+            else min(self.max_retry_delay_s, max(remaining_s, 0.0))
+        )
+        tiers = [
+            own,
+            *((retry_topic(self.purpose, self.env, t), float(t)) for t in self.retry_tiers_s),
+        ]
+        fitting = sorted((t for t in tiers if t[1] <= cap), key=lambda t: t[1])
+        if not fitting:
+            return own
+        return next((t for t in fitting if t[1] >= asked_s), fitting[-1])
+
+    @property
     def dead_letter_topic(self) -> str | None:
         return queue_name(self.dead_letter, self.env) if self.dead_letter else None
 
 
 @dataclass(frozen=True)
-class CommandContext:
-    """What a handler learns about this delivery of its command."""
+class Context:
+    """What a handler learns about this delivery of its command (``handler(command, ctx)``)."""
 
     queue: str  # the queue purpose
     attempt: int  # 1-based: the first delivery is 1
@@ -84,20 +120,51 @@ class CommandContext:
     now: datetime
     # First value of each name; None for a header sent without a value (Kafka allows it).
     headers: Mapping[str, bytes | None] = field(default_factory=dict)
+    command: Command | None = None  # the command delivered (None for a record that is none)
+
+    @property
+    def max_attempts(self) -> int:
+        """The most times this command runs when it keeps failing (1 + the queue's retries)."""
+        return self.attempts
+
+    @property
+    def command_id(self) -> str:
+        return self.command.command_id if self.command is not None else ""
+
+    @property
+    def deadline(self) -> datetime | None:
+        return self.command.deadline if self.command is not None else None
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds left before the command's deadline (None: it has none)."""
+        deadline = self.deadline
+        return None if deadline is None else (deadline - self.now).total_seconds()
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context the command was sent with, to carry on in your own spans."""
+        value = self.headers.get("traceparent")
+        return value.decode("ascii", "replace") if value else None
 
 
 class CommandHandler(Protocol):
-    """What a team writes. ``handle`` returns an optional outcome label (counted in the worker's
-    stats, e.g. ``already_running``), raises :class:`MoreWork` for another delivery, or raises
-    anything else to fail this attempt."""
+    """A handler as the worker runs it (a team's function is wrapped into one:
+    router.workers.handlers). ``handle`` returns an optional outcome label (counted in the
+    worker's stats, e.g. ``already_running``), raises :class:`MoreWork` for another delivery,
+    :class:`Retry` for a failed attempt retried after a wait, :class:`Fail` for a permanent
+    failure, or anything else to fail this attempt."""
 
     name: ClassVar[str]
     check_deadline: ClassVar[bool]  # dead-letter commands past their deadline as ``expired``
     dedupe: ClassVar[bool]  # skip a command id that already completed
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None: ...
+    def setup(self, queue: str, env: str, client: redis.Redis[bytes]) -> None:
+        """Called once before the worker joins its queue's group."""
 
-    def on_exhausted(self, command: Command, ctx: CommandContext, error: BaseException) -> bool:
+    def handle(self, command: Command, ctx: Context) -> str | None: ...
+
+    def on_exhausted(self, command: Command, ctx: Context, error: BaseException) -> bool:
         """The last attempt failed (or the command expired). True: the handler recorded it (no
         dead letter); False: the worker dead-letters it, or on a queue without one, logs and
         drops it."""
@@ -113,10 +180,14 @@ class QueueHandler:
     check_deadline: ClassVar[bool] = True
     dedupe: ClassVar[bool] = True
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def setup(self, queue: str, env: str, client: redis.Redis[bytes]) -> None:
+        """Called once before the worker joins its queue's group: the queue it serves, the
+        environment, and the worker's Redis connection (the drills count their runs there)."""
+
+    def handle(self, command: Command, ctx: Context) -> str | None:
         raise NotImplementedError
 
-    def on_exhausted(self, command: Command, ctx: CommandContext, error: BaseException) -> bool:
+    def on_exhausted(self, command: Command, ctx: Context, error: BaseException) -> bool:
         return False
 
     def on_undecodable(self, record: Record, error: Exception) -> bool:

@@ -6,6 +6,9 @@ A worker is a member of the queue's consumer group reading two topics: the queue
 - A command that fails is **not** retried in place: its record goes to the retry topic with the
   next attempt number and a due time (now + the queue's retry delay), and the queue moves on, so
   one failing command never holds back the others.
+- A handler's ``Retry(delay_s=...)`` goes to the retry tier at or above the wait it asks for
+  (``rhumbatron-<purpose>-retry-<N>s-<env>``, WorkerPolicy.retry_wait): the worker reads every
+  tier in the same group, and what follows holds for each, one delay per topic.
 - The retry delay is constant per queue, so each retry partition is (nearly) in due order: the
   worker keeps the records it fetched from a retry partition in a small local buffer, pauses that
   partition while its head is not due, and runs the head when it is; the poll wait is bounded by
@@ -73,8 +76,8 @@ from router.workers.model import (
     REASON_EXPIRED,
     REASON_FAILED,
     REASON_UNDECODABLE,
-    CommandContext,
     CommandHandler,
+    Context,
     WorkerPolicy,
 )
 from router.workers.outgoing import dead_letter_record, error_text, next_delivery, retry_record
@@ -82,7 +85,7 @@ from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
-from streams.errors import CommandExpired, EnvelopeError, MoreWork
+from streams.errors import CommandExpired, EnvelopeError, Fail, MoreWork, Retry
 from streams.headers import ATTEMPT, DUE_MS, header_dict, header_int
 from streams.log_context import log_fields
 
@@ -203,7 +206,7 @@ class Worker:
     # -- group membership ------------------------------------------------------------------------
     def start(self) -> None:
         self.transport.subscribe(
-            [self.policy.queue_topic, self.policy.retry_topic], self._on_assign, self._on_revoke
+            [self.policy.queue_topic, *self.policy.retry_topics], self._on_assign, self._on_revoke
         )
 
     def _on_assign(self, tps: list[TP]) -> dict[TP, int | None]:
@@ -297,9 +300,9 @@ class Worker:
             self.transport.resume(sorted(self._fresh))
             self._fresh.clear()
         ready: list[Record] = []
-        retry_topic = self.policy.retry_topic
+        retry_topics = self.policy.retry_topics
         for record in records:
-            if record.topic == retry_topic:
+            if record.topic in retry_topics:
                 self._waiting.setdefault(record.tp, deque()).append(record)
             else:
                 ready.append(record)
@@ -608,7 +611,7 @@ class Worker:
         if self.handler.dedupe and command.command_id in done:
             return _Settled(record, "duplicate")
         now = self.clock.now()
-        ctx = CommandContext(
+        ctx = Context(
             queue=self.policy.purpose,
             attempt=attempt,
             attempts=self.policy.attempts,
@@ -616,6 +619,7 @@ class Worker:
             record=record,
             now=now,
             headers=header_dict(record.headers),
+            command=command,
         )
         if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
             return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)
@@ -633,9 +637,25 @@ class Worker:
                 attempt,
             )
             return _Settled(record, "more_work_last_delivery", done=command.command_id)
+        except Fail as exc:
+            # Permanent: no attempt is left to spend, whatever the count says.
+            settled = self._exhausted(record, command, ctx, exc, expired=False)
+            settled.failed = True
+            return settled
         except Exception as exc:
             if attempt < self.policy.attempts:
-                retry = retry_record(self.policy, record, command, attempt + 1, exc, self._now_ms())
+                asked = exc.delay_s if isinstance(exc, Retry) else None
+                topic, wait_s = self.policy.retry_wait(asked, ctx.remaining_s)
+                retry = retry_record(
+                    self.policy,
+                    record,
+                    command,
+                    attempt + 1,
+                    exc,
+                    self._now_ms(),
+                    topic=topic,
+                    delay_s=wait_s,
+                )
                 text = error_text(self.policy, exc)
                 return _Settled(record, "retried", [retry], failed=True, error=exc, error_text=text)
             settled = self._exhausted(record, command, ctx, exc, expired=False)
@@ -647,7 +667,7 @@ class Worker:
         self,
         record: Record,
         command: Command,
-        ctx: CommandContext,
+        ctx: Context,
         error: BaseException,
         *,
         expired: bool,
@@ -680,9 +700,7 @@ class Worker:
         self._drop(record, "a record that is not a command", error, None)
         return _Settled(record, "dropped", error=error, error_text=text)
 
-    def _drop(
-        self, record: Record, what: str, error: BaseException, ctx: CommandContext | None
-    ) -> None:
+    def _drop(self, record: Record, what: str, error: BaseException, ctx: Context | None) -> None:
         attempts = f" after {ctx.attempt} attempt(s)" if ctx is not None else ""
         log.error(
             "%s: DROPPED %s at %s[%d]@%d%s (this queue has no dead-letter queue): %s: %s",

@@ -83,7 +83,7 @@ def test_a_plan_names_each_process_and_gives_each_its_own_probe_port(tmp_path: P
         ({"fleet_subscriptions": {"ledger": 33}}, "ledger=33: must be 0 to 32"),
         ({"fleet_subscriptions": {"ledger": -1}}, "ledger=-1: must be 0 to 32"),
         ({"fleet_workers": {"wakeups": "ok"}}, "unknown queue 'wakeups'"),
-        ({"fleet_workers": {"integration": "nope"}}, "unknown handler"),
+        ({"fleet_workers": {"integration": "nope"}}, "no handler of that name is installed"),
     ],
 )
 def test_a_wrong_plan_is_refused_naming_the_setting(

@@ -14,7 +14,7 @@ from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTr
 from consumers.runtime.types import Record
 from router.settings import Settings
 from router.workers.dead_letter_consumer import DeadLetterRecorder
-from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
+from router.workers.model import Context, QueueHandler, WorkerPolicy
 from router.workers.stores import MemoryCommandLedger, MemoryWorkerMetrics
 from router.workers.worker import Worker
 from streams.clock import ManualClock
@@ -24,7 +24,7 @@ from streams.topology import queue_name
 
 ENV = "unit"
 MAX = 256 * 1024
-Behaviour = Callable[[Command, CommandContext], str | None]
+Behaviour = Callable[[Command, Context], str | None]
 DEFAULTS = Settings.model_fields
 
 
@@ -38,7 +38,7 @@ class Scripted(QueueHandler):
         self.clock = clock
         self.runs: list[tuple[str, int, float]] = []
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         self.runs.append((command.command_id, ctx.attempt, self.clock.monotonic()))
         return self.behaviour(command, ctx)
 
@@ -50,7 +50,7 @@ class Scripted(QueueHandler):
 
 
 def fail_for(*bad: str) -> Behaviour:
-    def behaviour(command: Command, ctx: CommandContext) -> str | None:
+    def behaviour(command: Command, ctx: Context) -> str | None:
         if command.command_id in bad:
             raise RuntimeError(f"boom on {command.command_id}")
         return None
@@ -86,7 +86,7 @@ class World:
         self.ledger = MemoryCommandLedger()
         self.metrics = MemoryWorkerMetrics()
         self.dlq = queue_name("dead-letter", ENV)
-        for topic in {p.queue_topic, p.retry_topic, self.dlq}:
+        for topic in {p.queue_topic, *p.retry_topics, self.dlq}:
             self.log.create(topic, 2)
 
     def worker(self, handler: QueueHandler, *, auto_assign: bool = True) -> Worker:
@@ -141,7 +141,7 @@ class World:
             elapsed += step_s
 
 
-def always_fail(command: Command, ctx: CommandContext) -> str | None:
+def always_fail(command: Command, ctx: Context) -> str | None:
     raise RuntimeError(f"handler refuses {command.command_id}")
 
 

@@ -35,7 +35,7 @@ from router.cli.worker_commands import worker_summary
 from router.settings import Settings
 from router.wiring.subscription import redis_client
 from router.wiring.workers import open_worker
-from router.workers.model import CommandContext, QueueHandler
+from router.workers.model import Context, QueueHandler
 from streams.envelopes import Command
 from streams.errors import HandlerDrillFailure
 from streams.topology import QUEUE_PURPOSES
@@ -114,14 +114,14 @@ class JournalHandler(QueueHandler):
         self.failures = Failures.from_env()
         self.pid = os.getpid()
 
-    def _append(self, what: str, command: Command, ctx: CommandContext, **extra: Any) -> None:
+    def _append(self, what: str, command: Command, ctx: Context, **extra: Any) -> None:
         entry = Entry(
             what, command.command_id, self.queue, ctx.attempt, int(time.time() * 1000), self.pid
         )
         line = orjson.dumps({**asdict(entry), **extra})
         self.client.rpush(journal_key(self.env), line)
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         self._append("start", command, ctx)
         fails = self.failures.of(command.command_id, dead_letter=self.dead_letter)
         if fails == ALWAYS or ctx.attempt <= fails:

@@ -10,4 +10,5 @@ from router.cli.main import main
 def test_the_worker_command_refuses_an_unknown_handler(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["worker", "--queue", "agent-wakeups", "--handler", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "unknown handler 'nope'" in err and "drill, flaky, ok" in err
+    assert "handler 'nope': no handler of that name is installed" in err
+    assert "drill, flaky, ok" in err and len(err.strip().splitlines()) == 1

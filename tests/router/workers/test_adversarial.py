@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from consumers.runtime.memory_transport import MemoryLog, MemoryOutput, MemoryTransport
 from consumers.runtime.types import TP
-from router.workers.model import CommandContext, QueueHandler, WorkerPolicy
+from router.workers.model import Context, QueueHandler, WorkerPolicy
 from router.workers.stores import MemoryCommandLedger
 from router.workers.worker import Worker
 from streams.clock import ManualClock
@@ -98,7 +98,7 @@ class JournaledHandler(QueueHandler):
         self.crash_at = crash_at
         self._lock = threading.Lock()  # handlers of one chunk may run in threads
 
-    def handle(self, command: Command, ctx: CommandContext) -> str | None:
+    def handle(self, command: Command, ctx: Context) -> str | None:
         with self._lock:
             crash = HANDLER in self.crash_at
             if crash:

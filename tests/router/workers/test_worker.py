@@ -19,7 +19,7 @@ from router.workers.helpers import (
     WorkflowInstance,
     WorkflowStartHandler,
 )
-from router.workers.model import CommandContext
+from router.workers.model import Context
 from streams.envelopes import Command, decode_command, encode
 from streams.errors import MoreWork
 from streams.headers import (
@@ -130,7 +130,7 @@ def test_an_expired_command_is_dead_lettered_as_expired_and_not_run() -> None:
 def test_more_work_is_delivered_at_most_max_deliveries_times_and_the_last_is_acknowledged() -> None:
     world = World(policy())
 
-    def always_more(command: Command, ctx: CommandContext) -> str | None:
+    def always_more(command: Command, ctx: Context) -> str | None:
         raise MoreWork()
 
     handler = Scripted(always_more, world.clock)
@@ -146,7 +146,7 @@ def test_more_work_is_delivered_at_most_max_deliveries_times_and_the_last_is_ack
 def test_failures_and_more_work_share_one_delivery_count() -> None:
     world = World(policy())
 
-    def fail_then_more(command: Command, ctx: CommandContext) -> str | None:
+    def fail_then_more(command: Command, ctx: Context) -> str | None:
         if ctx.attempt == 1:
             raise RuntimeError("first fails")
         raise MoreWork()
@@ -174,7 +174,7 @@ def test_indexing_records_its_last_failure_with_the_project_index_state() -> Non
     world = World(policy("indexing", batch=1, dead_letter=None))
     states = MemoryIndexStates()
 
-    def build_index(command: Command, ctx: CommandContext) -> None:
+    def build_index(command: Command, ctx: Context) -> None:
         if command.payload.get("broken"):
             raise OSError("index store unavailable")
 
@@ -242,7 +242,7 @@ def test_workflow_start_uses_the_idempotency_key_and_a_redelivery_finds_it_runni
     assert instance.command_id == "cmd_cand1_verify"
     assert worker.stats.outcomes["started"] == 1
     assert worker.stats.outcomes["already_running"] == 1
-    ctx = CommandContext(
+    ctx = Context(
         "verification", 1, 4, 4, world.log.all(world.policy.queue_topic)[0], world.clock.now()
     )
     assert handler.handle(first, ctx) == "already_running"  # a redelivery of the first one
@@ -291,7 +291,7 @@ def test_a_revoke_while_a_retry_waits_hands_it_over_and_leaves_nothing_paused() 
     world = World(policy())
     once: set[str] = set()
 
-    def fail_once(command: Command, ctx: CommandContext) -> str | None:
+    def fail_once(command: Command, ctx: Context) -> str | None:
         if command.command_id not in once:
             once.add(command.command_id)
             raise RuntimeError("first attempt fails")
@@ -381,7 +381,7 @@ def test_due_retries_after_an_aborted_chunk_are_read_again_not_lost() -> None:
     world = World(policy(batch=2))
     once: set[str] = set()
 
-    def fail_once(command: Command, ctx: CommandContext) -> str | None:
+    def fail_once(command: Command, ctx: Context) -> str | None:
         if command.command_id.startswith("cmd_r") and command.command_id not in once:
             once.add(command.command_id)
             raise RuntimeError("first attempt fails")
@@ -421,7 +421,7 @@ def test_a_raising_hook_in_a_threaded_chunk_still_records_what_completed_beside_
     broken = {"n": 1}
 
     class Recording(Scripted):
-        def on_exhausted(self, command: Command, ctx: CommandContext, error: BaseException) -> bool:
+        def on_exhausted(self, command: Command, ctx: Context, error: BaseException) -> bool:
             if broken["n"]:
                 broken["n"] -= 1
                 raise ConnectionError("the failure record's store is unreachable")

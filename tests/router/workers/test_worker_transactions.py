@@ -10,7 +10,7 @@ import pytest
 
 from consumers.runtime.memory_transport import MemoryOutput, MemoryTransport
 from consumers.runtime.types import TP
-from router.workers.model import CommandContext
+from router.workers.model import Context
 from router.workers.worker import Worker
 from streams.envelopes import Command, decode_command
 from tests.support.worker_harness import MAX, Scripted, World, fail_for, policy
@@ -64,7 +64,7 @@ def test_a_transaction_holds_chunks_up_to_its_bound_of_commands(
 def test_a_transaction_commits_once_it_is_open_for_its_bound_of_time() -> None:
     world = World(policy(batch=1, transaction_max_commands=100, transaction_max_ms=100))
 
-    def slow(command: Command, ctx: CommandContext) -> str | None:
+    def slow(command: Command, ctx: Context) -> str | None:
         world.clock.advance(0.06)
         return None
 
@@ -77,7 +77,7 @@ def test_a_transaction_commits_once_it_is_open_for_its_bound_of_time() -> None:
 def test_a_second_copy_after_a_commit_of_the_same_step_is_a_duplicate_not_a_second_run() -> None:
     world = World(policy(batch=1, transaction_max_commands=100, transaction_max_ms=100))
 
-    def slow(command: Command, ctx: CommandContext) -> str | None:
+    def slow(command: Command, ctx: Context) -> str | None:
         world.clock.advance(0.06)
         return None
 
@@ -156,7 +156,7 @@ def test_a_revoke_inside_an_open_transaction_commits_it_or_hands_its_records_ove
     gone = TP(world.policy.queue_topic, 1)
     revoked: list[bool] = []
 
-    def behaviour(command: Command, ctx: CommandContext) -> str | None:
+    def behaviour(command: Command, ctx: Context) -> str | None:
         if not revoked:
             revoked.append(True)
             transport = a.transport

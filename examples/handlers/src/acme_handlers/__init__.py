@@ -1,0 +1,1 @@
+"""An example team's command handlers for Rhumbatron."""

@@ -1,0 +1,174 @@
+"""The example team package (examples/handlers) as a user installs it: the wheel of this
+checkout and the example into a virtual environment of their own, from local wheels only
+(``--no-index``); the example's own tests run there; then that environment's ``rhumbatron
+fleet`` runs a worker per queue with the example's handlers (one named by its entry point, one
+by its path) on the real broker, and every command ends as the handlers say."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.settings import Settings
+from router.wiring.workers import provision_queues
+from streams.envelopes import decode_command
+from streams.topology import queue_name
+from tests.support.environment import ROOT
+from tests.support.kafka import read_all
+from tests.support.waiting import wait_until
+from tests.support.workers import commands, env_of, send, settings_factory, short_queues
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "handlers"
+NONE = {
+    "project-view-projector": 0,
+    "causal-router": 0,
+    "audit-archiver": 0,
+    "analytics-projector": 0,
+    "ledger": 0,
+}
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
+    yield from settings_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("example")
+    wheels = root / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # Built from copies: a build writes build/ and *.egg-info beside the sources, and two test
+    # runs of one checkout must not share them.
+    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".pytest_cache")
+    product, example = root / "rhumbatron-src", root / "example-src"
+    product.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, product / name)
+    for package in ("rhumbatron", "router", "consumers", "streams"):
+        shutil.copytree(ROOT / package, product / package, ignore=ignore)
+    shutil.copytree(EXAMPLE, example, ignore=ignore)
+    # The wheels of this checkout, the example and everything they need; then an install that
+    # may use nothing else.
+    subprocess.run(
+        [*pip, "wheel", "--wheel-dir", str(wheels), str(product), str(example), "pytest>=8"],
+        check=True,
+        timeout=900,
+    )
+    env_dir = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
+    subprocess.run(
+        [
+            str(env_dir / "bin" / "python"),
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "-q",
+            "install",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "acme-handlers[test]",
+        ],
+        check=True,
+        timeout=900,
+    )
+    return env_dir
+
+
+def test_the_examples_own_tests_pass_in_its_environment(venv: Path) -> None:
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=EXAMPLE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "5 passed" in result.stdout
+
+
+def test_the_fleet_runs_the_examples_handlers_from_its_environment(
+    venv: Path, make: Any, tmp_path: Path
+) -> None:
+    s = make(
+        queues=short_queues(0.5),
+        retry_tiers_s=[1, 60],
+        fleet_subscriptions=NONE,
+        fleet_workers={
+            "integration": "acme-integration",
+            "agent-wakeups": "acme_handlers.wakeups:wake",
+        },
+        fleet_dead_letter_consumer=False,
+        fleet_analytics_rollup=False,
+        fleet_operator_server=False,
+        fleet_stop_timeout_s=60.0,
+    )
+    provision_queues(s, ["integration", "agent-wakeups"])
+    journal = tmp_path / "journal.ndjson"
+    env = env_of(s)
+    env["ACME_JOURNAL"] = str(journal)
+    env.pop("PYTHONPATH", None)
+    cwd = tmp_path / "elsewhere"  # not the checkout: only what the venv installed is found
+    cwd.mkdir()
+    fleet = subprocess.Popen(
+        [str(venv / "bin" / "rhumbatron"), "fleet"],
+        cwd=cwd,
+        env=env,
+        stdout=(tmp_path / "fleet.out").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wakes = commands(3, "w")
+        dispatches = [
+            c.model_copy(update={"command_type": "change.dispatch"}) for c in commands(3, "d")
+        ]
+        waiting = [
+            c.model_copy(update={"command_type": "candidate.create"})
+            for c in commands(2, "c", wait_first=True)
+        ]
+        impossible = [
+            c.model_copy(update={"command_type": "candidate.create"})
+            for c in commands(1, "x", impossible=True)
+        ]
+        send(s, wakes, "agent-wakeups")
+        send(s, dispatches + waiting + impossible, "integration")
+        expected = {c.command_id for c in wakes + dispatches + waiting}
+
+        def handled() -> set[str]:
+            if fleet.poll() is not None:
+                raise AssertionError((tmp_path / "fleet.out").read_text()[-3000:])
+            if not journal.exists():
+                return set()
+            return {json.loads(line)["command"] for line in journal.read_text().splitlines()}
+
+        wait_until(lambda: handled() == expected, 120, "every command handled by the example")
+        lines = [json.loads(line) for line in journal.read_text().splitlines()]
+        assert len(lines) == len(expected), "a command was handled twice"
+        assert {line["command"]: line["attempt"] for line in lines if line["attempt"] > 1} == {
+            c.command_id: 2 for c in waiting
+        }
+        letters = read_all(
+            s.kafka_bootstrap, [queue_name("dead-letter", s.env)], expect=1, timeout=30
+        )
+        assert [
+            decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id for m in letters
+        ] == [c.command_id for c in impossible]
+    finally:
+        fleet.send_signal(signal.SIGTERM)
+        try:
+            fleet.wait(timeout=90)
+        finally:
+            if fleet.poll() is None:
+                fleet.kill()
+    assert fleet.returncode == 0, (tmp_path / "fleet.out").read_text()[-3000:]
