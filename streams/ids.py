@@ -49,6 +49,18 @@ def derived_command_id(cause: str, command_type: str, target: str | None = None)
     return "cmd_" + "_".join(_id_safe(part) for part in parts)
 
 
+def followup_command_id(parent: str, attempt: int, index: int) -> str:
+    """The id of the ``index``-th follow-up command a handler sent (``ctx.send``) while running
+    attempt ``attempt`` of ``parent``: the same run sends the same ids, so a re-send after a
+    crash is a duplicate its worker skips."""
+    base = parent.removeprefix("cmd_")
+    readable = f"cmd_{base}.a{attempt}.f{index}"
+    if len(readable) <= 204:  # the envelope's id grammar: cmd_ and at most 200 characters
+        return readable
+    digest = hashlib.sha256(f"{parent}\0{attempt}\0{index}".encode()).hexdigest()[:32]
+    return f"cmd_h{digest}"
+
+
 def _id_safe(part: str) -> str:
     if _SAFE.fullmatch(part) and len(part) <= 64:
         return part

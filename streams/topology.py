@@ -25,6 +25,22 @@ QUEUE_PURPOSES = (
     "dead-letter",
 )
 
+# The queue of every cataloged command type (docs/events.md): where a command goes when its
+# sender names no queue (the causal router, a handler's ctx.send, rhumbatron command send).
+COMMAND_QUEUES: dict[str, str] = {
+    "agent.wake": "agent-wakeups",
+    "change.dispatch": "integration",
+    "candidate.create": "integration",
+    "forks.sweep": "integration",
+    "project.provision": "integration",
+    "project.cleanup": "integration",
+    "fixture.publish": "integration",
+    "index.build": "indexing",
+    "index.purge": "indexing",
+    "verification.start": "verification",
+    "release.start": "release",
+}
+
 _ENV = re.compile(r"^[A-Za-z0-9_]{1,40}$")
 _STREAM = re.compile(r"^[A-Za-z0-9_]+$")
 _SLUG = re.compile(r"^[a-z][a-z0-9-]{0,60}$")

@@ -10,6 +10,7 @@ by ``max_command_deliveries``; its last delivery acknowledges instead of dead-le
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +20,8 @@ import redis
 
 from consumers.runtime.types import Record
 from streams.envelopes import Command
-from streams.topology import check_env, queue_name, retry_topic
+from streams.ids import followup_command_id
+from streams.topology import COMMAND_QUEUES, QUEUE_PURPOSES, check_env, queue_name, retry_topic
 
 # The rh.dead_letter_reason of a command's dead letter.
 REASON_FAILED = "failed"
@@ -121,6 +123,44 @@ class Context:
     # First value of each name; None for a header sent without a value (Kafka allows it).
     headers: Mapping[str, bytes | None] = field(default_factory=dict)
     command: Command | None = None  # the command delivered (None for a record that is none)
+    # The follow-up commands this run sent (ctx.send), as (queue purpose, command).
+    sent: list[tuple[str, Command]] = field(default_factory=list)
+    # Set when the worker stopped waiting for this run (its handler timed out): a send then is
+    # refused, since the outcome it would have ridden with was settled without it.
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def send(self, command: Command, queue: str | None = None) -> Command:
+        """Sends a follow-up command with this run's outcome: it goes out in the same Kafka
+        transaction as the outcome, only if this run is done (or asks for more work), and is
+        neither lost nor doubled by a crash. Its id is replaced by one derived from this
+        command, this attempt and the follow-up's position (so a re-run sends the same ids);
+        ``queue``: by default the queue of its type in the catalog. Returns the command as
+        sent."""
+        if self.command is None:
+            raise RuntimeError("ctx.send: no command is being handled")
+        if self.abandoned.is_set():
+            raise RuntimeError(
+                f"ctx.send refused: the handler of {self.command_id} ran past the queue's "
+                "handler_timeout_s and its attempt was settled without it"
+            )
+        purpose = queue or COMMAND_QUEUES.get(command.command_type)
+        if purpose is None:
+            raise ValueError(
+                f"ctx.send: {command.command_type!r} has no queue in the catalog; name one "
+                "with queue=..."
+            )
+        if purpose not in QUEUE_PURPOSES:
+            raise ValueError(
+                f"ctx.send: unknown queue {purpose!r}; known: {', '.join(QUEUE_PURPOSES)}"
+            )
+        follow_up = command.model_copy(
+            update={
+                "command_id": followup_command_id(self.command_id, self.attempt, len(self.sent)),
+                "attempt": 1,
+            }
+        )
+        self.sent.append((purpose, follow_up))
+        return follow_up
 
     @property
     def max_attempts(self) -> int:

@@ -1,12 +1,14 @@
 """The records a worker sends for a command: its retry (with a due time), its next delivery, its
-dead letter. Each carries the command's original bytes and headers, minus the headers of ours
+dead letter, the follow-up commands its handler sent. Each carries the command's original bytes and headers, minus the headers of ours
 that are written afresh."""
 
 from __future__ import annotations
 
+import msgpack  # type: ignore[import-untyped]
+
 from consumers.runtime.types import OutRecord, Record
 from router.workers.model import WorkerPolicy
-from streams.envelopes import Command
+from streams.envelopes import Command, encode
 from streams.headers import (
     ATTEMPT,
     ATTEMPTS,
@@ -22,6 +24,8 @@ from streams.headers import (
     RECORD_ID,
     is_ours,
 )
+from streams.producer import command_headers
+from streams.topology import queue_name
 
 
 def carried(record: Record) -> list[tuple[str, bytes]]:
@@ -118,3 +122,39 @@ def dead_letter_record(
         record_id=f"dead-letter:{record.topic}:{record.partition}:{record.offset}",
         headers=tuple(headers),
     )
+
+
+def follow_up_records(policy: WorkerPolicy, sent: list[tuple[str, Command]]) -> list[OutRecord]:
+    """A handler's follow-up commands (``ctx.send``), as records for their queues."""
+    return [
+        OutRecord(
+            topic=queue_name(purpose, policy.env),
+            key=command.project_id,
+            value=encode(command, max_bytes=policy.max_envelope_bytes),
+            record_id=command.command_id,
+            headers=tuple(command_headers(command)),
+        )
+        for purpose, command in sent
+    ]
+
+
+def pack_records(records: list[OutRecord]) -> bytes:
+    """Follow-ups as the completed-command ledger keeps them, to send again should a copy of
+    their command be found done before they landed."""
+    packed: bytes = msgpack.packb(
+        [[r.topic, r.key, r.value, r.record_id, [list(h) for h in r.headers]] for r in records]
+    )
+    return packed
+
+
+def unpack_records(packed: bytes) -> list[OutRecord]:
+    return [
+        OutRecord(
+            topic=topic,
+            key=key,
+            value=value,
+            record_id=record_id,
+            headers=tuple((k, v) for k, v in headers),
+        )
+        for topic, key, value, record_id, headers in msgpack.unpackb(packed)
+    ]

@@ -26,20 +26,29 @@ class CommandLedger(Protocol):
     def done_among(self, command_ids: Iterable[str]) -> set[str]:
         """The ids among these that already completed."""
 
-    def mark_done(self, command_ids: Iterable[str]) -> None: ...
+    def mark_done(
+        self, command_ids: Iterable[str], follow_ups: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Records the ids as completed, each with the follow-up commands its run sent
+        (``follow_ups``: id -> packed records, router.workers.outgoing.pack_records)."""
+
+    def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
+        """The packed follow-ups recorded with these completed ids (those that sent any)."""
 
 
 class WorkerMetrics(Protocol):
     def add(self, queue: str, counts: Mapping[str, int]) -> None: ...
 
 
-# Every key given is set to 1 with the TTL (milliseconds) given.
+# Every key given is set, with the TTL (milliseconds) of ARGV[1], to its value in ARGV[i + 1]:
+# "1", or the follow-up commands its run sent, packed.
 _MARK_DONE = """
-for _, key in ipairs(KEYS) do
-  redis.call('SET', key, '1', 'PX', ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
 end
 return #KEYS
 """
+_NONE = b"1"  # a completed command that sent no follow-up
 
 
 class RedisCommandLedger:
@@ -61,12 +70,25 @@ class RedisCommandLedger:
         found = self.client.mget([self.prefix + i for i in ids])
         return {i for i, value in zip(ids, found, strict=True) if value is not None}
 
-    def mark_done(self, command_ids: Iterable[str]) -> None:
+    def mark_done(
+        self, command_ids: Iterable[str], follow_ups: Mapping[str, bytes] | None = None
+    ) -> None:
         """One script call for all of them (the keys share the ``{workers}`` hash slot): a
         command each in a pipeline cost more to pack than the round trip it saved."""
-        keys = [self.prefix + i for i in dict.fromkeys(command_ids)]
-        if keys:
-            run_script_calls(self.client, self._mark, [(keys, [self.ttl_ms])], wait=self.wait)
+        ids = list(dict.fromkeys(command_ids))
+        if not ids:
+            return
+        sent = follow_ups or {}
+        keys = [self.prefix + i for i in ids]
+        values: list[int | bytes] = [self.ttl_ms, *(sent.get(i) or _NONE for i in ids)]
+        run_script_calls(self.client, self._mark, [(keys, values)], wait=self.wait)
+
+    def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
+        ids = list(dict.fromkeys(command_ids))
+        if not ids:
+            return {}
+        found = self.client.mget([self.prefix + i for i in ids])
+        return {i: v for i, v in zip(ids, found, strict=True) if v is not None and v != _NONE}
 
 
 class MemoryCommandLedger:
@@ -75,12 +97,21 @@ class MemoryCommandLedger:
 
     def __init__(self) -> None:
         self.done: set[str] = set()
+        self.sent: dict[str, bytes] = {}
 
     def done_among(self, command_ids: Iterable[str]) -> set[str]:
         return {i for i in command_ids if i in self.done}
 
-    def mark_done(self, command_ids: Iterable[str]) -> None:
-        self.done.update(command_ids)
+    def mark_done(
+        self, command_ids: Iterable[str], follow_ups: Mapping[str, bytes] | None = None
+    ) -> None:
+        for i in command_ids:
+            self.done.add(i)
+            if follow_ups and follow_ups.get(i):
+                self.sent[i] = follow_ups[i]
+
+    def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
+        return {i: self.sent[i] for i in command_ids if i in self.sent}
 
 
 class RedisWorkerMetrics:

@@ -80,7 +80,15 @@ from router.workers.model import (
     Context,
     WorkerPolicy,
 )
-from router.workers.outgoing import dead_letter_record, error_text, next_delivery, retry_record
+from router.workers.outgoing import (
+    dead_letter_record,
+    error_text,
+    follow_up_records,
+    next_delivery,
+    pack_records,
+    retry_record,
+    unpack_records,
+)
 from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
@@ -144,6 +152,7 @@ class _Settled:
     outcome: str
     send: list[OutRecord] = field(default_factory=list)
     done: str | None = None  # a command id that completed
+    follow_ups: bytes = b""  # the follow-ups of a completed command, packed for its done mark
     failed: bool = False  # the handler raised (an attempt failed)
     error: BaseException | None = None  # why this attempt failed, or the record was given up
     error_text: str | None = None  # the reason its retry or dead letter carries
@@ -328,13 +337,17 @@ class Worker:
         # everything the consumer was handed of that partition.
         last = {r.tp: i for i, r in enumerate(ready)}
         decoded = [self._decode(r) for r in ready]
-        done_before: set[str] = set()
+        done_before: dict[str, bytes] = {}
         if self.handler.dedupe:
-            done_before = self.ledger.done_among(
+            found = self.ledger.done_among(
                 c.command_id
                 for r, c in zip(ready, decoded, strict=True)
                 if isinstance(c, Command) and (c.command_id, _attempt(r)) not in self._seen
             )
+            # A copy found done sends its follow-ups again: its run's transaction may have
+            # died after the done mark (their ids are derived, so a landed one is a duplicate).
+            sent = self.ledger.follow_ups_of(found) if found else {}
+            done_before = {i: sent.get(i, b"") for i in found}
         committed = 0
         batch = self.policy.batch
         for start in range(0, len(ready), batch):
@@ -371,7 +384,7 @@ class Worker:
         held, self._open = self._open, _Open()
         tracing.end(held.spans(), committed=False)
         try:
-            self.ledger.mark_done(s.done for s in held.settled if s.done)
+            self._mark_done(held.settled)
         finally:
             self._rewind(held.records)
 
@@ -461,7 +474,7 @@ class Worker:
         self,
         chunk: list[Record],
         decoded: list[Command | EnvelopeError],
-        done_before: set[str],
+        done_before: dict[str, bytes],
         ends: dict[TP, int],
     ) -> None:
         """Runs the chunk's handlers and adds what they settled to the open transaction.
@@ -516,7 +529,7 @@ class Worker:
         and offsets go in one Kafka transaction. False when that failed (it is aborted and
         nothing of it is committed; the caller rewinds its partitions)."""
         held = self._open
-        self.ledger.mark_done(s.done for s in held.settled if s.done)
+        self._mark_done(held.settled)
         offsets: dict[TP, int] = {}
         for record in held.records:
             offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
@@ -558,6 +571,13 @@ class Worker:
                 log.warning("%s: worker counters not recorded: %s", self.policy.purpose, exc)
         return True
 
+    def _mark_done(self, settled: list[_Settled]) -> None:
+        done = [s for s in settled if s.done]
+        self.ledger.mark_done(
+            (s.done for s in done if s.done),
+            {s.done: s.follow_ups for s in done if s.done and s.follow_ups},
+        )
+
     def _rewind(self, chunk: Iterable[Record]) -> None:
         first: dict[TP, int] = {}
         for record in chunk:
@@ -577,7 +597,7 @@ class Worker:
         self,
         record: Record,
         command: Command | EnvelopeError,
-        done: set[str],
+        done: dict[str, bytes],
         tracer: trace.Tracer | None,
     ) -> _Settled:
         attempt = _attempt(record)
@@ -604,12 +624,17 @@ class Worker:
         return settled
 
     def _handle(
-        self, record: Record, command: Command | EnvelopeError, done: set[str], attempt: int
+        self,
+        record: Record,
+        command: Command | EnvelopeError,
+        done: dict[str, bytes],
+        attempt: int,
     ) -> _Settled:
         if isinstance(command, EnvelopeError):
             return self._undecodable(record, command, attempt)
         if self.handler.dedupe and command.command_id in done:
-            return _Settled(record, "duplicate")
+            packed = done[command.command_id]
+            return _Settled(record, "duplicate", unpack_records(packed) if packed else [])
         now = self.clock.now()
         ctx = Context(
             queue=self.policy.purpose,
@@ -626,17 +651,17 @@ class Worker:
         try:
             label = self.handler.handle(command, ctx)
         except MoreWork:
+            follow_ups = follow_up_records(self.policy, ctx.sent)
             if attempt < self.policy.max_deliveries:
-                return _Settled(
-                    record, "more_work", [next_delivery(self.policy, record, command, attempt + 1)]
-                )
+                again = next_delivery(self.policy, record, command, attempt + 1)
+                return _Settled(record, "more_work", [again, *follow_ups])
             log.info(
                 "%s: %s asked for more work on its last delivery (%d); acknowledged",
                 self.policy.purpose,
                 command.command_id,
                 attempt,
             )
-            return _Settled(record, "more_work_last_delivery", done=command.command_id)
+            return self._done(record, command, "more_work_last_delivery", follow_ups)
         except Fail as exc:
             # Permanent: no attempt is left to spend, whatever the count says.
             settled = self._exhausted(record, command, ctx, exc, expired=False)
@@ -661,7 +686,21 @@ class Worker:
             settled = self._exhausted(record, command, ctx, exc, expired=False)
             settled.failed = True
             return settled
-        return _Settled(record, label or "ok", done=command.command_id)
+        return self._done(record, command, label or "ok", follow_up_records(self.policy, ctx.sent))
+
+    @staticmethod
+    def _done(
+        record: Record, command: Command, outcome: str, follow_ups: list[OutRecord]
+    ) -> _Settled:
+        """A completed command: its follow-ups go out in its transaction, and are kept with its
+        done mark, written before that transaction commits."""
+        return _Settled(
+            record,
+            outcome,
+            follow_ups,
+            done=command.command_id,
+            follow_ups=pack_records(follow_ups) if follow_ups else b"",
+        )
 
     def _exhausted(
         self,

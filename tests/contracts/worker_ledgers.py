@@ -53,6 +53,14 @@ class CommandLedgerContract:
         assert got == set(), f"done among no ids: {got}"
         self.expect_done(ledger, ["cmd_a"], set())
 
+    def test_follow_ups_are_kept_with_the_done_mark(self) -> None:
+        ledger = self.make_ledger()
+        ledger.mark_done(once("cmd_a", "cmd_b", "cmd_c"), {"cmd_a": b"\x91packed", "cmd_c": b""})
+        self.expect_done(ledger, ["cmd_a", "cmd_b", "cmd_c"], {"cmd_a", "cmd_b", "cmd_c"})
+        got = ledger.follow_ups_of(once("cmd_a", "cmd_b", "cmd_c", "cmd_x"))
+        assert got == {"cmd_a": b"\x91packed"}, f"follow-ups kept: {got}"
+        assert ledger.follow_ups_of([]) == {}
+
     def test_ids_may_come_as_generators(self) -> None:
         ledger = self.make_ledger()
         ledger.mark_done(once("cmd_a", "cmd_b"))

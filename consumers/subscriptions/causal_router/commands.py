@@ -28,7 +28,7 @@ from consumers.runtime.types import OutRecord
 from streams.envelopes import Command, build, encode
 from streams.ids import derived_command_id
 from streams.producer import command_headers
-from streams.topology import queue_name
+from streams.topology import COMMAND_QUEUES, queue_name
 
 AGENT_WAKE = "agent.wake"
 CHANGE_DISPATCH = "change.dispatch"
@@ -38,15 +38,18 @@ FORKS_SWEEP = "forks.sweep"
 PROJECT_CLEANUP = "project.cleanup"
 INDEX_PURGE = "index.purge"
 
-# DESIGN.md §13: the queue purpose of every command the router sends.
+# The queue purpose of every command the router sends (the catalog's, streams.topology).
 QUEUES: dict[str, str] = {
-    AGENT_WAKE: "agent-wakeups",
-    CHANGE_DISPATCH: "integration",
-    CANDIDATE_CREATE: "integration",
-    FORKS_SWEEP: "integration",
-    PROJECT_CLEANUP: "integration",
-    INDEX_BUILD: "indexing",
-    INDEX_PURGE: "indexing",
+    t: COMMAND_QUEUES[t]
+    for t in (
+        AGENT_WAKE,
+        CHANGE_DISPATCH,
+        CANDIDATE_CREATE,
+        FORKS_SWEEP,
+        PROJECT_CLEANUP,
+        INDEX_BUILD,
+        INDEX_PURGE,
+    )
 }
 
 

@@ -31,6 +31,7 @@ from streams.clock import ManualClock
 from streams.envelopes import Command, build, decode_command, encode
 from streams.errors import MoreWork
 from streams.headers import ATTEMPT, header_int
+from streams.ids import followup_command_id
 from streams.topology import queue_name
 
 ENV = "unit"
@@ -114,6 +115,12 @@ class JournaledHandler(QueueHandler):
             raise Crash(HANDLER)
         if outcome == FAIL:
             raise RuntimeError(f"{command.command_id} fails attempt {ctx.attempt}")
+        if completes:
+            # A follow-up command, committed with the completion (ctx.send).
+            ctx.send(
+                command.model_copy(update={"command_type": "change.dispatch"}),
+                queue=FOLLOW_UP_QUEUE,
+            )
         if outcome == MORE:
             raise MoreWork()
         return None
@@ -185,6 +192,7 @@ class Workload:
 ACTIONS = ("step", "step", "step", "advance", "abort", "crash", "move", "join")
 ADVANCES = (1.0, 10.0, 29.0, 30.0, 45.0, 61.0)
 HANDLER = "handler"
+FOLLOW_UP_QUEUE = "integration"
 CRASH_POINTS = ("worker.before_transaction_commit", "worker.after_transaction_commit", HANDLER)
 
 
@@ -263,6 +271,8 @@ class Group:
         self.log.create(self.policy.queue_topic, w.queue_partitions)
         self.log.create(self.policy.retry_topic, w.retry_partitions)
         self.log.create(self.dlq, 1)
+        self.follow_ups = queue_name(FOLLOW_UP_QUEUE, ENV)
+        self.log.create(self.follow_ups, 1)
         self.tps = [TP(self.policy.queue_topic, p) for p in range(w.queue_partitions)] + [
             TP(self.policy.retry_topic, p) for p in range(w.retry_partitions)
         ]
@@ -474,6 +484,9 @@ def check_exact(group: Group, w: Workload) -> None:
     lettered = Counter(
         decode_command(r.value, max_bytes=MAX).command_id for r in group.log.all(group.dlq)
     )
+    follow_ups = Counter(
+        decode_command(r.value, max_bytes=MAX).command_id for r in group.log.all(group.follow_ups)
+    )
     for planned in w.commands:
         cid = planned.command_id
         want = expected(planned.script, policy.attempts, policy.max_deliveries)
@@ -504,6 +517,12 @@ def check_exact(group: Group, w: Workload) -> None:
             a: 1 for a in (1, *want.delivered)
         }, story
         assert lettered[cid] == (1 if want.dead_letter else 0), story
+        # The completion's follow-up landed exactly once, whichever run's transaction carried
+        # it (a lost one's is sent again by the copy found done); a dead letter sends none.
+        mine_sent = {i: n for i, n in follow_ups.items() if i.startswith(cid + ".")}
+        assert mine_sent == ({} if want.dead_letter else {followup_command_id(cid, k, 0): 1}), (
+            f"{story}; follow-ups {mine_sent}"
+        )
         # Never both completed and dead-lettered; a completed command never runs again.
         completed_at = [i for i, r in enumerate(mine) if r.completes]
         assert completed_at == ([] if want.dead_letter else [len(mine) - 1]), story

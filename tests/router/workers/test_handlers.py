@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from consumers.runtime.memory_transport import MemoryOutput
 from rhumbatron import Command, Context, Fail, Handlers, MoreWork, QueueHandler, Retry
 from router.workers.handlers import as_handler, load_handler
+from streams.envelopes import decode_command
 from streams.errors import ConfigurationError
 from streams.headers import ATTEMPTS, DEAD_LETTER_REASON, ERROR, ERROR_TYPE, header_dict
-from tests.support.worker_harness import World, policy
+from streams.topology import queue_name
+from tests.support.worker_harness import ENV, MAX, World, policy
+
+
+class Crash(BaseException):
+    """A worker process dying at a fail-point."""
+
 
 TIERS = (60, 600, 3600)
 
@@ -327,3 +335,84 @@ def test_a_wrong_handler_is_one_error_naming_the_path(package: str, spec: str, s
 def test_the_built_in_drills_are_found_by_their_entry_points() -> None:
     for name in ("ok", "drill", "flaky"):
         assert load_handler(name).name == name
+
+
+# -- follow-up commands (ctx.send) ---------------------------------------------------------------
+
+
+def _follow_ups(world: World) -> list[Command]:
+    topic = queue_name("integration", ENV)
+    return [decode_command(r.value, max_bytes=MAX) for r in world.log.all(topic)]
+
+
+def _sending(world: World) -> World:
+    world.log.create(queue_name("integration", ENV), 1)
+    return world
+
+
+def sender(command: Command, ctx: Context) -> None:
+    if command.payload.get("fail_first") and ctx.attempt == 1:
+        ctx.send(command.model_copy(update={"command_type": "change.dispatch"}))
+        raise Retry(reason="not yet")  # what it sent is dropped with the failed attempt
+    for n in range(2):
+        ctx.send(command.model_copy(update={"command_type": "change.dispatch", "task_id": f"t{n}"}))
+
+
+def test_follow_ups_go_out_with_the_completion_under_derived_ids() -> None:
+    world = _sending(_world(retry_delay_s=1.0))
+    worker = world.worker(as_handler(sender, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"), world.command("cmd_c2", fail_first=True))
+    world.run_for(worker, 5)
+    sent = _follow_ups(world)
+    assert sorted(c.command_id for c in sent) == [
+        "cmd_c1.a1.f0",
+        "cmd_c1.a1.f1",
+        "cmd_c2.a2.f0",
+        "cmd_c2.a2.f1",
+    ]
+    assert {c.command_type for c in sent} == {"change.dispatch"}
+    assert {c.task_id for c in sent} == {"t0", "t1"}
+
+
+@pytest.mark.parametrize("point", ["worker.before_transaction_commit", "abort"])
+def test_follow_ups_lost_with_their_transaction_are_sent_again_once(point: str) -> None:
+    world = _sending(_world())
+    crashed: list[str] = []
+
+    def failpoint(name: str) -> None:
+        if name == point and not crashed:
+            crashed.append(name)
+            raise Crash(name)
+
+    first = world.worker(as_handler(sender, "h"))  # type: ignore[arg-type]
+    if point == "abort":
+        output = first.output
+        assert isinstance(output, MemoryOutput)
+        fail = iter([True])
+        output.fail_commit = lambda: next(fail, False)
+        world.send(world.command("cmd_c1"))
+        world.run_for(first, 3)
+    else:
+        first.failpoint = failpoint
+        world.send(world.command("cmd_c1"))
+        with pytest.raises(Crash):
+            first.step()
+        # The process is gone; the next one reads the command again and finds it done.
+        world.run_for(world.worker(as_handler(sender, "h")), 3)  # type: ignore[arg-type]
+    assert sorted(c.command_id for c in _follow_ups(world)) == ["cmd_c1.a1.f0", "cmd_c1.a1.f1"]
+
+
+def test_a_follow_up_of_a_type_with_no_queue_is_a_failed_attempt_naming_it() -> None:
+    world = _sending(_world(retries=0))
+
+    def handler(command: Command, ctx: Context) -> None:
+        ctx.send(command.model_copy(update={"command_type": "mystery.do"}))
+
+    worker = world.worker(as_handler(handler, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"))
+    world.run_for(worker, 3)
+    (letter,) = world.dead_letters()
+    assert b"'mystery.do' has no queue in the catalog" in (
+        header_dict(letter.headers)[ERROR] or b""
+    )
+    assert _follow_ups(world) == []
