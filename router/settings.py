@@ -135,6 +135,9 @@ class QueuePolicy(BaseModel):
     retry_delay_s: float = Field(ge=0)
     concurrency: int = Field(1, ge=1)
     dead_letter: str | None = "dead-letter"  # purpose of the dead-letter queue, or None
+    # A handler still running after this long is a failed attempt (None: no bound); below
+    # max_poll_interval_ms, past which the group would drop the worker anyway.
+    handler_timeout_s: float | None = Field(None, gt=0)
 
     @field_validator("dead_letter")
     @classmethod
@@ -661,6 +664,13 @@ class Settings(BaseSettings):
         "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form)",
     )
     max_command_deliveries: int = Field(4, ge=1)
+    max_abandoned_handlers: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="timed-out handlers (handler_timeout_s) still running in one worker "
+        "process before it exits for its supervisor to restart it (a thread cannot be stopped)",
+    )
     retry_tiers_s: list[int] = Field(
         default_factory=lambda: [60, 600, 3600],
         max_length=8,
@@ -1035,6 +1045,18 @@ class Settings(BaseSettings):
                 f"RHUMBATRON_PUMP_BACKOFF_MAX_S={self.pump_backoff_max_s:g} is below "
                 f"RHUMBATRON_PUMP_BACKOFF_S={self.pump_backoff_s:g}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _handler_timeouts_fit(self) -> Settings:
+        for purpose, queue in self.queues.items():
+            timeout = queue.handler_timeout_s
+            if timeout is not None and timeout * 1000 >= self.max_poll_interval_ms:
+                raise ValueError(
+                    f"RHUMBATRON_QUEUES__{_queue_variable(purpose)}__HANDLER_TIMEOUT_S={timeout:g} "
+                    f"is not below RHUMBATRON_MAX_POLL_INTERVAL_MS={self.max_poll_interval_ms} "
+                    "(ms): a handler that long would get the worker dropped from its group first"
+                )
         return self
 
     @model_validator(mode="after")

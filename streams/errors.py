@@ -47,6 +47,8 @@ swallows one.
     ├── CommandExpired              a command's deadline passed before it ran (dead-lettered)
     ├── LedgerDrillFailure          a failure a drill injects into the ledger subscription
     ├── HandlerDrillFailure         a failure a drill injects into a command handler
+    ├── HandlerTimeout              a command handler ran past its queue's handler_timeout_s
+    ├── HandlersAbandoned           too many timed-out handlers still running: the worker exits
     ├── OperatorError               the operator service refused; ``status`` is its HTTP status
     │   ├── NotFound                404: no dead letter / project view with that id
     │   ├── Conflict                409: the letter is not open, or cannot be retried
@@ -468,6 +470,16 @@ class CommandExpired(RhumbatronError):
 
 class HandlerDrillFailure(RhumbatronError):
     """The failure a drill injects on purpose into a command handler."""
+
+
+class HandlerTimeout(RhumbatronError):
+    """A handler ran past its queue's ``handler_timeout_s``: the attempt failed (retried like
+    any failure); the handler's thread is abandoned, and what it sends after is refused."""
+
+
+class HandlersAbandoned(RhumbatronError):
+    """As many timed-out handlers as ``max_abandoned_handlers`` are still running: their threads
+    cannot be stopped, so the worker exits for its supervisor to start a fresh process."""
 
 
 # -- the operator service and its HTTP API ---------------------------------------------------------

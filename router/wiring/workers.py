@@ -56,6 +56,8 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         transaction_max_ms=settings.worker_transaction_max_ms,
         retry_tiers_s=tuple(settings.retry_tiers_s),
         max_retry_delay_s=settings.max_retry_delay_s,
+        handler_timeout_s=queue.handler_timeout_s,
+        max_abandoned_handlers=settings.max_abandoned_handlers,
     )
 
 

@@ -50,6 +50,8 @@ class WorkerPolicy:
     # Each a retry topic of its own beside the queue's (its own delay): Retry(delay_s=...).
     retry_tiers_s: tuple[int, ...] = ()
     max_retry_delay_s: float = 3600.0
+    handler_timeout_s: float | None = None  # a run past it is a failed attempt
+    max_abandoned_handlers: int = 4  # timed-out runs still going before the process exits
 
     def __post_init__(self) -> None:
         queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it

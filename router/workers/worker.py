@@ -59,10 +59,13 @@ newly assigned partition is resumed explicitly, so nothing is left paused by an 
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -93,7 +96,15 @@ from router.workers.stores import CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
-from streams.errors import CommandExpired, EnvelopeError, Fail, MoreWork, Retry
+from streams.errors import (
+    CommandExpired,
+    EnvelopeError,
+    Fail,
+    HandlersAbandoned,
+    HandlerTimeout,
+    MoreWork,
+    Retry,
+)
 from streams.headers import ATTEMPT, DUE_MS, header_dict, header_int
 from streams.log_context import log_fields
 
@@ -211,6 +222,8 @@ class Worker:
             if policy.concurrency > 1
             else None
         )
+        self._abandoned: set[Future[str | None]] = set()
+        self._abandoned_lock = threading.Lock()
 
     # -- group membership ------------------------------------------------------------------------
     def start(self) -> None:
@@ -649,7 +662,7 @@ class Worker:
         if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
             return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)
         try:
-            label = self.handler.handle(command, ctx)
+            label = self._run_handler(command, ctx)
         except MoreWork:
             follow_ups = follow_up_records(self.policy, ctx.sent)
             if attempt < self.policy.max_deliveries:
@@ -662,6 +675,8 @@ class Worker:
                 attempt,
             )
             return self._done(record, command, "more_work_last_delivery", follow_ups)
+        except HandlersAbandoned:
+            raise  # the worker stops: not this command's failure
         except Fail as exc:
             # Permanent: no attempt is left to spend, whatever the count says.
             settled = self._exhausted(record, command, ctx, exc, expired=False)
@@ -687,6 +702,72 @@ class Worker:
             settled.failed = True
             return settled
         return self._done(record, command, label or "ok", follow_up_records(self.policy, ctx.sent))
+
+    def _run_handler(self, command: Command, ctx: Context) -> str | None:
+        """The handler's run, bounded by ``handler_timeout_s`` where the queue sets one: past it,
+        the attempt fails (HandlerTimeout) and the run is abandoned — it goes on in its thread,
+        but what it sends is refused — and with ``max_abandoned_handlers`` abandoned runs still
+        going, the worker stops (HandlersAbandoned) for its supervisor to start a fresh one."""
+        timeout = self.policy.handler_timeout_s
+        if timeout is None:
+            return self.handler.handle(command, ctx)
+        future: Future[str | None] = Future()
+        context = contextvars.copy_context()  # the command's span and log fields, in its thread
+
+        def run() -> None:
+            try:
+                future.set_result(context.run(self.handler.handle, command, ctx))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        # A daemon thread of its own, not a pool's: a run that never ends must not keep the
+        # process from exiting (an executor's threads are joined at exit).
+        threading.Thread(target=run, name=f"handler-{command.command_id}", daemon=True).start()
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            pass
+        ctx.abandoned.set()
+        with self._abandoned_lock:
+            self._abandoned.add(future)
+            running = len(self._abandoned)
+        future.add_done_callback(lambda f: self._forget_abandoned(f, command.command_id))
+        log.warning(
+            "%s: the handler of %s ran past handler_timeout_s=%g at attempt %d; abandoned (%d "
+            "abandoned still running, at most %d)",
+            self.policy.purpose,
+            command.command_id,
+            timeout,
+            ctx.attempt,
+            running,
+            self.policy.max_abandoned_handlers,
+        )
+        if running >= self.policy.max_abandoned_handlers:
+            raise HandlersAbandoned(
+                f"{self.policy.purpose}: {running} handlers ran past handler_timeout_s="
+                f"{timeout:g} and are still running (max_abandoned_handlers="
+                f"{self.policy.max_abandoned_handlers}); the worker exits so that a fresh "
+                "process takes over"
+            )
+        raise HandlerTimeout(f"handler ran past handler_timeout_s={timeout:g}")
+
+    def _forget_abandoned(self, future: Future[str | None], command_id: str) -> None:
+        with self._abandoned_lock:
+            self._abandoned.discard(future)
+        error = future.exception()
+        if error is not None:
+            log.warning(
+                "%s: the abandoned handler of %s ended with %s: %s",
+                self.policy.purpose,
+                command_id,
+                type(error).__name__,
+                error,
+            )
+
+    def abandoned(self) -> int:
+        """Timed-out handler runs still going."""
+        with self._abandoned_lock:
+            return len(self._abandoned)
 
     @staticmethod
     def _done(

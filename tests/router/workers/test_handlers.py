@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,11 +14,13 @@ import pytest
 
 from consumers.runtime.memory_transport import MemoryOutput
 from rhumbatron import Command, Context, Fail, Handlers, MoreWork, QueueHandler, Retry
+from router.settings import Settings
 from router.workers.handlers import as_handler, load_handler
 from streams.envelopes import decode_command
-from streams.errors import ConfigurationError
+from streams.errors import ConfigurationError, HandlersAbandoned
 from streams.headers import ATTEMPTS, DEAD_LETTER_REASON, ERROR, ERROR_TYPE, header_dict
 from streams.topology import queue_name
+from tests.support.waiting import wait_until
 from tests.support.worker_harness import ENV, MAX, World, policy
 
 
@@ -416,3 +419,57 @@ def test_a_follow_up_of_a_type_with_no_queue_is_a_failed_attempt_naming_it() -> 
         header_dict(letter.headers)[ERROR] or b""
     )
     assert _follow_ups(world) == []
+
+
+# -- handler_timeout_s -----------------------------------------------------------------------------
+
+
+def test_a_handler_past_its_timeout_is_a_failed_attempt_and_its_late_sends_are_refused() -> None:
+    world = _sending(_world(retries=1, retry_delay_s=1.0, handler_timeout_s=0.2))
+    release = threading.Event()
+    late: list[BaseException] = []
+
+    def handler(command: Command, ctx: Context) -> None:
+        if ctx.attempt == 1:
+            release.wait(30)
+            try:
+                ctx.send(command.model_copy(update={"command_type": "change.dispatch"}))
+            except RuntimeError as exc:
+                late.append(exc)
+
+    worker = world.worker(as_handler(handler, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"))
+    worker.step()
+    assert worker.stats.outcomes["retried"] == 1 and worker.abandoned() == 1
+    release.set()
+    wait_until(lambda: worker.abandoned() == 0, 10, "the abandoned run ended")
+    assert "ran past the queue's handler_timeout_s" in str(late[0])
+    world.run_for(worker, 3)  # the retry, done at once
+    assert worker.stats.outcomes["ok"] == 1
+    assert _follow_ups(world) == []
+    (retry,) = world.log.all(world.policy.retry_topic)
+    assert header_dict(retry.headers)[ERROR_TYPE] == b"HandlerTimeout"
+
+
+def test_a_worker_with_too_many_abandoned_handlers_stops() -> None:
+    world = _world(handler_timeout_s=0.1, max_abandoned_handlers=2, batch=1)
+    release = threading.Event()
+
+    def handler(command: Command, ctx: Context) -> None:
+        release.wait(30)
+
+    worker = world.worker(as_handler(handler, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"), world.command("cmd_c2"), world.command("cmd_c3"))
+    try:
+        with pytest.raises(HandlersAbandoned, match="max_abandoned_handlers=2"):
+            for _ in range(5):
+                worker.step()
+    finally:
+        release.set()
+
+
+def test_a_handler_timeout_at_or_past_the_poll_interval_is_refused() -> None:
+    queues = Settings().queues
+    queues["integration"] = queues["integration"].model_copy(update={"handler_timeout_s": 300.0})
+    with pytest.raises(ValueError, match="HANDLER_TIMEOUT_S=300 is not below"):
+        Settings(queues=queues, max_poll_interval_ms=300_000)
