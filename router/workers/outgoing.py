@@ -138,17 +138,21 @@ def follow_up_records(policy: WorkerPolicy, sent: list[tuple[str, Command]]) -> 
     ]
 
 
-def pack_records(records: list[OutRecord]) -> bytes:
-    """Follow-ups as the completed-command ledger keeps them, to send again should a copy of
-    their command be found done before they landed."""
+def pack_records(place: str, records: list[OutRecord]) -> bytes:
+    """The follow-ups of the command completed by the record at ``place``, as the completed-command
+    ledger keeps them: sent again should that record be read again before they landed."""
     packed: bytes = msgpack.packb(
-        [[r.topic, r.key, r.value, r.record_id, [list(h) for h in r.headers]] for r in records]
+        [
+            place,
+            [[r.topic, r.key, r.value, r.record_id, [list(h) for h in r.headers]] for r in records],
+        ]
     )
     return packed
 
 
-def unpack_records(packed: bytes) -> list[OutRecord]:
-    return [
+def unpack_records(packed: bytes) -> tuple[str, list[OutRecord]]:
+    place, records = msgpack.unpackb(packed)
+    return place, [
         OutRecord(
             topic=topic,
             key=key,
@@ -156,5 +160,5 @@ def unpack_records(packed: bytes) -> list[OutRecord]:
             record_id=record_id,
             headers=tuple((k, v) for k, v in headers),
         )
-        for topic, key, value, record_id, headers in msgpack.unpackb(packed)
+        for topic, key, value, record_id, headers in records
     ]

@@ -35,6 +35,16 @@ class CommandLedger(Protocol):
     def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
         """The packed follow-ups recorded with these completed ids (those that sent any)."""
 
+    def in_flight_among(self, command_ids: Iterable[str]) -> dict[str, str]:
+        """Of these ids, those whose retry chain started: id -> where its first copy was read
+        (``topic:partition:offset``), or ``ENDED`` and the place it ended at."""
+
+    def track(self, started: Mapping[str, str], ended: Mapping[str, str]) -> None:
+        """Records the retry chains ``started`` (id -> its first copy's place) and those
+        ``ended`` (completed, dead-lettered, given up: id -> the place of the record it ended
+        at, kept as ``ENDED`` + place); one call, before the transaction that starts or ends
+        them commits."""
+
 
 class WorkerMetrics(Protocol):
     def add(self, queue: str, counts: Mapping[str, int]) -> None: ...
@@ -50,6 +60,18 @@ return #KEYS
 """
 _NONE = b"1"  # a completed command that sent no follow-up
 
+# The in-flight marks: each of KEYS set to its ARGV[i + 1] with the TTL of ARGV[1].
+_TRACK = """
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
+end
+return #KEYS
+"""
+# The mark of a command whose retry chain ended (done, dead-lettered, given up) is this prefix
+# and the place of the record it ended at: a later copy is a duplicate, unless it is an
+# operator's retry of its dead letter (or that record read again, after an aborted transaction).
+ENDED = "ended:"
+
 
 class RedisCommandLedger:
     def __init__(
@@ -62,6 +84,8 @@ class RedisCommandLedger:
         # (retried) before its Kafka offsets are committed, so a failover cannot forget it.
         self.wait = wait
         self._mark = Script(_MARK_DONE)
+        self._track = Script(_TRACK)
+        self.in_flight = prefix(env) + "inflight:"
 
     def done_among(self, command_ids: Iterable[str]) -> set[str]:
         ids = list(dict.fromkeys(command_ids))
@@ -83,6 +107,21 @@ class RedisCommandLedger:
         values: list[int | bytes] = [self.ttl_ms, *(sent.get(i) or _NONE for i in ids)]
         run_script_calls(self.client, self._mark, [(keys, values)], wait=self.wait)
 
+    def in_flight_among(self, command_ids: Iterable[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(command_ids))
+        if not ids:
+            return {}
+        found = self.client.mget([self.in_flight + i for i in ids])
+        return {i: v.decode() for i, v in zip(ids, found, strict=True) if v is not None}
+
+    def track(self, started: Mapping[str, str], ended: Mapping[str, str]) -> None:
+        marks = {**{i: ENDED + place for i, place in ended.items()}, **started}
+        if not marks:
+            return
+        keys = [self.in_flight + i for i in marks]
+        args: list[int | str] = [self.ttl_ms, *marks.values()]
+        run_script_calls(self.client, self._track, [(keys, args)], wait=self.wait)
+
     def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
         ids = list(dict.fromkeys(command_ids))
         if not ids:
@@ -98,6 +137,7 @@ class MemoryCommandLedger:
     def __init__(self) -> None:
         self.done: set[str] = set()
         self.sent: dict[str, bytes] = {}
+        self.flying: dict[str, str] = {}
 
     def done_among(self, command_ids: Iterable[str]) -> set[str]:
         return {i for i in command_ids if i in self.done}
@@ -112,6 +152,14 @@ class MemoryCommandLedger:
 
     def follow_ups_of(self, command_ids: Iterable[str]) -> dict[str, bytes]:
         return {i: self.sent[i] for i in command_ids if i in self.sent}
+
+    def in_flight_among(self, command_ids: Iterable[str]) -> dict[str, str]:
+        return {i: self.flying[i] for i in command_ids if i in self.flying}
+
+    def track(self, started: Mapping[str, str], ended: Mapping[str, str]) -> None:
+        for i, place in ended.items():
+            self.flying[i] = ENDED + place
+        self.flying.update(started)
 
 
 class RedisWorkerMetrics:

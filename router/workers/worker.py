@@ -92,7 +92,7 @@ from router.workers.outgoing import (
     retry_record,
     unpack_records,
 )
-from router.workers.stores import CommandLedger, WorkerMetrics
+from router.workers.stores import ENDED, CommandLedger, WorkerMetrics
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Command, decode_command
@@ -105,7 +105,7 @@ from streams.errors import (
     MoreWork,
     Retry,
 )
-from streams.headers import ATTEMPT, DUE_MS, header_dict, header_int
+from streams.headers import ATTEMPT, DUE_MS, OPERATOR_RETRY, header_dict, header_int
 from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.worker")
@@ -164,10 +164,21 @@ class _Settled:
     send: list[OutRecord] = field(default_factory=list)
     done: str | None = None  # a command id that completed
     follow_ups: bytes = b""  # the follow-ups of a completed command, packed for its done mark
+    chain: tuple[str, str] | None = None  # a retry chain it starts: id, first copy's place
+    chain_ended: tuple[str, str] | None = None  # a retry chain ends here: id, this place
+
     failed: bool = False  # the handler raised (an attempt failed)
     error: BaseException | None = None  # why this attempt failed, or the record was given up
     error_text: str | None = None  # the reason its retry or dead letter carries
     spans: list[Span] = field(default_factory=list)  # its handling's, then its sends'; traced only
+
+
+@dataclass
+class _Known:
+    """What the ledger says of one poll's commands."""
+
+    done: dict[str, bytes] = field(default_factory=dict)  # completed id -> packed follow-ups
+    in_flight: dict[str, str] = field(default_factory=dict)  # id -> its first copy's place
 
 
 @dataclass
@@ -350,17 +361,7 @@ class Worker:
         # everything the consumer was handed of that partition.
         last = {r.tp: i for i, r in enumerate(ready)}
         decoded = [self._decode(r) for r in ready]
-        done_before: dict[str, bytes] = {}
-        if self.handler.dedupe:
-            found = self.ledger.done_among(
-                c.command_id
-                for r, c in zip(ready, decoded, strict=True)
-                if isinstance(c, Command) and (c.command_id, _attempt(r)) not in self._seen
-            )
-            # A copy found done sends its follow-ups again: its run's transaction may have
-            # died after the done mark (their ids are derived, so a landed one is a duplicate).
-            sent = self.ledger.follow_ups_of(found) if found else {}
-            done_before = {i: sent.get(i, b"") for i in found}
+        done_before = self._known(ready, decoded)
         committed = 0
         batch = self.policy.batch
         for start in range(0, len(ready), batch):
@@ -381,6 +382,33 @@ class Worker:
             )
             self._settle(chunk, decoded[start : start + batch], done_before, ends)
         return committed
+
+    def _known(self, ready: list[Record], decoded: list[Command | EnvelopeError]) -> _Known:
+        """What the ledger knows of these commands: which completed (with the follow-ups they
+        sent), and which fresh copies belong to a retry chain already under way."""
+        known = _Known()
+        if not self.handler.dedupe:
+            return known
+        found = self.ledger.done_among(
+            c.command_id
+            for r, c in zip(ready, decoded, strict=True)
+            if isinstance(c, Command) and (c.command_id, _attempt(r)) not in self._seen
+        )
+        # The record that completed, read again, sends its follow-ups again: its transaction
+        # may have died after the done mark (their ids are derived: a landed one is a duplicate).
+        sent = self.ledger.follow_ups_of(found) if found else {}
+        known.done = {i: sent.get(i, b"") for i in found}
+        queue = self.policy.queue_topic
+        fresh = [
+            c.command_id
+            for r, c in zip(ready, decoded, strict=True)
+            if isinstance(c, Command)
+            and r.topic == queue
+            and _attempt(r) == 1
+            and c.command_id not in found
+        ]
+        known.in_flight = self.ledger.in_flight_among(fresh) if fresh else {}
+        return known
 
     def _open_records_dropped(self) -> list[Record]:
         """The records of a transaction that failed (already aborted), forgotten. Read again,
@@ -487,7 +515,7 @@ class Worker:
         self,
         chunk: list[Record],
         decoded: list[Command | EnvelopeError],
-        done_before: dict[str, bytes],
+        done_before: _Known,
         ends: dict[TP, int],
     ) -> None:
         """Runs the chunk's handlers and adds what they settled to the open transaction.
@@ -543,6 +571,7 @@ class Worker:
         nothing of it is committed; the caller rewinds its partitions)."""
         held = self._open
         self._mark_done(held.settled)
+        self._track_chains(held.settled)
         offsets: dict[TP, int] = {}
         for record in held.records:
             offsets[record.tp] = max(offsets.get(record.tp, 0), record.offset + 1)
@@ -591,6 +620,17 @@ class Worker:
             {s.done: s.follow_ups for s in done if s.done and s.follow_ups},
         )
 
+    def _track_chains(self, settled: list[_Settled]) -> None:
+        started: dict[str, str] = {}
+        ended: dict[str, str] = {}
+        for s in settled:
+            if s.chain is not None:
+                started[s.chain[0]] = s.chain[1]
+            elif s.chain_ended is not None:
+                ended[s.chain_ended[0]] = s.chain_ended[1]
+        if started or ended:
+            self.ledger.track(started, ended)
+
     def _rewind(self, chunk: Iterable[Record]) -> None:
         first: dict[TP, int] = {}
         for record in chunk:
@@ -610,12 +650,12 @@ class Worker:
         self,
         record: Record,
         command: Command | EnvelopeError,
-        done: dict[str, bytes],
+        known: _Known,
         tracer: trace.Tracer | None,
     ) -> _Settled:
         attempt = _attempt(record)
         if tracer is None:
-            return self._handle(record, command, done, attempt)
+            return self._handle(record, command, known, attempt)
         span = tracing.process_span(tracer, record, self.policy, self.group, attempt)
         if isinstance(command, Command):
             tracing.describe(span, command)
@@ -625,7 +665,7 @@ class Worker:
             with trace.use_span(
                 span, end_on_exit=False, record_exception=False, set_status_on_exception=False
             ):
-                settled = self._handle(record, command, done, attempt)
+                settled = self._handle(record, command, known, attempt)
         except BaseException as exc:
             tracing.failed(span, exc, f"{type(exc).__name__}: {exc}")
             span.end()
@@ -640,14 +680,39 @@ class Worker:
         self,
         record: Record,
         command: Command | EnvelopeError,
-        done: dict[str, bytes],
+        known: _Known,
         attempt: int,
     ) -> _Settled:
         if isinstance(command, EnvelopeError):
             return self._undecodable(record, command, attempt)
-        if self.handler.dedupe and command.command_id in done:
-            packed = done[command.command_id]
-            return _Settled(record, "duplicate", unpack_records(packed) if packed else [])
+        if self.handler.dedupe and command.command_id in known.done:
+            packed = known.done[command.command_id]
+            if packed:
+                place, follow_ups = unpack_records(packed)
+                if place == _place(record):  # read again: its transaction may not have landed
+                    return _Settled(record, "duplicate", follow_ups)
+            return _Settled(record, "duplicate")
+        fresh = attempt == 1 and record.topic == self.policy.queue_topic
+        # (A retry or a further delivery belongs to the chain it continues.)
+        chain = known.in_flight.get(command.command_id) if fresh else None
+        # A second copy while the first one's retries are under way, or after they ended: one
+        # chain per command (the first copy read again after an aborted transaction is no second
+        # copy); only an operator's retry of its dead letter starts another.
+        if (
+            chain is not None
+            and chain.removeprefix(ENDED) != _place(record)
+            and not (chain.startswith(ENDED) and OPERATOR_RETRY in header_dict(record.headers))
+        ):
+            return _Settled(record, "duplicate")
+        settled = self._run(record, command, attempt)
+        if settled.outcome in ("retried", "more_work"):
+            if fresh:
+                settled.chain = (command.command_id, _place(record))
+        elif settled.done is None or attempt > 1 or chain is not None:
+            settled.chain_ended = (command.command_id, _place(record))  # done later, or given up
+        return settled
+
+    def _run(self, record: Record, command: Command, attempt: int) -> _Settled:
         now = self.clock.now()
         ctx = Context(
             queue=self.policy.purpose,
@@ -780,7 +845,7 @@ class Worker:
             outcome,
             follow_ups,
             done=command.command_id,
-            follow_ups=pack_records(follow_ups) if follow_ups else b"",
+            follow_ups=pack_records(_place(record), follow_ups) if follow_ups else b"",
         )
 
     def _exhausted(
@@ -833,6 +898,10 @@ class Worker:
             type(error).__name__,
             error,
         )
+
+
+def _place(record: Record) -> str:
+    return f"{record.topic}:{record.partition}:{record.offset}"
 
 
 def _attempt(record: Record) -> int:

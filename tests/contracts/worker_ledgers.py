@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from router.workers.stores import CommandLedger, WorkerMetrics
+from router.workers.stores import ENDED, CommandLedger, WorkerMetrics
 
 WAKES = "agent-wakeups"
 INDEXING = "indexing"
@@ -60,6 +60,18 @@ class CommandLedgerContract:
         got = ledger.follow_ups_of(once("cmd_a", "cmd_b", "cmd_c", "cmd_x"))
         assert got == {"cmd_a": b"\x91packed"}, f"follow-ups kept: {got}"
         assert ledger.follow_ups_of([]) == {}
+
+    def test_retry_chains_are_marked_started_and_ended(self) -> None:
+        ledger = self.make_ledger()
+        assert ledger.in_flight_among(["cmd_a"]) == {}
+        ledger.track({"cmd_a": "q:0:5", "cmd_b": "q:1:7"}, {})
+        got = ledger.in_flight_among(once("cmd_a", "cmd_b", "cmd_c"))
+        assert got == {"cmd_a": "q:0:5", "cmd_b": "q:1:7"}, f"chains started: {got}"
+        ledger.track({}, {"cmd_a": "r:0:9"})
+        got = ledger.in_flight_among(["cmd_a", "cmd_b"])
+        assert got == {"cmd_a": ENDED + "r:0:9", "cmd_b": "q:1:7"}, f"a chain ended: {got}"
+        ledger.track({}, {})
+        assert ledger.in_flight_among([]) == {}
 
     def test_ids_may_come_as_generators(self) -> None:
         ledger = self.make_ledger()

@@ -171,6 +171,9 @@ class Planned:
     partition: int
     project: str
     arrives: int  # before the action with this index
+    # A second copy of the command (a producer's re-send), on the same partition, arriving
+    # before this action: never run again, whatever its first copy's chain is doing.
+    again: int | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,8 @@ def workloads(draw: st.DrawFn) -> Workload:
             ),
             partition=draw(st.integers(0, queue_partitions - 1)),
             project=draw(st.sampled_from(["p1", "p2", "p3"])),
-            arrives=draw(st.sampled_from(waves)),
+            arrives=(arrives := draw(st.sampled_from(waves))),
+            again=draw(st.one_of(st.none(), st.integers(arrives, len(actions)))),
         )
         for i in range(n)
     )
@@ -428,6 +432,9 @@ def run_workload(w: Workload) -> Group:
         for planned in w.commands:
             if planned.arrives == index:
                 group.send(planned)
+        for planned in w.commands:
+            if planned.again == index:
+                group.send(planned)
         group.act(action, pick)
     for _ in range(w.storm):
         # Retries come due in bulk while transactions still fail: a step then holds more than
@@ -513,8 +520,10 @@ def check_exact(group: Group, w: Workload) -> None:
         assert {a: n for (c, a), n in retried.items() if c == cid} == {
             a: 1 for a in want.retried
         }, story
+        copies = 1 if planned.again is None else 2
         assert {a: n for (c, a), n in queued.items() if c == cid} == {
-            a: 1 for a in (1, *want.delivered)
+            1: copies,
+            **{a: 1 for a in want.delivered},
         }, story
         assert lettered[cid] == (1 if want.dead_letter else 0), story
         # The completion's follow-up landed exactly once, whichever run's transaction carried

@@ -16,9 +16,16 @@ from consumers.runtime.memory_transport import MemoryOutput
 from rhumbatron import Command, Context, Fail, Handlers, MoreWork, QueueHandler, Retry
 from router.settings import Settings
 from router.workers.handlers import as_handler, load_handler
-from streams.envelopes import decode_command
+from streams.envelopes import decode_command, encode
 from streams.errors import ConfigurationError, HandlersAbandoned
-from streams.headers import ATTEMPTS, DEAD_LETTER_REASON, ERROR, ERROR_TYPE, header_dict
+from streams.headers import (
+    ATTEMPTS,
+    DEAD_LETTER_REASON,
+    ERROR,
+    ERROR_TYPE,
+    OPERATOR_RETRY,
+    header_dict,
+)
 from streams.topology import queue_name
 from tests.support.waiting import wait_until
 from tests.support.worker_harness import ENV, MAX, World, policy
@@ -473,3 +480,55 @@ def test_a_handler_timeout_at_or_past_the_poll_interval_is_refused() -> None:
     queues["integration"] = queues["integration"].model_copy(update={"handler_timeout_s": 300.0})
     with pytest.raises(ValueError, match="HANDLER_TIMEOUT_S=300 is not below"):
         Settings(queues=queues, max_poll_interval_ms=300_000)
+
+
+# -- one retry chain per command -------------------------------------------------------------------
+
+
+def test_a_copy_sent_again_while_its_first_retries_is_a_duplicate() -> None:
+    world = _world(retries=2, retry_delay_s=10.0)
+    runs = Runs(world)
+
+    def handler(command: Command, ctx: Context) -> None:
+        runs.note(command, ctx)
+        if ctx.attempt < 3:
+            raise Retry()
+
+    worker = world.worker(as_handler(handler, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"))
+    world.run_for(worker, 2)
+    world.send(world.command("cmd_c1"))  # the sender sent it again: a second copy
+    world.run_for(worker, 40)
+    assert [a for a, _ in runs.of("cmd_c1")] == [1, 2, 3]
+    assert worker.stats.outcomes["duplicate"] == 1 and worker.stats.outcomes["retried"] == 2
+    world.send(world.command("cmd_c1"))  # after it completed: the done mark says so
+    world.run_for(worker, 3)
+    assert [a for a, _ in runs.of("cmd_c1")] == [1, 2, 3]
+
+
+def test_after_a_dead_letter_only_an_operators_retry_runs_the_command_again() -> None:
+    world = _world(retries=1, retry_delay_s=1.0)
+    runs = Runs(world)
+
+    def handler(command: Command, ctx: Context) -> None:
+        runs.note(command, ctx)
+        raise RuntimeError("down")
+
+    worker = world.worker(as_handler(handler, "h"))  # type: ignore[arg-type]
+    world.send(world.command("cmd_c1"))
+    world.run_for(worker, 5)
+    assert len(world.dead_letters()) == 1 and len(runs.of("cmd_c1")) == 2
+    world.send(world.command("cmd_c1"))  # a late re-send: not a new chain
+    world.run_for(worker, 5)
+    assert len(runs.of("cmd_c1")) == 2
+    command = world.command("cmd_c1")
+    world.log.append(
+        world.policy.queue_topic,
+        0,
+        encode(command, max_bytes=MAX),
+        command.project_id.encode(),
+        headers=((OPERATOR_RETRY, b"letter-1"),),
+    )
+    world.run_for(worker, 5)
+    assert [a for a, _ in runs.of("cmd_c1")] == [1, 2, 1, 2]
+    assert len(world.dead_letters()) == 2
