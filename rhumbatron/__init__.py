@@ -18,7 +18,9 @@ and ``rhumbatron worker --queue indexing --handler your_package.module:handlers`
 
 from __future__ import annotations
 
+from rhumbatron.commands import send_command
 from rhumbatron.workers import run_worker
+from router.wiring.commands import CommandSender
 from router.workers.handlers import Handlers
 from router.workers.model import Context, QueueHandler
 from streams.envelopes import Command
@@ -26,6 +28,7 @@ from streams.errors import Fail, MoreWork, Retry
 
 __all__ = [
     "Command",
+    "CommandSender",
     "Context",
     "Fail",
     "Handlers",
@@ -33,4 +36,5 @@ __all__ = [
     "QueueHandler",
     "Retry",
     "run_worker",
+    "send_command",
 ]

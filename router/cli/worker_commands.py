@@ -18,6 +18,7 @@ from router.cli.progress import (
     start_line,
 )
 from router.settings import Settings
+from router.wiring.commands import CommandSender, new_command
 from router.wiring.probes import ProcessHealth
 from router.wiring.subscription import redis_client
 from router.wiring.workers import (
@@ -117,7 +118,65 @@ def worker_stats(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _payload(text: str) -> dict[str, object]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def command_send(settings: Settings, args: argparse.Namespace) -> int:
+    command = new_command(
+        args.type,
+        args.project,
+        payload=args.payload,
+        command_id=args.id,
+        change_id=args.change,
+        task_id=args.task,
+        deadline_s=args.deadline_s,
+    )
+    topic = CommandSender(settings).send(command, args.queue)
+    if args.json:
+        sys.stdout.write(orjson.dumps({"command_id": command.command_id, "topic": topic}).decode())
+        sys.stdout.write("\n")
+    else:
+        print(f"sent {command.command_id} ({command.command_type}) to {topic}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = sub.add_parser(
+        "command", help="send a command to a queue, as a service would"
+    ).add_subparsers(dest="action", required=True)
+    p = cmd.add_parser(
+        "send",
+        help="send one command (idempotent on --id: the same id again is a duplicate)",
+        description="Sends one command to its queue (by default the queue of its type in the "
+        "catalog) and waits for Kafka's acknowledgement. Give --id to make a re-send a "
+        "duplicate its worker skips; without it a random id is given.",
+    )
+    p.add_argument("--type", required=True, help="the command type, e.g. index.build")
+    p.add_argument("--project", required=True, help="the project it is for (its partition key)")
+    p.add_argument(
+        "--queue", choices=QUEUE_PURPOSES, default=None, help="default: the type's queue"
+    )
+    p.add_argument("--payload", type=_payload, default=None, help="a JSON object")
+    p.add_argument("--id", default=None, help="the command id, cmd_…; default: a random one")
+    p.add_argument("--change", default=None, help="the change id it belongs to")
+    p.add_argument("--task", default=None, help="the task id it belongs to")
+    p.add_argument(
+        "--deadline-s",
+        type=non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="not run past this many seconds from now (dead-lettered as expired)",
+    )
+    p.add_argument("--json", action="store_true", help="print the id and topic as JSON")
+    p.set_defaults(handler=command_send)
+
     p = sub.add_parser(
         "worker",
         help="run a command worker on one queue with your handler (or a built-in drill)",

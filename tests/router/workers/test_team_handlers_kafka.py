@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rhumbatron import send_command
 from router.settings import Settings
 from router.wiring.workers import provision_queues
 from streams.envelopes import decode_command
@@ -96,3 +97,51 @@ def test_a_wrong_handler_path_is_one_line_and_exit_2_before_joining(make: Any) -
         "rhumbatron: handler 'tests.support.team_handlers:nothing_here': "
         "'tests.support.team_handlers' has no attribute 'nothing_here'"
     ]
+
+
+def test_a_command_sent_twice_by_a_service_runs_once(make: Any, tmp_path: Path) -> None:
+    s = make(queues=short_queues(0.5, retries=2), retry_tiers_s=[2, 60])
+    provision_queues(s, [QUEUE])
+    journal = tmp_path / "journal.ndjson"
+    env = env_of(s)
+    env["TEAM_JOURNAL"] = str(journal)
+    # From the command line, then from Python with the same id, once the first copy's retry
+    # chain is over: the second copy is a duplicate. (A copy arriving while the chain is under
+    # way: tests/router/workers/test_handlers.py and the adversarial suite.)
+    sent = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "command",
+            "send",
+            "--type",
+            "agent.wake",
+            "--project",
+            "proj-1",
+            "--id",
+            "cmd_twice",
+            "--payload",
+            '{"mode": "later"}',
+            "--json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout) == {
+        "command_id": "cmd_twice",
+        "topic": queue_name(QUEUE, s.env),
+    }
+    result = _worker(env, "tests.support.team_handlers:handlers", "--until-idle", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    send_command(
+        "agent.wake", "proj-1", command_id="cmd_twice", payload={"mode": "later"}, settings=s
+    )
+    result = _worker(env, "tests.support.team_handlers:handlers", "--until-idle", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(r["id"], r["attempt"]) for r in runs] == [("cmd_twice", 1), ("cmd_twice", 2)]
