@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from consumers.lag import group_lag
-from router.settings import Settings
+from router.settings import Settings, worker_target
 from router.wiring.groups import group_reads
 from router.wiring.provisioning import check_subscription
+from router.wiring.workers import check_http_url
 from router.workers.handlers import load_handler
 from streams.admin import admin_client
 from streams.errors import ConfigurationError, InstanceIdHeld
@@ -84,21 +85,32 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
             members.append(
                 Member(f"{slug}-{n}", ("consume", "--subscription", slug), subscription=slug)
             )
-    for purpose, handler in settings.fleet_workers.items():
+    for purpose, value in settings.fleet_workers.items():
         if purpose not in QUEUE_PURPOSES:
             raise ConfigurationError(
                 f"RHUMBATRON_FLEET_WORKERS: unknown queue {purpose!r}; known: "
                 f"{', '.join(QUEUE_PURPOSES)}"
             )
+        target = worker_target(value)
         try:
-            load_handler(handler)  # imported here too: a wrong path stops the fleet at start
+            # Checked here too: a wrong handler or URL stops the fleet at its start.
+            if target.http is not None:
+                check_http_url(target.http)
+            else:
+                load_handler(target.handler or "")
         except ConfigurationError as exc:
             raise ConfigurationError(f"RHUMBATRON_FLEET_WORKERS: {purpose}: {exc}") from None
+        secrets = (
+            {"RHUMBATRON_HTTP_HANDLER_SECRETS": target.http_secrets.get_secret_value()}
+            if target.http_secrets is not None
+            else {}
+        )
         for n in range(1, settings.fleet_worker_processes + 1):
             members.append(
                 Member(
                     f"worker-{purpose}-{n}",
-                    ("worker", "--queue", purpose, "--handler", handler),
+                    ("worker", "--queue", purpose, *target.argv),
+                    secrets,
                 )
             )
     if settings.fleet_dead_letter_consumer:

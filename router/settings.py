@@ -14,6 +14,8 @@ arguments, built here (``kafka_config``, ``topology``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import json
 import logging
@@ -124,6 +126,26 @@ _OWNED_PROPERTIES: dict[str, str] = {
 _KAFKA_PROPERTY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 
 
+def webhook_keys(secrets: str, where: str) -> list[bytes]:
+    """The HMAC keys of space-separated Standard Webhooks secrets (``whsec_`` + base64); a
+    wrong one is named by its position, never shown."""
+    keys: list[bytes] = []
+    for n, secret in enumerate(secrets.split(), 1):
+        body = secret.removeprefix("whsec_")
+        try:
+            key = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
+        if not secret.startswith("whsec_") or len(key) < 16:
+            raise ValueError(
+                f"{where}: secret {n} is not whsec_ followed by the base64 of at least 16 bytes"
+            )
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"{where}: no secret given")
+    return keys
+
+
 class QueuePolicy(BaseModel):
     """One command queue's delivery policy (DESIGN.md §9)."""
 
@@ -147,6 +169,42 @@ class QueuePolicy(BaseModel):
                 f"dead_letter must be a queue ({', '.join(QUEUE_PURPOSES)}) or null, got {value!r}"
             )
         return value
+
+
+class WorkerTarget(BaseModel):
+    """What one queue's workers in the fleet run, in full: your handler, or a service to POST
+    to with its own signing secrets (else ``http_handler_secrets``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    handler: str | None = None  # package.module:attr, or an installed handler's name
+    http: str | None = None  # the URL of a service that follows the HTTP contract
+    http_secrets: SecretStr | None = None  # this queue's signing secrets, space-separated
+
+    @model_validator(mode="after")
+    def _one_target(self) -> WorkerTarget:
+        if (self.handler is None) == (self.http is None):
+            raise ValueError("name exactly one of handler and http")
+        if self.http_secrets is not None:
+            if self.http is None:
+                raise ValueError("http_secrets goes with http")
+            webhook_keys(self.http_secrets.get_secret_value(), "http_secrets")
+        return self
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The worker command's options for it."""
+        return ("--http", self.http) if self.http is not None else ("--handler", self.handler or "")
+
+
+def worker_target(value: str | WorkerTarget) -> WorkerTarget:
+    """A ``fleet_workers`` value as a target: a URL is a service to POST to, anything else a
+    handler."""
+    if isinstance(value, WorkerTarget):
+        return value
+    if value.startswith(("http://", "https://")):
+        return WorkerTarget(http=value)
+    return WorkerTarget(handler=value)
 
 
 def _queue_variable(purpose: str) -> str:
@@ -664,6 +722,33 @@ class Settings(BaseSettings):
         "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form)",
     )
     max_command_deliveries: int = Field(4, ge=1)
+    http_handler_secrets: SecretStr | None = Field(
+        None,
+        description="the signing secrets of HTTP handlers (rhumbatron worker --http), "
+        "space-separated, each whsec_ and base64 (Standard Webhooks); every one signs, so a "
+        "rotation adds the new secret, then removes the old once receivers have it",
+    )
+    http_handler_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="the longest an HTTP handler's request may take"
+    )
+    http_handler_ca_file: str | None = Field(
+        None, description="CA bundle to verify HTTP handlers' TLS certificates (unset: system's)"
+    )
+    http_handler_cert_file: str | None = Field(
+        None, description="client certificate (PEM) presented to HTTP handlers, for mutual TLS"
+    )
+    http_handler_key_file: str | None = Field(
+        None, description="the client certificate's key (PEM)"
+    )
+    http_handler_max_response_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        le=64 * 1_048_576,
+        description="the largest reply body an HTTP handler may send (past it: a failed attempt)",
+    )
+    http_handler_max_connections: int = Field(
+        64, ge=1, le=10_000, description="pooled connections per HTTP handler"
+    )
     max_abandoned_handlers: int = Field(
         4,
         ge=1,
@@ -783,11 +868,13 @@ class Settings(BaseSettings):
         description="processes the fleet runs per subscription (0: none); at most the "
         "subscription's partitions, as a process past them would own none",
     )
-    fleet_workers: dict[str, str] = Field(
+    fleet_workers: dict[str, str | WorkerTarget] = Field(
         default_factory=dict,
-        description="queue purpose -> the handler its command workers run, as rhumbatron "
-        "worker --handler takes it (package.module:attr, or an installed handler's name); a "
-        "queue not named has no workers in the fleet",
+        description="queue purpose -> what its command workers run: a handler as rhumbatron "
+        "worker --handler takes it (package.module:attr, or an installed handler's name), an "
+        "http(s):// URL to POST each command to (rhumbatron worker --http), or "
+        "{handler = ...} / {http = ..., http_secrets = ...} (that queue's own signing secrets); "
+        "a queue not named has no workers in the fleet",
     )
     fleet_worker_processes: int = Field(
         1, ge=1, le=64, description="worker processes the fleet runs per queue it names"
@@ -1058,6 +1145,13 @@ class Settings(BaseSettings):
                     "(ms): a handler that long would get the worker dropped from its group first"
                 )
         return self
+
+    @field_validator("http_handler_secrets")
+    @classmethod
+    def _webhook_secrets(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            webhook_keys(value.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS")
+        return value
 
     @model_validator(mode="after")
     def _retry_tiers_ascend(self) -> Settings:

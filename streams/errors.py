@@ -49,6 +49,7 @@ swallows one.
     ├── HandlerDrillFailure         a failure a drill injects into a command handler
     ├── HandlerTimeout              a command handler ran past its queue's handler_timeout_s
     ├── HandlersAbandoned           too many timed-out handlers still running: the worker exits
+    ├── HandlerHTTPError            an HTTP handler's request failed, or its reply was malformed
     ├── OperatorError               the operator service refused; ``status`` is its HTTP status
     │   ├── NotFound                404: no dead letter / project view with that id
     │   ├── Conflict                409: the letter is not open, or cannot be retried
@@ -475,6 +476,11 @@ class HandlerDrillFailure(RhumbatronError):
 class HandlerTimeout(RhumbatronError):
     """A handler ran past its queue's ``handler_timeout_s``: the attempt failed (retried like
     any failure); the handler's thread is abandoned, and what it sends after is refused."""
+
+
+class HandlerHTTPError(RhumbatronError):
+    """An HTTP handler's request got no usable answer (refused, timed out, TLS, a 5xx) or a 2xx
+    whose body is not the reply the contract allows: a failed attempt."""
 
 
 class HandlersAbandoned(RhumbatronError):

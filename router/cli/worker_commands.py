@@ -24,6 +24,7 @@ from router.wiring.subscription import redis_client
 from router.wiring.workers import (
     DEAD_LETTER_QUEUE,
     WorkerProcess,
+    http_handler,
     open_dead_letter_consumer,
     open_worker,
     serve_worker,
@@ -31,6 +32,7 @@ from router.wiring.workers import (
     worker_slug,
 )
 from router.workers.handlers import load_handler
+from router.workers.model import CommandHandler
 from router.workers.worker import WorkerStats
 from streams.topology import QUEUE_PURPOSES
 
@@ -93,8 +95,13 @@ def worker_summary(name: str, stats: WorkerStats) -> str:
 
 
 def worker(settings: Settings, args: argparse.Namespace) -> int:
-    name = args.handler_name
-    handler = load_handler(name)  # a wrong path is one line and exit 2, before anything starts
+    # A wrong handler is one line and exit 2, before anything starts.
+    if args.http is not None:
+        name = args.http
+        handler: CommandHandler = http_handler(settings, args.http)
+    else:
+        name = args.handler_name
+        handler = load_handler(name)
     stop = stop_on_signals()
     with observed(settings, f"worker-{args.queue}") as health:
         client = redis_client(settings)
@@ -185,16 +192,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(docs/handlers.md). The handler is your code, named as package.module:attr (a "
         "function handler(command, ctx), plain or async, a Handlers registry, or a "
         "QueueHandler subclass) or by the name it is installed under in the entry-point group "
-        "rhumbatron.handlers. Built-in: ok, drill, flaky (drills, the demo and the benchmark).",
+        "rhumbatron.handlers. Built-in: ok, drill, flaky (drills, the demo and the benchmark). "
+        "A service in any language: --http URL.",
     )
     p.add_argument("--queue", required=True, choices=QUEUE_PURPOSES, help="the queue's purpose")
-    p.add_argument(
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument(
         "--handler",
         dest="handler_name",
-        required=True,
         metavar="PACKAGE.MODULE:ATTR|NAME",
         help="your handler as package.module:attr, or an installed handler's name "
         "(entry points rhumbatron.handlers; built-in: ok, drill, flaky)",
+    )
+    target.add_argument(
+        "--http",
+        metavar="URL",
+        help="POST each command to this service, signed with RHUMBATRON_HTTP_HANDLER_SECRETS "
+        "(the HTTP contract: docs/handlers.md)",
     )
     p.add_argument(
         "--until-idle",

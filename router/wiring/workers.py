@@ -9,19 +9,22 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
+from pydantic import SecretStr
 
 from consumers.runtime.dead_letters import LetterKind
 from consumers.runtime.kafka_transport import KafkaOutput, KafkaTransport
 from consumers.runtime.producer_lease import ProducerLease
-from router.settings import Settings
+from router.settings import Settings, webhook_keys
 from router.wiring.metrics import worker_instruments
 from router.wiring.probes import ProcessHealth
 from router.wiring.provisioning import require_topics, worker_topics
 from router.wiring.subscription import dead_letters, redis_client, redis_wait
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
+from router.workers.http_handler import HttpHandler
 from router.workers.model import CommandHandler, WorkerPolicy
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
 from router.workers.worker import Worker, WorkerStats
@@ -159,7 +162,50 @@ def open_worker(
     )
     worker.start()
     worker_instruments().watch(purpose, worker.stats)
-    return WorkerProcess(worker, client, lease)
+    process = WorkerProcess(worker, client, lease)
+    close = getattr(handler, "close", None)
+    if callable(close):
+        process.closers.append(close)
+    return process
+
+
+def check_http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(c.isspace() or not c.isprintable() for c in url)
+    ):
+        raise ConfigurationError(
+            f"HTTP handler {url!r}: must be an http:// or https:// URL with a host"
+        )
+    return url
+
+
+def http_handler(settings: Settings, url: str, secrets: SecretStr | None = None) -> HttpHandler:
+    """The HTTP handler of ``url``, signing with ``secrets`` (a queue's own, from
+    ``fleet_workers``) or ``http_handler_secrets``; refused without one."""
+    check_http_url(url)
+    given = secrets or settings.http_handler_secrets
+    if given is None:
+        raise ConfigurationError(
+            f"HTTP handler {url}: no signing secret; set RHUMBATRON_HTTP_HANDLER_SECRETS "
+            "(whsec_ and base64, as the receiver has it)"
+        )
+    try:
+        keys = webhook_keys(given.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS")
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    return HttpHandler(
+        url,
+        keys,
+        timeout_s=settings.http_handler_timeout_s,
+        max_response_bytes=settings.http_handler_max_response_bytes,
+        max_connections=settings.http_handler_max_connections,
+        ca_file=settings.http_handler_ca_file,
+        cert_file=settings.http_handler_cert_file,
+        key_file=settings.http_handler_key_file,
+    )
 
 
 def serve_worker(

@@ -125,6 +125,7 @@ class Context:
     # First value of each name; None for a header sent without a value (Kafka allows it).
     headers: Mapping[str, bytes | None] = field(default_factory=dict)
     command: Command | None = None  # the command delivered (None for a record that is none)
+    redelivered: bool = False  # a further delivery, asked for with MoreWork (not a retry)
     # The follow-up commands this run sent (ctx.send), as (queue purpose, command).
     sent: list[tuple[str, Command]] = field(default_factory=list)
     # Set when the worker stopped waiting for this run (its handler timed out): a send then is

@@ -723,6 +723,7 @@ class Worker:
             now=now,
             headers=header_dict(record.headers),
             command=command,
+            redelivered=attempt > 1 and record.topic == self.policy.queue_topic,
         )
         if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
             return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)
