@@ -103,7 +103,9 @@ def test_provision_makes_every_topic_the_runtime_needs_and_status_reports_what_i
 ) -> None:
     before = orjson.loads(_cli(s, "status", "--json").stdout)
     assert _topics_of(s) == []  # a read: it reports, never creates
-    assert len(before["missing_topics"]) == 28
+    # 8 streams, 6 queues, 6 retry topics and 3 tiers of each, 5 internal topics and the
+    # redelivery topics of the 4 subscriptions and the ledger... as the plan says.
+    assert len(before["missing_topics"]) == 28 + 6 * len(s.retry_tiers_s)
     assert before["state_dir"] == str(s.state_dir)
     plain = _cli(s, "status")
     assert plain.returncode == 0
@@ -162,7 +164,9 @@ def test_a_worker_says_what_it_reads_and_explains_what_it_settled(s: Settings) -
     lines = done.stderr.splitlines()
     assert lines[0].startswith(
         f"worker indexing (ok): env {s.env}, group rhumbatron-worker-indexing-{s.env}, topics "
-        f"rhumbatron-indexing-{s.env}, rhumbatron-indexing-retry-{s.env} (2), state dir "
+        f"rhumbatron-indexing-{s.env}, rhumbatron-indexing-retry-{s.env}, "
+        f"rhumbatron-indexing-retry-60s-{s.env}, rhumbatron-indexing-retry-600s-{s.env}, "
+        f"rhumbatron-indexing-retry-3600s-{s.env} (5), state dir "
     ), lines[0]
     assert any(
         re.match(r"^worker indexing \(ok\): 0 records, .*, lag \d+ \[\d+s\]$", x) for x in lines
