@@ -9,12 +9,13 @@ rendering and the traces dashboard's TraceQL are not executed."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from tests.support.prometheus import (
     running_prometheus,
     wait_for,
 )
+from tests.support.receiver import Reply, receiving
 
 # The catalog's metrics each long-running process serves on its own endpoint (metrics_port).
 PER_PROCESS = frozenset(
@@ -55,6 +57,7 @@ PER_PROCESS = frozenset(
         "rhumbatron_classifier_calls_total",
         "rhumbatron_worker_attempts_total",
         "rhumbatron_false_wakeups_total",
+        "rhumbatron_handler_auth_failures_total",
     }
 )
 # The operator server's fleet-wide ones (rhumbatron serve's /metrics).
@@ -73,7 +76,7 @@ FLEET = frozenset(
 METRICS_DASHBOARD = DASHBOARDS / "rhumbatron-metrics.json"
 TRACES_DASHBOARD = DASHBOARDS / "rhumbatron-traces.json"
 PROVISIONING = DASHBOARDS / "grafana" / "provisioning"
-ALERT_COUNT = 8
+ALERT_COUNT = 9
 # Grafana's variables as the live test sets them: every subscription, and a rate window of several
 # scrapes at the test's 1 s interval (Grafana's $__rate_interval is at least four scrapes).
 GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$subscription": ".*"}
@@ -278,6 +281,7 @@ def scraped_run(tmp: Path) -> Iterator[Prometheus]:
 
     s = _metrics_settings(tmp)
     processes: list[subprocess.Popen[str]] = []
+    stack = ExitStack()
     try:
         run_cli(s, "provision", check=True)
         run_cli(s, "produce", "--outbox", str(tmp / "outbox.sqlite"), "--projects",
@@ -288,14 +292,28 @@ def scraped_run(tmp: Path) -> Iterator[Prometheus]:
             run_cli(s, "produce", "--drill", drill, check=True)
         publish(s, _overlapping_intents(s.env))
         targets = [Target("rhumbatron-operator", f"127.0.0.1:{_serve(s, processes)}")]
+        # The agents' service behind an HTTP handler, refusing the worker's signature (a
+        # rotation gone wrong): the auth failures.
+        refusing = stack.enter_context(receiving([b"not the worker's key, 32 bytes!!"], _never))
         for role, args in (
             ("publisher", ["publish", "--outbox", str(tmp / "outbox.sqlite")]),
             ("ledger", ["consume", "--subscription", "ledger"]),
             ("causal-router", ["consume", "--subscription", "causal-router"]),
             ("worker-integration", ["worker", "--queue", "integration", "--handler", "flaky"]),
+            (
+                "worker-agent-wakeups",
+                ["worker", "--queue", "agent-wakeups", "--http", refusing.url],
+            ),
         ):
             port = free_port()
-            processes.append(_start(s, args, RHUMBATRON_METRICS_PORT=str(port)))
+            processes.append(
+                _start(
+                    s,
+                    args,
+                    RHUMBATRON_METRICS_PORT=str(port),
+                    RHUMBATRON_HTTP_HANDLER_SECRETS=WORKER_SECRET,
+                )
+            )
             targets.append(Target("rhumbatron-processes", f"127.0.0.1:{port}", {"role": role}))
         with running_prometheus(tmp / "prometheus", targets) as prometheus:
             wait_for("every target to be scraped", lambda: _all_up(prometheus, processes))
@@ -321,7 +339,15 @@ def scraped_run(tmp: Path) -> Iterator[Prometheus]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate(timeout=30)
+        stack.close()
         cleanup_environment(s)
+
+
+WORKER_SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+
+
+def _never(body: dict[str, object], headers: dict[str, str]) -> Reply:
+    raise AssertionError("the refusing receiver accepted a signature")
 
 
 def _overlapping_intents(env: str) -> list[Event]:
