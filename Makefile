@@ -6,7 +6,7 @@ VENV_STAMP := .venv/.installed
 # the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
 export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
-.PHONY: demo test test-slow chaos up down check bench venv unit browser
+.PHONY: demo test test-slow chaos up down check bench venv unit browser node
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -28,13 +28,16 @@ demo: up
 browser:
 	infra/local.sh browser
 
+node:
+	infra/local.sh node
+
 # Tests run in three worker processes: most of their time is spent waiting on real servers and
 # subprocesses, not on the CPU, and each test has its own environment on the shared broker.
-test: up browser
+test: up browser node
 	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow"
 
 # The heavier suites: property soaks with many more generated examples.
-test-slow: up
+test-slow: up node
 	$(PY) -m pytest -q -n 2 -m slow
 
 # The chaos matrix (tests/chaos/matrix, docs/reliability.md): one row per fault scenario against

@@ -12,6 +12,7 @@
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
+#   infra/local.sh node                     (node 20+ and the TypeScript example's npm dependencies)
 #   infra/local.sh prometheus-install       (Debian's prometheus and promtool, installed only)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
@@ -774,6 +775,38 @@ browser() {
   say "chromium installed: $(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"
 }
 
+# ---------------------------------------------------------------------------------------------
+# The TypeScript example (examples/http-receiver) runs under node 20 or newer; Debian's node when
+# the machine has none, and the example's own dependencies (TypeScript, node's types) from the
+# npm registry by its lock file.
+node_tools() {
+  local have=""
+  if command -v node >/dev/null; then have="$(node --version 2>/dev/null || true)"; fi
+  case "$have" in
+    v2[0-9].* | v[3-9][0-9].*) say "node present: $have" ;;
+    *)
+      command -v apt-get >/dev/null || fail "node 20 or newer is missing and there is no apt-get: install node"
+      local sudo=""
+      if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+      mkdir -p "$STATE/logs"
+      say "installing Debian's nodejs and npm (apt-get; log in $STATE/logs/apt-node.log)"
+      if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q nodejs npm; } \
+          >"$STATE/logs/apt-node.log" 2>&1; then
+        fail "apt-get could not install nodejs; see $STATE/logs/apt-node.log"
+      fi
+      say "node installed: $(node --version)"
+      ;;
+  esac
+  local example="$ROOT/examples/http-receiver"
+  if [ ! -d "$example/node_modules" ] || [ "$example/package-lock.json" -nt "$example/node_modules" ]; then
+    say "installing the http-receiver example's dependencies (npm ci; log in $STATE/logs/npm.log)"
+    mkdir -p "$STATE/logs"
+    (cd "$example" && npm ci --no-audit --no-fund) >"$STATE/logs/npm.log" 2>&1 \
+      || fail "npm ci failed in $example; see $STATE/logs/npm.log"
+    touch "$example/node_modules"
+  fi
+}
+
 status() {
   local node pidfile
   for node in single $(seq 1 "$CLUSTER_SIZE"); do
@@ -823,6 +856,7 @@ case "$cmd" in
   status) status ;;
   jars) jars ;;
   browser) browser ;;
+  node) node_tools ;;
   prometheus-install) prometheus_install ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
