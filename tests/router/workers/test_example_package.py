@@ -2,7 +2,8 @@
 checkout and the example into a virtual environment of their own, from local wheels only
 (``--no-index``); the example's own tests run there; then that environment's ``rhumbatron
 fleet`` runs a worker per queue with the example's handlers (one named by its entry point, one
-by its path) on the real broker, and every command ends as the handlers say."""
+by its path) on the real broker, beside a worker that POSTs a third queue's commands to the
+TypeScript reference receiver under node, and every command ends as the handlers say."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from router.settings import Settings
+from router.settings import Settings, WorkerTarget
 from router.wiring.workers import provision_queues
 from streams.envelopes import decode_command
 from streams.topology import queue_name
 from tests.support.environment import ROOT
 from tests.support.kafka import read_all
+from tests.support.node_receiver import SECRET, build, running
 from tests.support.waiting import wait_until
 from tests.support.workers import commands, env_of, send, settings_factory, short_queues
 
@@ -101,6 +103,13 @@ def test_the_examples_own_tests_pass_in_its_environment(venv: Path) -> None:
 def test_the_fleet_runs_the_examples_handlers_from_its_environment(
     venv: Path, make: Any, tmp_path: Path
 ) -> None:
+    receiver = build()  # the TypeScript receiver, beside the Python package
+    received = tmp_path / "receiver.ndjson"
+    with running(receiver, received) as url:
+        _run_fleet(venv, make, tmp_path, url, received)
+
+
+def _run_fleet(venv: Path, make: Any, tmp_path: Path, url: str, received: Path) -> None:
     s = make(
         queues=short_queues(0.5),
         retry_tiers_s=[1, 60],
@@ -108,13 +117,14 @@ def test_the_fleet_runs_the_examples_handlers_from_its_environment(
         fleet_workers={
             "integration": "acme-integration",
             "agent-wakeups": "acme_handlers.wakeups:wake",
+            "release": WorkerTarget(http=url, http_secrets=SECRET),
         },
         fleet_dead_letter_consumer=False,
         fleet_analytics_rollup=False,
         fleet_operator_server=False,
         fleet_stop_timeout_s=60.0,
     )
-    provision_queues(s, ["integration", "agent-wakeups"])
+    provision_queues(s, ["integration", "agent-wakeups", "release"])
     journal = tmp_path / "journal.ndjson"
     env = env_of(s)
     env["ACME_JOURNAL"] = str(journal)
@@ -141,8 +151,12 @@ def test_the_fleet_runs_the_examples_handlers_from_its_environment(
             c.model_copy(update={"command_type": "candidate.create"})
             for c in commands(1, "x", impossible=True)
         ]
+        releases = [
+            c.model_copy(update={"command_type": "release.start"}) for c in commands(2, "r")
+        ]
         send(s, wakes, "agent-wakeups")
         send(s, dispatches + waiting + impossible, "integration")
+        send(s, releases, "release")
         expected = {c.command_id for c in wakes + dispatches + waiting}
 
         def handled() -> set[str]:
@@ -152,7 +166,17 @@ def test_the_fleet_runs_the_examples_handlers_from_its_environment(
                 return set()
             return {json.loads(line)["command"] for line in journal.read_text().splitlines()}
 
+        def released() -> set[str]:
+            if not received.exists():
+                return set()
+            return {json.loads(line)["id"] for line in received.read_text().splitlines()}
+
         wait_until(lambda: handled() == expected, 120, "every command handled by the example")
+        wait_until(
+            lambda: released() == {c.command_id for c in releases},
+            120,
+            "every release command handled by the TypeScript receiver",
+        )
         lines = [json.loads(line) for line in journal.read_text().splitlines()]
         assert len(lines) == len(expected), "a command was handled twice"
         assert {line["command"]: line["attempt"] for line in lines if line["attempt"] > 1} == {

@@ -5,12 +5,9 @@ work delivered under new webhook ids."""
 
 from __future__ import annotations
 
-import base64
 import json
-import select
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,43 +21,23 @@ from streams.headers import ERROR, header_dict
 from streams.topology import queue_name
 from tests.support.environment import ROOT
 from tests.support.kafka import read_all
-from tests.support.prometheus import free_port
+from tests.support.node_receiver import SECRET, build, running
 from tests.support.workers import commands, env_of, send, settings_factory, short_queues
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = ROOT / "examples" / "http-receiver"
-SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 QUEUE = "integration"
 MAX = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    """The example compiled, and its own tests passed, under node (``npm test``)."""
-    result = subprocess.run(
-        ["npm", "test"], cwd=EXAMPLE, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "# fail 0" in result.stdout and "# pass 4" in result.stdout
-    return EXAMPLE / "dist" / "src" / "server.js"
+    return build()
 
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
     yield from settings_factory(tmp_path)
-
-
-def _listening(proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    assert proc.stderr is not None
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"the receiver exited: {proc.stderr.read()}")
-        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
-        if ready and "listening" in proc.stderr.readline():
-            return
-    raise AssertionError("the receiver did not start listening")
 
 
 def test_a_worker_drives_the_typescript_receiver_through_the_contract(
@@ -69,21 +46,7 @@ def test_a_worker_drives_the_typescript_receiver_through_the_contract(
     s = make(queues=short_queues(0.5, retries=2), retry_tiers_s=[1, 60])
     provision_queues(s, [QUEUE, "indexing"])
     journal = tmp_path / "receiver.ndjson"
-    port = free_port()
-    receiver = subprocess.Popen(
-        ["node", str(built)],
-        env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "PORT": str(port),
-            "RHUMBATRON_HTTP_HANDLER_SECRETS": SECRET,
-            "RECEIVER_JOURNAL": str(journal),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _listening(receiver)
+    with running(built, journal) as url:
         modes = ["ok", "later", "conflict", "follow", "more"]
         sent = {m: commands(1, m, mode=m)[0] for m in modes}
         for m in modes:
@@ -91,16 +54,12 @@ def test_a_worker_drives_the_typescript_receiver_through_the_contract(
         send(s, list(sent.values()), QUEUE)
         env = env_of(s)
         env["RHUMBATRON_HTTP_HANDLER_SECRETS"] = SECRET
-        url = f"http://127.0.0.1:{port}/commands"
         worker = subprocess.run(
             [sys.executable, "-m", "router.cli", "worker", "--queue", QUEUE, "--http", url,
              "--until-idle", "4"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert worker.returncode == 0, worker.stderr[-3000:]
-    finally:
-        receiver.terminate()
-        receiver.wait(timeout=30)
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     by_id: dict[str, list[tuple[str, int]]] = {}
     for line in lines:
