@@ -5,13 +5,14 @@ means done, ``Retry``, ``Fail`` and ``MoreWork`` are raised."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from consumers.runtime.types import Record
+from router.wiring.commands import new_command
 from router.workers.handlers import as_handler
 from router.workers.model import Context
-from streams.envelopes import Command, build, encode
+from streams.envelopes import Command, encode
 
 
 def command(
@@ -26,17 +27,15 @@ def command(
     now: datetime | None = None,
 ) -> Command:
     """A valid command (checked as the wire checks it)."""
-    now = now or datetime.now(UTC)
-    return build(
-        Command,
+    return new_command(
+        command_type,
+        project_id,
+        payload=payload,
         command_id=command_id,
-        command_type=command_type,
-        project_id=project_id,
         change_id=change_id,
         task_id=task_id,
-        created_at=now,
-        deadline=now + timedelta(seconds=deadline_s) if deadline_s is not None else None,
-        payload=payload or {},
+        deadline_s=deadline_s,
+        now=now,
     )
 
 
