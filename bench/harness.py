@@ -134,6 +134,7 @@ ROW_ORDER = (
     "raw-consume-queue",
     "worker",
     "worker-flaky",
+    "worker-io",
     "faust-agent",
     "e2e-p50-ms",
     "e2e-p99-ms",

@@ -1,6 +1,8 @@
-"""The command worker: ``worker`` (commands/s of one queue worker, no failures) and
+"""The command worker: ``worker`` (commands/s of one queue worker, no failures),
 ``worker-flaky`` (10 % of the commands failing once, retried after a short delay), beside
-``raw-consume-queue``, the raw confluent-kafka consume of the same queue in the same run.
+``raw-consume-queue``, the raw confluent-kafka consume of the same queue in the same run; and
+``worker-io``: a handler that waits 50 ms on each command (a call to a service), with
+``max_in_flight`` 64 — the ceiling is 64 / 0.05 = 1,280 commands/s, the target 0.6 of it.
 
 Each round fills a queue of its own (untimed, in a forked process): the raw consume and the
 worker read the same one (each with its own group), the flaky worker another, so its retries are
@@ -20,7 +22,7 @@ from consumers.redis_conn import connect
 from router.settings import QueuePolicy, Settings
 from router.wiring.workers import open_worker, provision_queues
 from router.workers.drills import FlakyHandler, OkHandler
-from router.workers.model import QueueHandler
+from router.workers.model import Context, QueueHandler
 from streams.envelopes import Command, build
 from streams.producer import Producer
 from streams.topology import queue_name
@@ -30,10 +32,10 @@ QUEUE = "agent-wakeups"
 FLAKY_DELAY_S = 1.0
 
 
-def _queue_settings(env: BenchEnv, suffix: str) -> Settings:
+def _queue_settings(env: BenchEnv, suffix: str, **queue: object) -> Settings:
     base = env.settings
     queues = dict(base.queues)
-    queues[QUEUE] = queues[QUEUE].model_copy(update={"retry_delay_s": FLAKY_DELAY_S})
+    queues[QUEUE] = queues[QUEUE].model_copy(update={"retry_delay_s": FLAKY_DELAY_S, **queue})
     return Settings(
         env=f"{base.env}_{suffix}{env.round}",
         partitions=base.partitions,
@@ -65,13 +67,15 @@ def _fill(s: Settings, size: int) -> None:
     producer.flush(300)  # raises for any command not acknowledged
 
 
-def _filled(suffix: str) -> Callable[[BenchEnv], None]:
+def _filled(
+    suffix: str, size: Callable[[BenchEnv], int] = lambda env: env.size, **queue: object
+) -> Callable[[BenchEnv], None]:
     def setup(env: BenchEnv) -> None:
-        s = _queue_settings(env, suffix)
+        s = _queue_settings(env, suffix, **queue)
         marker = env.run_dir / f"queue-{s.env}"
         if not marker.exists():
-            isolated(_fill, s, env.size)
-            marker.write_text(str(env.size))
+            isolated(_fill, s, size(env))
+            marker.write_text(str(size(env)))
         env.scratch["settings"] = s
 
     return setup
@@ -107,22 +111,26 @@ def raw_consume_queue(env: BenchEnv) -> list[Row]:
     ]
 
 
-def _through_worker(env: BenchEnv, name: str, handler: QueueHandler) -> list[Row]:
+def _through_worker(
+    env: BenchEnv, name: str, handler: QueueHandler, size: int | None = None, note: str = ""
+) -> list[Row]:
     s = _settings(env)
+    size = env.size if size is None else size
     started = time.perf_counter()
     process = open_worker(s, QUEUE, handler)
     worker = process.worker
     try:
-        worker.run(should_stop=lambda: worker.stats.outcomes["ok"] >= env.size, tick=process.tick)
+        worker.run(should_stop=lambda: worker.stats.outcomes["ok"] >= size, tick=process.tick)
     finally:
         process.close()
     seconds = time.perf_counter() - started
     outcomes = worker.stats.outcomes
-    note = (
+    said = (
         f"batch {worker.policy.batch}, {worker.stats.transactions} transactions, "
         f"{outcomes['retried']} retried"
     )
-    return [rate(name, outcomes["ok"], seconds, "commands/s", vs="raw-consume-queue", note=note)]
+    vs = None if note else "raw-consume-queue"
+    return [rate(name, outcomes["ok"], seconds, "commands/s", vs=vs, note=f"{note}{said}")]
 
 
 @case("worker", setup=_filled("q"), teardown=_forget_worker)
@@ -133,3 +141,40 @@ def worker_ok(env: BenchEnv) -> list[Row]:
 @case("worker-flaky", setup=_filled("qf"), teardown=_forget_worker)
 def worker_flaky(env: BenchEnv) -> list[Row]:
     return _through_worker(env, "worker-flaky", FlakyHandler())
+
+
+# worker-io: a fixed number of commands (at about a thousand a second, the throughput rows'
+# size would take minutes), each waiting IO_WAIT_S in its handler, IO_IN_FLIGHT at once.
+IO_COMMANDS = 6000
+IO_WAIT_S = 0.05
+IO_IN_FLIGHT = 64
+
+
+class WaitingHandler(OkHandler):
+    """Waits as a call to a service would, then succeeds."""
+
+    def handle(self, command: Command, ctx: Context) -> str | None:
+        time.sleep(IO_WAIT_S)
+        return None
+
+
+@case(
+    "worker-io",
+    setup=_filled(
+        "qio",
+        lambda env: min(env.size, IO_COMMANDS),
+        max_in_flight=IO_IN_FLIGHT,
+        batch=IO_IN_FLIGHT,
+    ),
+    teardown=_forget_worker,
+)
+def worker_io(env: BenchEnv) -> list[Row]:
+    target = 0.6 * IO_IN_FLIGHT / IO_WAIT_S
+    return _through_worker(
+        env,
+        "worker-io",
+        WaitingHandler(),
+        size=min(env.size, IO_COMMANDS),
+        note=f"{IO_WAIT_S * 1000:g} ms a command, max_in_flight {IO_IN_FLIGHT} "
+        f"(target {target:,.0f}/s); ",
+    )

@@ -155,7 +155,10 @@ class QueuePolicy(BaseModel):
     batch: int = Field(ge=1)
     retries: int = Field(ge=0)
     retry_delay_s: float = Field(ge=0)
-    concurrency: int = Field(1, ge=1)
+    # Commands one worker process runs at once; each is a thread (concurrency: its old name).
+    max_in_flight: int = Field(
+        1, ge=1, le=1024, validation_alias=AliasChoices("max_in_flight", "concurrency")
+    )
     dead_letter: str | None = "dead-letter"  # purpose of the dead-letter queue, or None
     # A handler still running after this long is a failed attempt (None: no bound); below
     # max_poll_interval_ms, past which the group would drop the worker anyway.
@@ -1431,9 +1434,14 @@ class Settings(BaseSettings):
                     f"unknown queue {name!r}; known: "
                     + ", ".join(f"{p} ({_queue_variable(p)})" for p in QUEUE_PURPOSES)
                 )
-            merged[purpose] = (
-                {**merged[purpose].model_dump(), **given} if isinstance(given, dict) else given
-            )
+            if isinstance(given, dict):
+                # max_in_flight's old name, as a team's existing variables and files spell it.
+                fields = {
+                    ("max_in_flight" if k == "concurrency" else k): v for k, v in given.items()
+                }
+                merged[purpose] = {**merged[purpose].model_dump(), **fields}
+            else:
+                merged[purpose] = given
         return merged
 
     @model_validator(mode="after")

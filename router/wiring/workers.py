@@ -49,7 +49,7 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         batch=queue.batch,
         retries=queue.retries,
         retry_delay_s=queue.retry_delay_s,
-        concurrency=queue.concurrency,
+        max_in_flight=queue.max_in_flight,
         dead_letter=queue.dead_letter,
         max_deliveries=settings.max_command_deliveries,
         max_envelope_bytes=settings.max_envelope_bytes,

@@ -32,7 +32,7 @@ HandlerFunction = Callable[[Command, Context], Any]
 def _call(function: HandlerFunction, command: Command, ctx: Context) -> None:
     result = function(command, ctx)
     if inspect.isawaitable(result):
-        # Each run on a loop of its own: handlers run in the worker's threads (``concurrency``),
+        # Each run on a loop of its own: handlers run in the worker's threads (``max_in_flight``),
         # none of which has a loop running.
         asyncio.run(_awaited(result))
 

@@ -38,7 +38,7 @@ class WorkerPolicy:
     batch: int
     retries: int
     retry_delay_s: float
-    concurrency: int
+    max_in_flight: int
     dead_letter: str | None  # purpose of the dead-letter queue, or None
     max_deliveries: int
     max_envelope_bytes: int
@@ -57,7 +57,7 @@ class WorkerPolicy:
         queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it
         if self.dead_letter is not None:
             queue_name(self.dead_letter, self.env)
-        for name in ("batch", "concurrency", "max_deliveries", "transaction_max_commands"):
+        for name in ("batch", "max_in_flight", "max_deliveries", "transaction_max_commands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"queue {self.purpose}: {name} must be at least 1")
         if self.retries < 0 or self.retry_delay_s < 0:

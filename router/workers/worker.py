@@ -66,7 +66,9 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
 from opentelemetry import trace
@@ -181,6 +183,11 @@ class _Known:
     in_flight: dict[str, str] = field(default_factory=dict)  # id -> its first copy's place
 
 
+# One record's handling in a step: settled already (a duplicate), running in the pool, or to run
+# in this thread when its chunk is settled.
+_Job = _Settled | Future[_Settled] | Callable[[], _Settled]
+
+
 @dataclass
 class _Open:
     """The transaction being filled: the chunks settled since the last commit, not yet sent."""
@@ -229,8 +236,8 @@ class Worker:
         # attempt, and one made by a transaction this step committed may come back in the step.
         self._seen: set[tuple[str, int]] = set()
         self._pool = (
-            ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"worker-{policy.purpose}")
-            if policy.concurrency > 1
+            ThreadPoolExecutor(policy.max_in_flight, thread_name_prefix=f"worker-{policy.purpose}")
+            if policy.max_in_flight > 1
             else None
         )
         self._abandoned: set[Future[str | None]] = set()
@@ -361,27 +368,72 @@ class Worker:
         # everything the consumer was handed of that partition.
         last = {r.tp: i for i, r in enumerate(ready)}
         decoded = [self._decode(r) for r in ready]
-        done_before = self._known(ready, decoded)
+        jobs = self._start(ready, decoded, self._known(ready, decoded))
         committed = 0
         batch = self.policy.batch
-        for start in range(0, len(ready), batch):
-            chunk = ready[start : start + batch]
-            held = len(self._open.records)
-            if self._full(len(chunk)):
-                if not self._commit():
-                    # Nothing after an aborted transaction may commit in this step: a later
-                    # chunk's offsets would pass the rewound records of a partition it shares
-                    # with it (read again, they would start a second retry chain), and the due
-                    # retries it holds were already taken from their buffer. All of it is read
-                    # again.
-                    self._rewind([*self._open_records_dropped(), *ready[start:]])
-                    return -1
-                committed += held
-            ends = self._read_through(
-                tp for tp, i in last.items() if start <= i < start + len(chunk)
-            )
-            self._settle(chunk, decoded[start : start + batch], done_before, ends)
+        try:
+            for start in range(0, len(ready), batch):
+                chunk = ready[start : start + batch]
+                held = len(self._open.records)
+                if self._full(len(chunk)):
+                    if not self._commit():
+                        # Nothing after an aborted transaction may commit in this step: a later
+                        # chunk's offsets would pass the rewound records of a partition it
+                        # shares with it (read again, they would start a second retry chain),
+                        # and the due retries it holds were already taken from their buffer.
+                        # All of it is read again.
+                        self._mark_done(self._drain(jobs[start:]))
+                        self._rewind([*self._open_records_dropped(), *ready[start:]])
+                        return -1
+                    committed += held
+                ends = self._read_through(
+                    tp for tp, i in last.items() if start <= i < start + len(chunk)
+                )
+                self._settle(chunk, jobs[start : start + batch], ends)
+        except BaseException:
+            with suppress(Exception):  # the error that ended the step is the one to raise
+                self._mark_done(self._drain(jobs))
+            raise
         return committed
+
+    def _start(
+        self, ready: list[Record], decoded: list[Command | EnvelopeError], known: _Known
+    ) -> list[_Job]:
+        """One job per record of the poll, in order: a duplicate settled at once, or its run.
+        With ``max_in_flight`` above 1 every run is started now, so that up to that many run at
+        once across the whole poll — a slow command holds back the commit of what follows it,
+        never the running of it; offsets still commit in order, only past settled records."""
+        tracer = tracing.tracer()
+        seen = self._seen
+        jobs: list[_Job] = []
+        for record, command in zip(ready, decoded, strict=True):
+            copy = (command.command_id, _attempt(record)) if isinstance(command, Command) else None
+            if copy is not None and copy in seen:
+                # A second copy in one step: the first copy's fate (done, retry or dead letter)
+                # stands for both, so one command never starts two retry chains (nor runs twice
+                # when the first completed in a transaction the step already committed).
+                jobs.append(_Settled(record, "duplicate"))
+                continue
+            if copy is not None:
+                seen.add(copy)
+            if self._pool is not None:
+                jobs.append(self._pool.submit(self._one, record, command, known, tracer))
+            else:
+                jobs.append(partial(self._one, record, command, known, tracer))
+        return jobs
+
+    @staticmethod
+    def _drain(jobs: list[_Job]) -> list[_Settled]:
+        """Runs of a step that ends early: those not started are called off, those running are
+        waited for (their records are read again, and must not run twice at once). Returns
+        what they settled: the completed ones are recorded done, so that, read again, they are
+        duplicates as any completion in a lost transaction is."""
+        out: list[_Settled] = []
+        for job in jobs:
+            if isinstance(job, Future) and not job.cancel():
+                with suppress(BaseException):
+                    out.append(job.result())
+        return out
 
     def _known(self, ready: list[Record], decoded: list[Command | EnvelopeError]) -> _Known:
         """What the ledger knows of these commands: which completed (with the follow-ups they
@@ -511,52 +563,30 @@ class Worker:
         except EnvelopeError as exc:
             return exc
 
-    def _settle(
-        self,
-        chunk: list[Record],
-        decoded: list[Command | EnvelopeError],
-        done_before: _Known,
-        ends: dict[TP, int],
-    ) -> None:
-        """Runs the chunk's handlers and adds what they settled to the open transaction.
+    def _settle(self, chunk: list[Record], jobs: list[_Job], ends: dict[TP, int]) -> None:
+        """Waits for the chunk's runs and adds what they settled to the open transaction.
         ``ends``: the positions of the partitions the chunk settles everything of
-        (``_read_through``); ``done_before``: the ids the ledger knows completed."""
+        (``_read_through``)."""
         held = self._open
         if not held.records:
             held.since = self.clock.monotonic()
-        pairs: list[tuple[Record, Command | EnvelopeError]] = []
         settled: list[_Settled] = []
-        tracer = tracing.tracer()
-        seen = self._seen
-        for record, command in zip(chunk, decoded, strict=True):
-            copy = (command.command_id, _attempt(record)) if isinstance(command, Command) else None
-            if copy is not None and copy in seen:
-                # A second copy in one step: the first copy's fate (done, retry or dead letter)
-                # stands for both, so one command never starts two retry chains (nor runs twice
-                # when the first completed in a transaction the step already committed).
-                settled.append(_Settled(record, "duplicate"))
-                continue
-            if copy is not None:
-                seen.add(copy)
-            pairs.append((record, command))
+        error: BaseException | None = None
         try:
-            if self._pool is not None:
-                futures = [
-                    self._pool.submit(self._one, r, c, done_before, tracer) for r, c in pairs
-                ]
-                # Every thread is waited for before the first error is raised: a command that
-                # completed beside a failing one is recorded done like the others.
-                error: BaseException | None = None
-                for future in futures:
+            for job in jobs:
+                if isinstance(job, _Settled):
+                    settled.append(job)
+                elif isinstance(job, Future):
+                    # Every run is waited for before the first error is raised: a command that
+                    # completed beside a failing one is recorded done like the others.
                     try:
-                        settled.append(future.result())
+                        settled.append(job.result())
                     except BaseException as exc:
                         error = error or exc
-                if error is not None:
-                    raise error
-            else:
-                for record, command in pairs:
-                    settled.append(self._one(record, command, done_before, tracer))
+                else:
+                    settled.append(job())
+            if error is not None:
+                raise error
         finally:
             # Held even if a later record's hook raised: what completed is recorded done
             # (``_give_up_open``) so that its redelivery finds it.

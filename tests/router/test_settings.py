@@ -3,6 +3,7 @@ and every secret reaching a child process in clear through ``as_environment``.""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -294,7 +295,8 @@ def test_the_whole_queues_json_is_merged_onto_the_defaults(
     assert s.queues["agent-wakeups"] == defaults.queues["agent-wakeups"].model_copy(
         update={"retries": 7, "batch": 2}
     )
-    assert s.queues["release"] == defaults.queues["release"].model_copy(update={"concurrency": 3})
+    # The old name of max_in_flight is still read.
+    assert s.queues["release"] == defaults.queues["release"].model_copy(update={"max_in_flight": 3})
     others = {k: v for k, v in s.queues.items() if k not in {"agent-wakeups", "release"}}
     assert others == {k: defaults.queues[k] for k in others} and len(others) == 4
 
@@ -382,8 +384,19 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         "archive_s3_access_key",
         "archive_s3_secret_key",
     } <= set(names)
-    maps = [n for n in names if typing.get_origin(Settings.model_fields[n].annotation) is dict]
-    secrets = {name: f"s3cret-{name}-é-" + "0" * 32 for name in names if name not in maps}
+    # A queue's HTTP handler secrets live in fleet_workers, as one field of a queue's target.
+    nested = {"fleet_workers"}
+    maps = [
+        n
+        for n in names
+        if typing.get_origin(Settings.model_fields[n].annotation) is dict and n not in nested
+    ]
+    secrets = {
+        name: f"s3cret-{name}-é-" + "0" * 32 for name in names if name not in {*maps, *nested}
+    }
+    # Standard Webhooks secrets have a form of their own: whsec_ and base64.
+    webhook = "whsec_" + base64.b64encode(b"s3cret-" + b"0" * 32).decode()
+    secrets["http_handler_secrets"] = webhook
     named = {name: {"alice": f"s3cret-{name}-" + "0" * 32} for name in maps if name != "kafka"}
     parent = Settings(
         **secrets,  # type: ignore[arg-type]
@@ -394,6 +407,7 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         kafka_oauth_token_url="https://idp.example/token",
         kafka_oauth_client_id="rhumbatron",
         kafka={"client.rack": "s3cret-rack"},
+        fleet_workers={"release": {"http": "https://svc.example/c", "http_secrets": webhook}},
     )
     environment = parent.as_environment()
     assert "**********" not in "".join(environment.values())
@@ -403,6 +417,9 @@ def test_every_secret_reaches_a_child_process_in_clear(monkeypatch: pytest.Monke
         got = getattr(child, name)
         assert got is not None and got.get_secret_value() == value, name
     assert child.kafka_config()["client.rack"] == "s3cret-rack"
+    target = child.fleet_workers["release"]
+    assert not isinstance(target, str) and target.http_secrets is not None
+    assert target.http_secrets.get_secret_value() == webhook
     for name, tokens in named.items():
         assert {k: v.get_secret_value() for k, v in getattr(child, name).items()} == tokens
     assert child == parent

@@ -65,7 +65,7 @@ def policy(purpose: str = "agent-wakeups", **overrides: object) -> WorkerPolicy:
         "batch": 10,
         "retries": 3,
         "retry_delay_s": 30.0,
-        "concurrency": 1,
+        "max_in_flight": 1,
         "dead_letter": "dead-letter",
         "max_deliveries": 4,
         "max_envelope_bytes": MAX,

@@ -32,7 +32,7 @@ def short_queues(delay_s: float, retries: int = 3) -> dict[str, QueuePolicy]:
             batch=policy.batch,
             retries=retries if purpose != "dead-letter" else policy.retries,
             retry_delay_s=delay_s,
-            concurrency=policy.concurrency,
+            max_in_flight=policy.max_in_flight,
             dead_letter=policy.dead_letter,
         )
         for purpose, policy in Settings().queues.items()

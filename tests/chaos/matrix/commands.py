@@ -75,7 +75,7 @@ def settings_for(s: Settings, scenario: Scenario) -> Settings:
                     batch=policy.batch,
                     retries=side.retries if purpose != DEAD_LETTER else policy.retries,
                     retry_delay_s=side.retry_delay_s,
-                    concurrency=policy.concurrency,
+                    max_in_flight=policy.max_in_flight,
                     dead_letter=policy.dead_letter,
                 )
                 for purpose, policy in s.queues.items()

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
@@ -55,12 +56,16 @@ class Run:
     attempt: int
     completes: bool  # done (also more work asked for on the last delivery, acknowledged)
     at: float
+    tp: TP  # the record it ran for
+    offset: int
     fate: str = "pending"  # committed | aborted | abandoned
 
 
 class Journal:
-    """Every handler run, and the fate of the transaction that carried it. A member's runs since
-    its last transaction belong to its next one: a step runs a chunk, then commits or aborts it."""
+    """Every handler run, and the fate of the transaction that carried it: a commit carries the
+    member's pending runs of the records below the offsets it commits (runs of a later chunk,
+    started beside it, wait for their own); an abort ends the step, and every run it started
+    is read again: all its pending runs are aborted."""
 
     def __init__(self) -> None:
         self.runs: list[Run] = []
@@ -70,10 +75,12 @@ class Journal:
         with self._lock:
             self.runs.append(run)
 
-    def settle(self, member: str, fate: str) -> None:
+    def settle(self, member: str, fate: str, offsets: Mapping[TP, int] | None = None) -> None:
         with self._lock:
             for run in self.runs:
-                if run.member == member and run.fate == "pending":
+                if run.member != member or run.fate != "pending":
+                    continue
+                if offsets is None or run.offset < offsets.get(run.tp, -1):
                     run.fate = fate
 
 
@@ -109,7 +116,15 @@ class JournaledHandler(QueueHandler):
             outcome == OK or (outcome == MORE and ctx.attempt >= ctx.max_deliveries)
         )
         self.journal.ran(
-            Run(self.member, command.command_id, ctx.attempt, completes, self.clock.monotonic())
+            Run(
+                self.member,
+                command.command_id,
+                ctx.attempt,
+                completes,
+                self.clock.monotonic(),
+                ctx.record.tp,
+                ctx.record.offset,
+            )
         )
         if crash:  # the process dies in the middle of a chunk, its side effect half done
             raise Crash(HANDLER)
@@ -138,6 +153,7 @@ class JournaledOutput(MemoryOutput):
         self.pattern: tuple[bool, ...] = (False,)
         self.commits_tried = 0
         self.fail_commit = self._should_fail
+        self.offsets: dict[TP, int] = {}
 
     def _should_fail(self) -> bool:
         self.commits_tried += 1
@@ -146,9 +162,18 @@ class JournaledOutput(MemoryOutput):
             return True
         return self.pattern[self.commits_tried % len(self.pattern)]
 
+    def send_offsets(
+        self,
+        offsets: Mapping[TP, int],
+        group_metadata: Any,
+        metadata: Mapping[TP, str] | None = None,
+    ) -> None:
+        super().send_offsets(offsets, group_metadata, metadata)
+        self.offsets = dict(offsets)
+
     def commit(self) -> None:
         super().commit()
-        self.journal.settle(self.member, "committed")
+        self.journal.settle(self.member, "committed", self.offsets)
 
     def abort(self) -> None:
         super().abort()
@@ -183,7 +208,7 @@ class Workload:
     batch: int
     retries: int
     deliveries: int
-    concurrency: int
+    max_in_flight: int
     transaction_max_commands: int  # several chunks may share one transaction
     commands: tuple[Planned, ...]
     actions: tuple[tuple[str, int], ...]
@@ -229,7 +254,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         batch=draw(st.sampled_from([1, 2, 2, 3, 4])),
         retries=retries,
         deliveries=draw(st.integers(1, retries + 3)),
-        concurrency=draw(st.sampled_from([1, 1, 2])),
+        max_in_flight=draw(st.sampled_from([1, 1, 2, 4])),
         transaction_max_commands=draw(st.sampled_from([1, 4, 7, 500])),
         commands=commands,
         actions=tuple(actions),
@@ -258,7 +283,7 @@ class Group:
             batch=w.batch,
             retries=w.retries,
             retry_delay_s=DELAY_S,
-            concurrency=w.concurrency,
+            max_in_flight=w.max_in_flight,
             dead_letter="dead-letter",
             max_deliveries=w.deliveries,
             max_envelope_bytes=MAX,
@@ -573,7 +598,7 @@ DEFECT_7 = Workload(
     batch=4,
     retries=1,
     deliveries=2,
-    concurrency=1,
+    max_in_flight=1,
     transaction_max_commands=4,
     commands=tuple(
         Planned(f"cmd_{i:02d}", (FAIL,) * failures, partition, "p1", 0)
@@ -597,7 +622,7 @@ FURTHER_DELIVERY_IN_ONE_STEP = Workload(
     batch=1,
     retries=1,
     deliveries=2,
-    concurrency=1,
+    max_in_flight=1,
     transaction_max_commands=4,
     commands=tuple(
         Planned(f"cmd_{i:02d}", (), 0, "p1", 1 if i not in (11, 12) else 0) for i in range(12)

@@ -414,10 +414,10 @@ def test_due_retries_after_an_aborted_chunk_are_read_again_not_lost() -> None:
 
 
 def test_a_raising_hook_in_a_threaded_chunk_still_records_what_completed_beside_it() -> None:
-    # Found by the adversarial suite: with concurrency, results were collected in order and the
+    # Found by the adversarial suite: with max_in_flight, results were collected in order and the
     # first failure stopped the collection, so a command completed in another thread after it
     # was not recorded done, and ran again when the chunk was read again.
-    world = World(policy(concurrency=2, retries=0, batch=2))
+    world = World(policy(max_in_flight=2, retries=0, batch=2))
     broken = {"n": 1}
 
     class Recording(Scripted):
