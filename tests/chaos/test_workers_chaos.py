@@ -75,3 +75,43 @@ def test_a_worker_killed_around_its_transaction_keeps_attempts_exact(
     )
     assert seen == [(c.command_id, b"2") for c in flaky]  # exactly one retry record each
     assert stats.get("dead_lettered", 0) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "failpoint", ["worker.before_transaction_commit@2", "worker.after_transaction_commit@2"]
+)
+def test_a_worker_killed_with_64_commands_in_flight_keeps_attempts_exact(
+    make: Callable[..., Settings], failpoint: str
+) -> None:
+    queues = short_queues(1.0)
+    queues[QUEUE] = queues[QUEUE].model_copy(update={"max_in_flight": 64, "batch": 16})
+    s = make(queues=queues)
+    provision_queues(s, [QUEUE])
+    flaky = commands(20, "f", drill="fail-once")
+    fine = commands(180, "k")
+    send(s, flaky[:10] + fine + flaky[10:])
+    killed = start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", failpoints=failpoint)
+    killed.communicate(timeout=120)
+    assert killed.returncode == -9
+    idle = str(s.transaction_timeout_ms / 1000 + 4)
+    stats = finish(
+        start_worker(s, "worker", "--queue", QUEUE, "--handler", "drill", "--until-idle", idle)
+    )
+    drill = read_drill(connect(s.redis_url, timeout=5), s.env, QUEUE)
+    # Runs started beside the killed transaction may run again (side effects are at least
+    # once); what each command ended as, and the retries sent, are exact.
+    assert drill["ok"] == {
+        **{c.command_id: 2 for c in flaky},
+        **{c.command_id: 1 for c in fine},
+    }
+    retries = read_all(s.kafka_bootstrap, [retry_topic(QUEUE, s.env)], expect=21, timeout=10)
+    seen = sorted(
+        (
+            decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id,
+            dict(cast(list[tuple[str, bytes]], m.headers() or []))[ATTEMPT],
+        )
+        for m in retries
+    )
+    assert seen == sorted((c.command_id, b"2") for c in flaky)  # one retry record each
+    assert stats.get("dead_lettered", 0) == 0
