@@ -14,6 +14,8 @@ Handlers — your services doing the work commands ask for (docs/handlers.md)::
         ...
 
 and ``rhumbatron worker --queue indexing --handler your_package.module:handlers``.
+
+Commands from your own service: ``send_command("index.build", "acme-web", command_id=...)``.
 """
 
 from __future__ import annotations
