@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 
 import orjson
+from pydantic import SecretStr
 
 from router.cli.common import non_negative_float, stop_on_signals
 from router.cli.observed import observed
@@ -17,7 +18,7 @@ from router.cli.progress import (
     group_topics,
     start_line,
 )
-from router.settings import Settings
+from router.settings import Settings, worker_target
 from router.wiring.commands import CommandSender, new_command
 from router.wiring.probes import ProcessHealth
 from router.wiring.subscription import redis_client
@@ -94,11 +95,21 @@ def worker_summary(name: str, stats: WorkerStats) -> str:
     )
 
 
+def queue_secrets(settings: Settings, args: argparse.Namespace) -> SecretStr | None:
+    """The queue's own signing secrets, where ``fleet_workers`` gives its workers this URL and
+    secrets of their own (a deployment's pods read them from the config, as the fleet does)."""
+    given = settings.fleet_workers.get(args.queue)
+    if given is None:
+        return None
+    target = worker_target(given)
+    return target.http_secrets if target.http == args.http else None
+
+
 def worker(settings: Settings, args: argparse.Namespace) -> int:
     # A wrong handler is one line and exit 2, before anything starts.
     if args.http is not None:
         name = args.http
-        handler: CommandHandler = http_handler(settings, args.http)
+        handler: CommandHandler = http_handler(settings, args.http, queue_secrets(settings, args))
     else:
         name = args.handler_name
         handler = load_handler(name)
