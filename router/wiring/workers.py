@@ -8,7 +8,7 @@ import atexit
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis
@@ -24,7 +24,6 @@ from router.wiring.provisioning import require_topics, worker_topics
 from router.wiring.subscription import dead_letters, redis_client, redis_wait
 from router.workers.dead_letter_consumer import DeadLetterRecorder
 from router.workers.helpers import RedisIndexStates, RedisWorkflowRegistry
-from router.workers.http_handler import HttpHandler
 from router.workers.model import CommandHandler, WorkerPolicy
 from router.workers.stores import RedisCommandLedger, RedisWorkerMetrics, read_metrics
 from router.workers.worker import Worker, WorkerStats
@@ -32,6 +31,9 @@ from streams.admin import admin_client, provision
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.topology import group_id, transactional_id
+
+if TYPE_CHECKING:
+    from router.workers.http_handler import HttpHandler
 
 DEAD_LETTER_QUEUE = "dead-letter"
 
@@ -185,6 +187,9 @@ def check_http_url(url: str) -> str:
 def http_handler(settings: Settings, url: str, secrets: SecretStr | None = None) -> HttpHandler:
     """The HTTP handler of ``url``, signing with ``secrets`` (a queue's own, from
     ``fleet_workers``) or ``http_handler_secrets``; refused without one."""
+    # Imported here: httpx is loaded by the processes that POST, not by every command.
+    from router.workers.http_handler import HttpHandler
+
     check_http_url(url)
     given = secrets or settings.http_handler_secrets
     if given is None:
