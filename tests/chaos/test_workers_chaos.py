@@ -65,14 +65,7 @@ def test_a_worker_killed_around_its_transaction_keeps_attempts_exact(
     first_attempt_runs = 2 if failpoint == "worker.before_transaction_commit" else 1
     for c in flaky:
         assert drill["runs"][c.command_id] == first_attempt_runs + 1
-    retries = read_all(s.kafka_bootstrap, [retry_topic(QUEUE, s.env)], expect=4, timeout=10)
-    seen = sorted(
-        (
-            decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id,
-            dict(cast(list[tuple[str, bytes]], m.headers() or []))[ATTEMPT],
-        )
-        for m in retries
-    )
+    seen = _retried(s, expect=4)
     assert seen == [(c.command_id, b"2") for c in flaky]  # exactly one retry record each
     assert stats.get("dead_lettered", 0) == 0
 
@@ -105,13 +98,18 @@ def test_a_worker_killed_with_64_commands_in_flight_keeps_attempts_exact(
         **{c.command_id: 2 for c in flaky},
         **{c.command_id: 1 for c in fine},
     }
-    retries = read_all(s.kafka_bootstrap, [retry_topic(QUEUE, s.env)], expect=21, timeout=10)
-    seen = sorted(
+    seen = _retried(s, expect=21)
+    assert seen == sorted((c.command_id, b"2") for c in flaky)  # one retry record each
+    assert stats.get("dead_lettered", 0) == 0
+
+
+def _retried(s: Settings, *, expect: int) -> list[tuple[str, bytes]]:
+    """(command id, attempt) of every record on the queue's retry topic, sorted."""
+    retries = read_all(s.kafka_bootstrap, [retry_topic(QUEUE, s.env)], expect=expect, timeout=10)
+    return sorted(
         (
             decode_command(m.value(), max_bytes=s.max_envelope_bytes).command_id,
             dict(cast(list[tuple[str, bytes]], m.headers() or []))[ATTEMPT],
         )
         for m in retries
     )
-    assert seen == sorted((c.command_id, b"2") for c in flaky)  # one retry record each
-    assert stats.get("dead_lettered", 0) == 0

@@ -23,7 +23,13 @@ from router.wiring.archive import archived_events
 from router.wiring.provisioning import provision_environment
 from streams.errors import InstanceIdHeld
 from streams.workload import workload, write_workload
-from tests.support.environment import ROOT, cleanup_environment, make_settings, subprocess_env
+from tests.support.environment import (
+    NO_SUBSCRIPTIONS,
+    ROOT,
+    cleanup_environment,
+    make_settings,
+    subprocess_env,
+)
 from tests.support.ledger_oracle import applied, assert_applied_once_in_order
 from tests.support.outbox import outbox_for
 from tests.support.prometheus import free_port
@@ -32,13 +38,6 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 PROJECTS, EVENTS = 12, 2400
-NONE = {
-    "project-view-projector": 0,
-    "causal-router": 0,
-    "audit-archiver": 0,
-    "analytics-projector": 0,
-    "ledger": 0,
-}
 
 
 def _fleet_settings(**kw: Any) -> Settings:
@@ -56,7 +55,7 @@ def _fleet_settings(**kw: Any) -> Settings:
 def _provisioned_ledger_fleet(**kw: Any) -> Iterator[Settings]:
     """The publisher, two ledger members and an archiver: nothing else of the fleet."""
     s = _fleet_settings(
-        fleet_subscriptions={**NONE, "ledger": 2, "audit-archiver": 1},
+        fleet_subscriptions={**NO_SUBSCRIPTIONS, "ledger": 2, "audit-archiver": 1},
         fleet_dead_letter_consumer=False,
         fleet_analytics_rollup=False,
         fleet_operator_server=False,

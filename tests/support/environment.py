@@ -24,6 +24,16 @@ TEST_REDIS = os.environ.get("RHUMBATRON_TEST_REDIS_URL", "redis://127.0.0.1:6379
 TEST_STATE = ROOT / ".local" / "test-state"
 
 
+# fleet_subscriptions running none of them: a fleet test names the few it runs.
+NO_SUBSCRIPTIONS = {
+    "project-view-projector": 0,
+    "causal-router": 0,
+    "audit-archiver": 0,
+    "analytics-projector": 0,
+    "ledger": 0,
+}
+
+
 def make_settings(**overrides: object) -> Settings:
     values: dict[str, object] = {
         "env": "t" + secrets.token_hex(5),

@@ -22,7 +22,7 @@ from router.settings import Settings, WorkerTarget
 from router.wiring.workers import provision_queues
 from streams.envelopes import decode_command
 from streams.topology import queue_name
-from tests.support.environment import ROOT
+from tests.support.environment import NO_SUBSCRIPTIONS, ROOT
 from tests.support.kafka import read_all
 from tests.support.node_receiver import SECRET, build, running
 from tests.support.waiting import wait_until
@@ -31,13 +31,6 @@ from tests.support.workers import commands, env_of, send, settings_factory, shor
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "handlers"
-NONE = {
-    "project-view-projector": 0,
-    "causal-router": 0,
-    "audit-archiver": 0,
-    "analytics-projector": 0,
-    "ledger": 0,
-}
 
 
 @pytest.fixture
@@ -113,7 +106,7 @@ def _run_fleet(venv: Path, make: Any, tmp_path: Path, url: str, received: Path) 
     s = make(
         queues=short_queues(0.5),
         retry_tiers_s=[1, 60],
-        fleet_subscriptions=NONE,
+        fleet_subscriptions=NO_SUBSCRIPTIONS,
         fleet_workers={
             "integration": "acme-integration",
             "agent-wakeups": "acme_handlers.wakeups:wake",
