@@ -5,6 +5,7 @@ outbox and its publisher; the figures the demo and operators read."""
 from __future__ import annotations
 
 import atexit
+import ssl
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -201,16 +202,23 @@ def http_handler(settings: Settings, url: str, secrets: SecretStr | None = None)
         keys = webhook_keys(given.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS")
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    return HttpHandler(
-        url,
-        keys,
-        timeout_s=settings.http_handler_timeout_s,
-        max_response_bytes=settings.http_handler_max_response_bytes,
-        max_connections=settings.http_handler_max_connections,
-        ca_file=settings.http_handler_ca_file,
-        cert_file=settings.http_handler_cert_file,
-        key_file=settings.http_handler_key_file,
-    )
+    try:
+        return HttpHandler(
+            url,
+            keys,
+            timeout_s=settings.http_handler_timeout_s,
+            max_response_bytes=settings.http_handler_max_response_bytes,
+            max_connections=settings.http_handler_max_connections,
+            ca_file=settings.http_handler_ca_file,
+            cert_file=settings.http_handler_cert_file,
+            key_file=settings.http_handler_key_file,
+        )
+    except (OSError, ssl.SSLError) as exc:  # a missing or unreadable PEM file
+        raise ConfigurationError(
+            f"HTTP handler {url}: RHUMBATRON_HTTP_HANDLER_CA_FILE / _CERT_FILE / _KEY_FILE "
+            f"({settings.http_handler_ca_file}, {settings.http_handler_cert_file}, "
+            f"{settings.http_handler_key_file}) cannot be used: {exc}"
+        ) from None
 
 
 def serve_worker(

@@ -19,6 +19,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -116,12 +117,15 @@ class HttpHandler(QueueHandler):
         self.url = url
         self.keys = list(keys)
         self.max_response_bytes = max_response_bytes
-        verify: Any = ca_file if ca_file else True
-        cert = (cert_file, key_file) if cert_file and key_file else cert_file
+        # TLS: the CA bundle given (else the system's), and a client certificate for mutual TLS.
+        tls = (
+            ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        )
+        if cert_file:
+            tls.load_cert_chain(cert_file, key_file)
         self.client = httpx.Client(
             timeout=timeout_s,
-            verify=verify,
-            cert=cert,
+            verify=tls,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,8 +47,12 @@ def verifies(keys: list[bytes], headers: dict[str, str], body: bytes) -> bool:
 
 @contextmanager
 def receiving(
-    keys: list[bytes], script: Callable[[dict[str, object], dict[str, str]], Reply]
+    keys: list[bytes],
+    script: Callable[[dict[str, object], dict[str, str]], Reply],
+    *,
+    tls: ssl.SSLContext | None = None,
 ) -> Iterator[Receiver]:
+    """The receiver on a free port; with ``tls``, over HTTPS with that server context."""
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
@@ -71,7 +76,12 @@ def receiving(
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver = Receiver(f"http://127.0.0.1:{server.server_address[1]}/commands", keys, script)
+    scheme = "http"
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    url = f"{scheme}://localhost:{server.server_address[1]}/commands"
+    receiver = Receiver(url, keys, script)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -5,12 +5,15 @@ a rotated secret, replies that are garbage, huge or nothing, follow-ups and more
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 
 import orjson
 import pytest
+import trustme
 
 from router.settings import Settings
 from router.wiring.workers import http_handler
@@ -195,6 +198,11 @@ def test_the_http_handler_is_refused_without_a_secret_or_with_a_bad_one() -> Non
         http_handler(Settings(), "https://svc.example/commands")
     with pytest.raises(ConfigurationError, match="must be an http:// or https:// URL"):
         http_handler(Settings(http_handler_secrets=VECTOR_SECRET), "ftp://svc")
+    with pytest.raises(ConfigurationError, match="cannot be used: .*No such file"):
+        http_handler(
+            Settings(http_handler_secrets=VECTOR_SECRET, http_handler_ca_file="/nonexistent.pem"),
+            "https://svc.example/commands",
+        )
     with pytest.raises(ValueError, match="secret 2 is not whsec_"):
         Settings(http_handler_secrets=f"{VECTOR_SECRET} whsec_short")
 
@@ -210,3 +218,44 @@ def test_the_published_schemas_are_the_models() -> None:
             f"{path} is not what the models say: run .venv/bin/python -m "
             "router.workers.http_handler schemas"
         )
+
+
+def test_tls_with_the_settings_ca_and_a_client_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost")
+    client = ca.issue_cert("rhumbatron-worker")
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "c.pem", tmp_path / "k.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client.cert_chain_pems[0].write_to_path(str(cert_file))
+    client.private_key_pem.write_to_path(str(key_file))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.configure_cert(context)
+    ca.configure_trust(context)
+    context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the worker must show its certificate
+    with receiving([KEY], _by_mode({"ok": _done}), tls=context) as receiver:
+        assert receiver.url.startswith("https://")
+        trusted = World(policy(retries=0))
+        worker = trusted.worker(
+            _handler(
+                receiver.url,
+                [KEY],
+                ca_file=str(ca_file),
+                cert_file=str(cert_file),
+                key_file=str(key_file),
+            )
+        )
+        trusted.send(trusted.command("cmd_tls"))
+        trusted.run_for(worker, 2)
+        assert worker.stats.outcomes["ok"] == 1
+        # Without the CA (the system's do not know it), the TLS failure is a failed attempt.
+        strange = World(policy(retries=0))
+        refused = strange.worker(_handler(receiver.url, [KEY]))
+        strange.send(strange.command("cmd_tls"))
+        strange.run_for(refused, 2)
+    (letter,) = strange.dead_letters()
+    assert b"CERTIFICATE_VERIFY_FAILED" in (header_dict(letter.headers)[ERROR] or b"")
+    assert len(receiver.seen) == 1
+
+
+def _done(attempt: int) -> Reply:
+    return 204, {}, b""
