@@ -273,9 +273,11 @@ def test_the_feed_failing_mid_run_doubles_and_skips_nothing(
 def test_two_pumps_at_once_one_is_fenced_and_nothing_is_doubled(
     s: Settings, server: FeedServer
 ) -> None:
-    # Each page takes a second (five pages): the second pump starts, and fences the first,
-    # while the first is still reading.
-    control(server, delay_s=1.0)
+    # Each page takes three seconds (six pages): the second pump starts, and fences the first,
+    # while the first is still reading. (At one second a page, a second pump slow to start on a
+    # loaded machine found the first done: CI saw it exit 0.) Once the first is gone, the pages
+    # come at once for the second.
+    control(server, delay_s=3.0)
 
     def start() -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -293,6 +295,7 @@ def test_two_pumps_at_once_one_is_fenced_and_nothing_is_doubled(
         time.sleep(0.1)
     second = start()
     _, first_err = first.communicate(timeout=120)
+    control(server, delay_s=0)
     _, second_err = second.communicate(timeout=120)
     assert second.returncode == 0, second_err
     assert first.returncode == 2 and "fenced" in first_err.lower(), first_err
