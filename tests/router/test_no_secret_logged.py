@@ -29,6 +29,7 @@ work, or is exercised where it fails:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -173,6 +174,9 @@ def test_a_full_run_logs_no_secret(
     user, redis_password = redis_login
     markers = {name: _marker(name) for name in secret_fields()}
     markers["redis_password"] = redis_password
+    # Standard Webhooks secrets have a form of their own: whsec_ and base64 (of a marker).
+    http = markers["http_handler_secrets"].encode()
+    markers["http_handler_secrets"] = "whsec_" + base64.b64encode(http).decode()
     url_password = _marker("url-password")
     redis_at = urlsplit(TEST_REDIS)
     pg_outbox = f"postgresql://rhumbatron:{quote(url_password)}@127.0.0.1:5432/rhumbatron"
