@@ -128,7 +128,7 @@ _KAFKA_PROPERTY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 
 def webhook_keys(secrets: str, where: str) -> list[bytes]:
     """The HMAC keys of space-separated Standard Webhooks secrets (``whsec_`` + base64); a
-    wrong one is named by its position, never shown."""
+    wrong one is named by its position, never shown, after ``where`` (a prefix, e.g. "x: ")."""
     keys: list[bytes] = []
     for n, secret in enumerate(secrets.split(), 1):
         body = secret.removeprefix("whsec_")
@@ -138,11 +138,11 @@ def webhook_keys(secrets: str, where: str) -> list[bytes]:
             key = b""
         if not secret.startswith("whsec_") or len(key) < 16:
             raise ValueError(
-                f"{where}: secret {n} is not whsec_ followed by the base64 of at least 16 bytes"
+                f"{where}secret {n} is not whsec_ followed by the base64 of at least 16 bytes"
             )
         keys.append(key)
     if not keys:
-        raise ValueError(f"{where}: no secret given")
+        raise ValueError(f"{where}no secret given")
     return keys
 
 
@@ -191,7 +191,7 @@ class WorkerTarget(BaseModel):
         if self.http_secrets is not None:
             if self.http is None:
                 raise ValueError("http_secrets goes with http")
-            webhook_keys(self.http_secrets.get_secret_value(), "http_secrets")
+            webhook_keys(self.http_secrets.get_secret_value(), "http_secrets: ")
         return self
 
     @property
@@ -1153,7 +1153,7 @@ class Settings(BaseSettings):
     @classmethod
     def _webhook_secrets(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            webhook_keys(value.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS")
+            webhook_keys(value.get_secret_value(), "")  # the error names the variable already
         return value
 
     @model_validator(mode="after")

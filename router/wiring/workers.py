@@ -199,7 +199,7 @@ def http_handler(settings: Settings, url: str, secrets: SecretStr | None = None)
             "(whsec_ and base64, as the receiver has it)"
         )
     try:
-        keys = webhook_keys(given.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS")
+        keys = webhook_keys(given.get_secret_value(), "RHUMBATRON_HTTP_HANDLER_SECRETS: ")
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     try:
