@@ -163,12 +163,6 @@ class QueuePolicy(BaseModel):
     # A handler still running after this long is a failed attempt (None: no bound); below
     # max_poll_interval_ms, past which the group would drop the worker anyway.
     handler_timeout_s: float | None = Field(None, gt=0)
-    # Each project's commands run in arrival order: a failed attempt waits in the worker, not
-    # on a retry topic, and holds the project's later commands back (docs/handlers.md).
-    ordered: bool = False
-    # On an ordered queue: a held project's commands read past its held one before the
-    # partition pauses until the held one is due again.
-    max_project_backlog: int = Field(100, ge=1, le=100_000)
 
     @field_validator("dead_letter")
     @classmethod

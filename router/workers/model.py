@@ -52,20 +52,12 @@ class WorkerPolicy:
     max_retry_delay_s: float = 3600.0
     handler_timeout_s: float | None = None  # a run past it is a failed attempt
     max_abandoned_handlers: int = 4  # timed-out runs still going before the process exits
-    ordered: bool = False  # each project's commands in arrival order, retries held in process
-    max_project_backlog: int = 100  # a held project's later commands read before pausing
 
     def __post_init__(self) -> None:
         queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it
         if self.dead_letter is not None:
             queue_name(self.dead_letter, self.env)
-        for name in (
-            "batch",
-            "max_in_flight",
-            "max_deliveries",
-            "transaction_max_commands",
-            "max_project_backlog",
-        ):
+        for name in ("batch", "max_in_flight", "max_deliveries", "transaction_max_commands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"queue {self.purpose}: {name} must be at least 1")
         if self.retries < 0 or self.retry_delay_s < 0:
