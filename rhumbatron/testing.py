@@ -5,6 +5,7 @@ means done, ``Retry``, ``Fail`` and ``MoreWork`` are raised."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from router.wiring.commands import new_command
 from router.workers.handlers import as_handler
 from router.workers.model import Context
 from streams.envelopes import Command, encode
+from streams.topology import QUEUE_PURPOSES
 
 
 def command(
@@ -47,8 +49,10 @@ def context(
     max_attempts: int = 4,
     max_deliveries: int = 4,
     now: datetime | None = None,
+    queues: Sequence[str] | None = None,
 ) -> Context:
-    """The context of one delivery of ``cmd`` on ``queue``."""
+    """The context of one delivery of ``cmd`` on ``queue``; ``ctx.send`` takes ``queues`` (by
+    default the built-in ones and ``queue``), as a worker's takes the settings' queues."""
     record = Record(
         topic=f"rhumbatron-{queue}-test",
         partition=0,
@@ -65,6 +69,7 @@ def context(
         record=record,
         now=now or datetime.now(UTC),
         command=cmd,
+        queues=tuple(dict.fromkeys([*(QUEUE_PURPOSES if queues is None else queues), queue])),
     )
 
 

@@ -6,7 +6,9 @@ refused when the settings load, naming its variable, not somewhere later by luck
 A command queue's policy field is ``RHUMBATRON_QUEUES__<QUEUE>__<FIELD>``, the queue's name in
 capitals with ``_`` for its hyphens (``RHUMBATRON_QUEUES__AGENT_WAKEUPS__RETRIES=5``); it, and a
 whole ``RHUMBATRON_QUEUES`` JSON object, change only the fields they name and keep every other
-queue's and field's default.
+queue's and field's default. A name that is no built-in queue adds a queue of the settings' own
+(``[queues.payments]`` in the file, ``RHUMBATRON_QUEUES__PAYMENTS__RETRIES=5``), named as
+``streams.topology.check_queue`` allows.
 
 Nothing else in the code carries these numbers: ``streams`` and ``consumers`` take them as
 arguments, built here (``kafka_config``, ``topology``).
@@ -23,6 +25,7 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Iterable
 from contextvars import ContextVar
 from functools import cached_property
 from importlib.resources.abc import Traversable
@@ -52,9 +55,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from streams.errors import ConfigurationError
+from streams.errors import ConfigurationError, TopologyError
 from streams.kafka_config import GUARANTEED
-from streams.topology import QUEUE_PURPOSES, Topology, check_env
+from streams.topology import QUEUE_PURPOSES, Topology, check_env, check_queue, queue_refusal
 from streams.urls import masked
 
 DAY_MS = 86_400_000
@@ -166,11 +169,13 @@ class QueuePolicy(BaseModel):
 
     @field_validator("dead_letter")
     @classmethod
-    def _known_dead_letter(cls, value: str | None) -> str | None:
-        if value is not None and value not in QUEUE_PURPOSES:
-            raise ValueError(
-                f"dead_letter must be a queue ({', '.join(QUEUE_PURPOSES)}) or null, got {value!r}"
-            )
+    def _dead_letter_named_as_a_queue(cls, value: str | None) -> str | None:
+        # That it is one of the settings' queues is checked where they are all known.
+        if value is not None:
+            try:
+                check_queue(value)
+            except TopologyError as exc:
+                raise ValueError(f"dead_letter: {exc}") from None
         return value
 
 
@@ -215,6 +220,12 @@ def _queue_variable(purpose: str) -> str:
     return purpose.upper().replace("-", "_")
 
 
+def _new_queue_policy() -> QueuePolicy:
+    """The policy a queue of the settings' own starts from: what its table gives is laid over
+    it."""
+    return QueuePolicy(batch=10, retries=3, retry_delay_s=30)
+
+
 def _queue_policies() -> dict[str, QueuePolicy]:
     return {
         "agent-wakeups": QueuePolicy(batch=10, retries=3, retry_delay_s=30),
@@ -224,6 +235,13 @@ def _queue_policies() -> dict[str, QueuePolicy]:
         "verification": QueuePolicy(batch=5, retries=3, retry_delay_s=30),
         "release": QueuePolicy(batch=5, retries=3, retry_delay_s=30),
     }
+
+
+def queue_order(queues: Iterable[str]) -> tuple[str, ...]:
+    """The queues' names: the built-in ones in their order, then the settings' own sorted, so
+    the order never depends on which source named a queue."""
+    names = set(queues)
+    return (*(q for q in QUEUE_PURPOSES if q in names), *sorted(names - set(QUEUE_PURPOSES)))
 
 
 def _default_state_dir() -> Path:
@@ -722,7 +740,8 @@ class Settings(BaseSettings):
     queues: dict[str, QueuePolicy] = Field(
         default_factory=_queue_policies,
         description="each queue's policy; what is given is merged onto the defaults (see the "
-        "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form)",
+        "module docstring for the RHUMBATRON_QUEUES__<QUEUE>__<FIELD> form); a name that is no "
+        "built-in queue adds a queue of your own (docs/queues.md)",
     )
     max_command_deliveries: int = Field(4, ge=1)
     http_handler_secrets: SecretStr | None = Field(
@@ -1422,26 +1441,44 @@ class Settings(BaseSettings):
     @classmethod
     def _merge_queues(cls, value: Any) -> Any:
         """What is given for a queue is laid over that queue's default policy, so one field
-        (``RHUMBATRON_QUEUES__INTEGRATION__RETRIES=5``) changes that field alone. Names arrive
-        lower-cased, with ``_`` for ``-``, from a variable's name; an unknown name is refused."""
+        (``RHUMBATRON_QUEUES__INTEGRATION__RETRIES=5``) changes that field alone; a name that is
+        not a built-in queue is a queue of the settings' own, laid over
+        :func:`_new_queue_policy`. Names arrive lower-cased, with ``_`` for ``-``, from a
+        variable's name, and are read that way from anywhere: one queue has one name. A name
+        streams.topology.check_queue refuses is refused, as is a dead_letter that names no
+        queue."""
         if not isinstance(value, dict):
             return value  # pydantic refuses it, saying what it expected
         merged: dict[str, Any] = dict(_queue_policies())
+        spelt: dict[str, str] = {}  # each queue given, as it was given (the refusals quote it)
         for name, given in value.items():
             purpose = str(name).lower().replace("_", "-")
-            if purpose not in merged:
-                raise ValueError(
-                    f"unknown queue {name!r}; known: "
-                    + ", ".join(f"{p} ({_queue_variable(p)})" for p in QUEUE_PURPOSES)
-                )
+            refusal = queue_refusal(purpose)
+            if refusal is not None:
+                # Quoted as given: the refusal's line names the variables that quote it.
+                shown = repr(name) if name == purpose else f"{name!r} (queue {purpose!r})"
+                raise ValueError(f"queue name {shown} is not allowed: {refusal}")
+            spelt[purpose] = str(name)
             if isinstance(given, dict):
                 # max_in_flight's old name, as a team's existing variables and files spell it.
                 fields = {
                     ("max_in_flight" if k == "concurrency" else k): v for k, v in given.items()
                 }
-                merged[purpose] = {**merged[purpose].model_dump(), **fields}
+                base = merged.get(purpose, _new_queue_policy())
+                if isinstance(base, QueuePolicy):
+                    base = base.model_dump()
+                merged[purpose] = {**(base if isinstance(base, dict) else {}), **fields}
             else:
                 merged[purpose] = given
+        for purpose, policy in merged.items():
+            target = policy.get("dead_letter") if isinstance(policy, dict) else None
+            if isinstance(policy, QueuePolicy):
+                target = policy.dead_letter
+            if isinstance(target, str) and target not in merged:
+                raise ValueError(
+                    f"queue {spelt.get(purpose, purpose)!r}: dead_letter must be a queue "
+                    f"({', '.join(queue_order(merged))}) or null, got {target!r}"
+                )
         return merged
 
     @model_validator(mode="after")
@@ -1552,6 +1589,7 @@ class Settings(BaseSettings):
             metrics_retention_ms=self.metrics_retention_ms,
             max_streams=self.max_streams_per_env,
             retry_tiers_s=tuple(self.retry_tiers_s),
+            queues=queue_order(self.queues),
         )
 
 

@@ -16,6 +16,8 @@ from streams.errors import TopologyError
 FNV_OFFSET_BASIS = 0x811C9DC5
 FNV_PRIME = 0x01000193
 
+# The built-in queues, each with its default policy (router.settings); settings add more
+# (``[queues.<name>]``), named as :func:`check_queue` allows.
 QUEUE_PURPOSES = (
     "agent-wakeups",
     "integration",
@@ -24,6 +26,9 @@ QUEUE_PURPOSES = (
     "release",
     "dead-letter",
 )
+# A queue's name is in its topics, its retry topics (plus ``-retry-<N>s`` and the environment),
+# its worker's group and transactional ids and in a variable's name: well within Kafka's 249.
+QUEUE_NAME_MAX = 40
 
 # The queue of every cataloged command type (docs/events.md): where a command goes when its
 # sender names no queue (the causal router, a handler's ctx.send, rhumbatron command send).
@@ -44,6 +49,7 @@ COMMAND_QUEUES: dict[str, str] = {
 _ENV = re.compile(r"^[A-Za-z0-9_]{1,40}$")
 _STREAM = re.compile(r"^[A-Za-z0-9_]+$")
 _SLUG = re.compile(r"^[a-z][a-z0-9-]{0,60}$")
+_QUEUE_CHARACTERS = re.compile(r"^[a-z0-9-]*$")
 
 
 def fnv1a32(text: str) -> int:
@@ -108,13 +114,56 @@ def stream_name(index: int, env: str) -> str:
     return name
 
 
-def queue_name(purpose: str, env: str) -> str:
-    check_env(env)
-    if purpose not in QUEUE_PURPOSES:
-        raise TopologyError(
-            f"unknown queue purpose {purpose!r}; known: {', '.join(QUEUE_PURPOSES)}"
+def check_queue(name: str) -> str:
+    """``name``, if it can name a queue; else a TopologyError naming the rule it breaks. The
+    rules keep every name's topics apart from every other's: ``rhumbatron-<name>-<env>`` (an
+    environment has no ``-``, so the last ``-`` ends the name), its retry topics
+    ``rhumbatron-<name>-retry[-<N>s]-<env>``, and its variables
+    ``RHUMBATRON_QUEUES__<NAME>__<FIELD>``, which spell ``-`` as ``_`` in capitals."""
+    refusal = queue_refusal(name)
+    if refusal is not None:
+        raise TopologyError(f"queue name {name!r} is not allowed: {refusal}")
+    return name
+
+
+def queue_refusal(name: str) -> str | None:
+    """The rule of :func:`check_queue` that ``name`` breaks, or None."""
+    if not 1 <= len(name) <= QUEUE_NAME_MAX:
+        return f"a name has 1 to {QUEUE_NAME_MAX} characters, this one {len(name)}"
+    if not _QUEUE_CHARACTERS.match(name):
+        return (
+            "a name has lowercase letters, digits and - only (no _: a variable's name spells - "
+            "as _, so payments_eu and payments-eu would be one queue)"
         )
+    if not name[0].isalpha():
+        return "a name starts with a letter"
+    if name.endswith("-") or "--" in name:
+        return (
+            "a - stands between two letters or digits (a -- would be the __ that separates the "
+            "parts of a variable's name)"
+        )
+    if name.endswith("-retry") or "-retry-" in name:
+        return (
+            "a name neither ends in -retry nor holds -retry-: rhumbatron-<queue>-retry-<env> "
+            "and rhumbatron-<queue>-retry-<N>s-<env> are the retry topics of <queue>"
+        )
+    return None
+
+
+def queue_name(purpose: str, env: str) -> str:
+    """``rhumbatron-<purpose>-<env>``. Checks the name's grammar, not that the queue is
+    configured: :meth:`Topology.known_queue` does, where the settings' queues are known."""
+    check_env(env)
+    check_queue(purpose)
     return f"rhumbatron-{purpose}-{env}"
+
+
+def unknown_queue(name: str, known: Sequence[str]) -> TopologyError:
+    """The refusal of a queue the settings do not configure, naming those they do."""
+    return TopologyError(
+        f"unknown queue {name!r}; known: {', '.join(known)} (a queue of your own is "
+        "[queues.<name>] in the settings: docs/queues.md)"
+    )
 
 
 def check_slug(slug: str) -> str:
@@ -224,9 +273,14 @@ class Topology:
     max_streams: int
     metrics_retention_ms: int = 30 * 86_400_000
     retry_tiers_s: tuple[int, ...] = ()  # the delays of each queue's retry tiers, ascending
+    queues: tuple[str, ...] = QUEUE_PURPOSES  # the built-in ones, then the settings' own
 
     def __post_init__(self) -> None:
         check_env(self.env)
+        for queue in self.queues:
+            check_queue(queue)
+        if len(set(self.queues)) != len(self.queues):
+            raise TopologyError(f"a queue is named twice in {', '.join(self.queues)}")
         if self.streams < 1:
             raise TopologyError(f"streams must be at least 1, got {self.streams}")
         if self.streams > self.max_streams:
@@ -251,7 +305,14 @@ class Topology:
         return self.stream_for(project_id), partition_for(project_id, self.partitions)
 
     def queue_names(self) -> list[str]:
-        return [queue_name(p, self.env) for p in QUEUE_PURPOSES]
+        return [queue_name(p, self.env) for p in self.queues]
+
+    def known_queue(self, purpose: str) -> str:
+        """``purpose``, if it is one of this environment's queues; else a TopologyError naming
+        them."""
+        if purpose not in self.queues:
+            raise unknown_queue(purpose, self.queues)
+        return purpose
 
     def stream_specs(self) -> list[TopicSpec]:
         config = {"retention.ms": str(self.stream_retention_ms), "cleanup.policy": "delete"}

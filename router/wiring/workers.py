@@ -54,6 +54,7 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         retry_delay_s=queue.retry_delay_s,
         max_in_flight=queue.max_in_flight,
         dead_letter=queue.dead_letter,
+        queues=settings.topology.queues,
         max_deliveries=settings.max_command_deliveries,
         max_envelope_bytes=settings.max_envelope_bytes,
         poll_interval_s=settings.worker_poll_interval_s,

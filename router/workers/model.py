@@ -20,8 +20,16 @@ import redis
 
 from consumers.runtime.types import Record
 from streams.envelopes import Command
+from streams.errors import TopologyError
 from streams.ids import followup_command_id
-from streams.topology import COMMAND_QUEUES, QUEUE_PURPOSES, check_env, queue_name, retry_topic
+from streams.topology import (
+    COMMAND_QUEUES,
+    QUEUE_PURPOSES,
+    check_env,
+    queue_name,
+    retry_topic,
+    unknown_queue,
+)
 
 # The rh.dead_letter_reason of a command's dead letter.
 REASON_FAILED = "failed"
@@ -52,11 +60,16 @@ class WorkerPolicy:
     max_retry_delay_s: float = 3600.0
     handler_timeout_s: float | None = None  # a run past it is a failed attempt
     max_abandoned_handlers: int = 4  # timed-out runs still going before the process exits
+    # The environment's queues (settings.queues): where a follow-up or a dead letter may go.
+    queues: tuple[str, ...] = QUEUE_PURPOSES
 
     def __post_init__(self) -> None:
-        queue_name(self.purpose, check_env(self.env))  # refuses an unknown purpose, naming it
-        if self.dead_letter is not None:
-            queue_name(self.dead_letter, self.env)
+        queue_name(self.purpose, check_env(self.env))  # refuses a name no queue can have
+        for purpose in (self.purpose, self.dead_letter):
+            if purpose is not None and purpose not in self.queues:
+                raise TopologyError(
+                    f"unknown queue purpose {purpose!r}; known: {', '.join(self.queues)}"
+                )
         for name in ("batch", "max_in_flight", "max_deliveries", "transaction_max_commands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"queue {self.purpose}: {name} must be at least 1")
@@ -131,6 +144,8 @@ class Context:
     # Set when the worker stopped waiting for this run (its handler timed out): a send then is
     # refused, since the outcome it would have ridden with was settled without it.
     abandoned: threading.Event = field(default_factory=threading.Event)
+    # The environment's queues (WorkerPolicy.queues): those ctx.send may send to.
+    queues: tuple[str, ...] = QUEUE_PURPOSES
 
     def send(self, command: Command, queue: str | None = None) -> Command:
         """Sends a follow-up command with this run's outcome: it goes out in the same Kafka
@@ -152,10 +167,8 @@ class Context:
                 f"ctx.send: {command.command_type!r} has no queue in the catalog; name one "
                 "with queue=..."
             )
-        if purpose not in QUEUE_PURPOSES:
-            raise ValueError(
-                f"ctx.send: unknown queue {purpose!r}; known: {', '.join(QUEUE_PURPOSES)}"
-            )
+        if purpose not in self.queues:
+            raise ValueError(f"ctx.send: {unknown_queue(purpose, self.queues)}")
         follow_up = command.model_copy(
             update={
                 "command_id": followup_command_id(self.command_id, self.attempt, len(self.sent)),

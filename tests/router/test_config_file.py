@@ -64,7 +64,8 @@ def test_the_file_sets_what_the_environment_does_not(
         ("batch_size = ", "not a readable TOML file: Invalid value"),
         ('batch_size = "many"', "(at batch_size)='many': Input should be a valid integer"),
         ("session_timeout_ms = -5", "(at session_timeout_ms)=-5: Input should be greater than"),
-        ("[queues.integraton]\nretries = 1", "unknown queue 'integraton'"),
+        ("[queues.integration-retry]\nretries = 1", "queue name 'integration-retry' is not"),
+        ('[queues.indexing]\ndead_letter = "integraton"', "dead_letter must be a queue"),
     ],
 )
 def test_a_wrong_file_is_one_line_naming_it(config: Path, text: str, expected: str) -> None:
@@ -74,6 +75,23 @@ def test_a_wrong_file_is_one_line_naming_it(config: Path, text: str, expected: s
     message = str(caught.value)
     assert expected in message and "\n" not in message
     assert str(config) in message or "integraton" in message
+
+
+def test_a_queue_of_your_own_is_a_table_of_the_file(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config.write_text(
+        FILE + "[queues.payments]\nretries = 5\nmax_in_flight = 4\n"
+        '[queues.refunds]\ndead_letter = "payments"\n'
+    )
+    monkeypatch.setenv("RHUMBATRON_QUEUES__PAYMENTS__BATCH", "2")
+    settings = load_settings()
+    payments = settings.queues["payments"]
+    assert (payments.batch, payments.retries, payments.retry_delay_s) == (2, 5, 30)
+    assert (payments.max_in_flight, payments.dead_letter) == (4, "dead-letter")
+    assert settings.queues["refunds"].dead_letter == "payments"
+    assert settings.topology.queues[-2:] == ("payments", "refunds")
+    assert settings.queues["integration"].retries == 6  # the file's other tables still count
 
 
 def test_a_missing_file_is_refused(config: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from router.settings import DAY_MS, Settings, load_settings, shown
+from router.settings import DAY_MS, QueuePolicy, Settings, load_settings, shown
 from router.wiring.causal import router_outbox_path
 from streams.errors import ConfigurationError
 from tests.support.environment import ROOT, make_settings, run_cli, subprocess_env
@@ -143,7 +143,7 @@ BAD_VALUES = [
     ("RHUMBATRON_OPERATOR_PORT", "65536", "less than or equal to 65535"),
     ("RHUMBATRON_OPERATOR_PORT", "-1", "greater than or equal to 0"),
     ("RHUMBATRON_OPERATOR_OUTBOXES", '["a.sqlite"', "expected JSON"),
-    # the queues: malformed JSON, a bad field, an unknown field, an unknown queue
+    # the queues: malformed JSON, a bad field, an unknown field, a name no queue can have
     ("RHUMBATRON_QUEUES", '{"integration": {"retries": 5}', "expected JSON"),
     ("RHUMBATRON_QUEUES", '["integration"]', "valid dictionary"),
     ("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "-1", "greater than or equal to 0"),
@@ -151,7 +151,8 @@ BAD_VALUES = [
     ("RHUMBATRON_QUEUES__RELEASE__RETRY_DELAY_S", "soon", "valid number"),
     ("RHUMBATRON_QUEUES__INDEXING__DEAD_LETTER", '"nowhere"', "dead_letter must be a queue"),
     ("RHUMBATRON_QUEUES__INTEGRATION__RETRYS", "5", "Extra inputs are not permitted"),
-    ("RHUMBATRON_QUEUES__NO_SUCH_QUEUE__RETRIES", "5", "unknown queue 'no_such_queue'"),
+    ("RHUMBATRON_QUEUES__INDEXING__DEAD_LETTER", "payments", "queue 'indexing': dead_letter"),
+    ("RHUMBATRON_QUEUES__PAYMENTS_RETRY__RETRIES", "5", "queue name 'payments_retry'"),
 ]
 
 
@@ -301,17 +302,65 @@ def test_the_whole_queues_json_is_merged_onto_the_defaults(
     assert others == {k: defaults.queues[k] for k in others} and len(others) == 4
 
 
-def test_an_unknown_queue_is_refused_naming_its_variables_alone(
+def test_a_queue_name_no_queue_can_have_is_refused_naming_its_variables_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RHUMBATRON_QUEUES__INTEGRATION__RETRIES", "5")
-    monkeypatch.setenv("RHUMBATRON_QUEUES__AGENT_WAKE__RETRIES", "5")
+    monkeypatch.setenv("RHUMBATRON_QUEUES__AGENT_WAKEUPS_RETRY__RETRIES", "5")
     with pytest.raises(ConfigurationError) as refused:
         load_settings()
     line = str(refused.value)
-    assert line.startswith("invalid setting: RHUMBATRON_QUEUES__AGENT_WAKE__RETRIES='5': ")
-    assert "unknown queue 'agent_wake'" in line and "agent-wakeups (AGENT_WAKEUPS)" in line
+    assert line.startswith(
+        "invalid setting: RHUMBATRON_QUEUES__AGENT_WAKEUPS_RETRY__RETRIES='5': queue name "
+        "'agent_wakeups_retry' (queue 'agent-wakeups-retry') is not allowed: a name neither "
+        "ends in -retry nor holds -retry-: rhumbatron-<queue>-retry-<env> and "
+        "rhumbatron-<queue>-retry-<N>s-<env> are the retry topics of <queue>"
+    )
     assert "RHUMBATRON_QUEUES__INTEGRATION__RETRIES" not in line
+
+
+def test_a_queue_of_your_own_comes_from_its_variables_over_the_new_queue_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    defaults = Settings()
+    monkeypatch.setenv("RHUMBATRON_QUEUES__PAYMENTS__RETRIES", "5")
+    monkeypatch.setenv("RHUMBATRON_QUEUES__PAYMENTS_EU__DEAD_LETTER", "payments")
+    monkeypatch.setenv("RHUMBATRON_QUEUES__INDEXING__DEAD_LETTER", "payments-eu")
+    s = load_settings()
+    # Laid over the new queue's default: batch 10, 3 retries 30 s apart, to dead-letter.
+    assert s.queues["payments"] == QueuePolicy(batch=10, retries=5, retry_delay_s=30)
+    assert s.queues["payments-eu"].dead_letter == "payments"  # _ in a variable is - in a name
+    assert s.queues["indexing"].dead_letter == "payments-eu"
+    # The built-in queues first, in their order, then the settings' own, sorted.
+    assert s.topology.queues == (*defaults.topology.queues, "payments", "payments-eu")
+    assert s.topology.queue_names()[-2:] == [
+        f"rhumbatron-payments-{s.env}",
+        f"rhumbatron-payments-eu-{s.env}",
+    ]
+    assert _queues_but(s, "indexing").keys() - {"payments", "payments-eu"} == set(
+        _queues_but(defaults, "indexing")
+    )
+
+
+def test_a_queues_two_spellings_are_one_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHUMBATRON_QUEUES", '{"payments-eu": {"retries": 1, "batch": 2}}')
+    monkeypatch.setenv("RHUMBATRON_QUEUES__PAYMENTS_EU__RETRIES", "4")
+    s = load_settings()
+    assert (s.queues["payments-eu"].retries, s.queues["payments-eu"].batch) == (4, 2)
+    assert "payments_eu" not in s.queues and s.topology.queues.count("payments-eu") == 1
+
+
+def test_a_dead_letter_naming_no_queue_is_refused_naming_the_queue_and_the_value() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(queues={"payments": {"dead_letter": "payment"}})
+    message = str(refused.value)
+    assert "queue 'payments': dead_letter must be a queue (agent-wakeups, " in message
+    assert "dead-letter, payments) or null, got 'payment'" in message
+    with pytest.raises(ValidationError, match="dead_letter: queue name 'Pay' is not allowed"):
+        QueuePolicy(batch=1, retries=0, retry_delay_s=0, dead_letter="Pay")
+    assert (
+        Settings(queues={"payments": {"dead_letter": None}}).queues["payments"].dead_letter is None
+    )
 
 
 def test_a_parents_queues_reach_a_child_process_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:

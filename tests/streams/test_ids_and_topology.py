@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from streams.errors import TopologyError
 from streams.ids import derived_command_id, new_event_id, stable_event_id
 from streams.topology import (
+    QUEUE_NAME_MAX,
     QUEUE_PURPOSES,
     Topology,
+    check_queue,
     fnv1a32,
     group_id,
     queue_name,
@@ -131,14 +133,82 @@ def test_queue_names_cover_the_six_queues() -> None:
         "rhumbatron-release-dev",
         "rhumbatron-dead-letter-dev",
     ]
-    with pytest.raises(TopologyError, match="unknown queue purpose"):
-        queue_name("emails", "dev")
+    # Any name the grammar allows has a topic; which queues exist is the settings' to say.
+    assert queue_name("emails", "dev") == "rhumbatron-emails-dev"
+    with pytest.raises(TopologyError, match="queue name 'emails-retry' is not allowed"):
+        queue_name("emails-retry", "dev")
     assert group_id("project-view-projector", "dev") == "rhumbatron-project-view-projector-dev"
     with pytest.raises(TopologyError):
         group_id("Bad Slug", "dev")
 
 
-def _topology(**kw: int) -> Topology:
+@pytest.mark.parametrize(
+    "name",
+    ["payments", "agent-wakeups", "dead-letter", "q2", "eu-west-1-billing", "retry", "retryer",
+     "payments-retrying", "a" * QUEUE_NAME_MAX],
+)  # fmt: skip
+def test_a_queue_name_the_grammar_allows(name: str) -> None:
+    assert check_queue(name) == name
+    assert queue_name(name, "dev") == f"rhumbatron-{name}-dev"
+
+
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("", "1 to 40 characters, this one 0"),
+        ("a" * (QUEUE_NAME_MAX + 1), "1 to 40 characters, this one 41"),
+        ("payments_eu", "lowercase letters, digits and - only (no _"),
+        ("Payments", "lowercase letters, digits and - only"),
+        ("pay.ments", "lowercase letters, digits and - only"),
+        ("paymènts", "lowercase letters, digits and - only"),
+        ("9payments", "starts with a letter"),
+        ("-payments", "starts with a letter"),
+        ("payments-", "a - stands between two letters or digits"),
+        ("pay--ments", "a - stands between two letters or digits"),
+        ("payments-retry", "neither ends in -retry nor holds -retry-"),
+        ("payments-retry-30s", "neither ends in -retry nor holds -retry-"),
+        ("payments-retry-eu", "neither ends in -retry nor holds -retry-"),
+    ],
+)
+def test_a_queue_name_the_grammar_refuses_names_the_rule(name: str, rule: str) -> None:
+    with pytest.raises(TopologyError) as refused:
+        check_queue(name)
+    assert str(refused.value).startswith(f"queue name {name!r} is not allowed: ")
+    assert rule in str(refused.value)
+
+
+def test_no_queue_topic_is_another_queues_retry_topic() -> None:
+    # What the -retry rule is for: "payments-retry" would be the retry topic of "payments".
+    t = _topology(retry_tiers_s=(5, 60))
+    names = ["payments", "payments-retrying", "retry", "payments-eu"]
+    topics = [n for q in names for n in (queue_name(q, "dev"), *t.retry_topics(q))]
+    assert len(topics) == len(set(topics))
+    assert t.retry_topics("payments") == [
+        "rhumbatron-payments-retry-dev",
+        "rhumbatron-payments-retry-5s-dev",
+        "rhumbatron-payments-retry-60s-dev",
+    ]
+
+
+def test_a_topology_has_the_queues_it_is_given() -> None:
+    assert _topology().queues == QUEUE_PURPOSES
+    t = _topology(queues=(*QUEUE_PURPOSES, "payments"))
+    assert t.queue_names()[-1] == "rhumbatron-payments-dev"
+    assert [s.name for s in t.queue_specs()][-1] == "rhumbatron-payments-dev"
+    assert t.known_queue("payments") == "payments"
+    with pytest.raises(
+        TopologyError,
+        match=r"unknown queue 'paymnts'; known: agent-wakeups, .*"
+        r"dead-letter, payments \(a queue of your own is \[queues.<name>\]",
+    ):
+        t.known_queue("paymnts")
+    with pytest.raises(TopologyError, match="queue name 'pay_ments' is not allowed"):
+        _topology(queues=("pay_ments",))
+    with pytest.raises(TopologyError, match="a queue is named twice"):
+        _topology(queues=("payments", "payments"))
+
+
+def _topology(**kw: object) -> Topology:
     values = dict(
         env="dev",
         streams=8,

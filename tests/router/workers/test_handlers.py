@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from consumers.runtime.memory_transport import MemoryOutput
-from rhumbatron import Command, Context, Fail, Handlers, MoreWork, QueueHandler, Retry
+from rhumbatron import Command, Context, Fail, Handlers, MoreWork, QueueHandler, Retry, testing
 from router.settings import Settings
+from router.wiring.workers import worker_policy
 from router.workers.handlers import as_handler, load_handler
+from router.workers.outgoing import follow_up_records
 from streams.envelopes import decode_command, encode
-from streams.errors import ConfigurationError, HandlersAbandoned
+from streams.errors import ConfigurationError, HandlersAbandoned, TopologyError
 from streams.headers import (
     ATTEMPTS,
     DEAD_LETTER_REASON,
@@ -26,7 +28,7 @@ from streams.headers import (
     OPERATOR_RETRY,
     header_dict,
 )
-from streams.topology import queue_name
+from streams.topology import QUEUE_PURPOSES, queue_name
 from tests.support.waiting import wait_until
 from tests.support.worker_harness import ENV, MAX, World, policy
 
@@ -426,6 +428,42 @@ def test_a_follow_up_of_a_type_with_no_queue_is_a_failed_attempt_naming_it() -> 
         header_dict(letter.headers)[ERROR] or b""
     )
     assert _follow_ups(world) == []
+
+
+def test_ctx_send_takes_the_settings_queues_and_refuses_any_other_naming_them() -> None:
+    s = Settings(env=ENV, queues={"payments": {"retries": 5}})
+    payments = worker_policy(s, "payments")
+    assert payments.queues == s.topology.queues
+    assert (payments.queue_topic, payments.attempts) == (f"rhumbatron-payments-{ENV}", 6)
+    cmd = testing.command("change.dispatch")
+    ctx = testing.context(cmd, queue="integration", queues=payments.queues)
+    sent = ctx.send(cmd, queue="payments")
+    assert ctx.sent == [("payments", sent)]
+    assert [r.topic for r in follow_up_records(payments, ctx.sent)] == [
+        f"rhumbatron-payments-{ENV}"
+    ]
+    with pytest.raises(ValueError) as refused:
+        ctx.send(cmd, queue="paymnts")
+    assert str(refused.value).startswith("ctx.send: unknown queue 'paymnts'; known: agent-wakeups")
+    assert "dead-letter, payments (a queue of your own is [queues.<name>]" in str(refused.value)
+    # A context knows the built-in queues alone unless it is given the settings'.
+    with pytest.raises(ValueError, match="ctx.send: unknown queue 'payments'"):
+        testing.context(cmd, queue="integration").send(cmd, queue="payments")
+    assert testing.context(cmd, queue="payments").send(cmd, queue="payments")
+
+
+def test_a_policy_refuses_a_queue_or_dead_letter_not_among_its_queues() -> None:
+    queues = (*QUEUE_PURPOSES, "payments")
+    assert policy("payments", queues=queues).queue_topic == f"rhumbatron-payments-{ENV}"
+    assert policy("integration", dead_letter="payments", queues=queues).dead_letter_topic == (
+        f"rhumbatron-payments-{ENV}"
+    )
+    with pytest.raises(TopologyError, match="unknown queue purpose 'payments'; known: agent-"):
+        policy("payments")
+    with pytest.raises(TopologyError, match="unknown queue purpose 'refunds'"):
+        policy("payments", dead_letter="refunds", queues=queues)
+    with pytest.raises(TopologyError, match="queue name 'payments-retry' is not allowed"):
+        policy("payments-retry", queues=(*queues, "payments-retry"))
 
 
 # -- handler_timeout_s -----------------------------------------------------------------------------
