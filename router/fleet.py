@@ -38,7 +38,7 @@ from router.wiring.workers import check_http_url
 from router.workers.handlers import load_handler
 from streams.admin import admin_client
 from streams.errors import ConfigurationError, InstanceIdHeld
-from streams.topology import QUEUE_PURPOSES, group_id
+from streams.topology import group_id, unknown_queue
 
 log = logging.getLogger("rhumbatron.fleet")
 
@@ -86,11 +86,9 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
                 Member(f"{slug}-{n}", ("consume", "--subscription", slug), subscription=slug)
             )
     for purpose, value in settings.fleet_workers.items():
-        if purpose not in QUEUE_PURPOSES:
-            raise ConfigurationError(
-                f"RHUMBATRON_FLEET_WORKERS: unknown queue {purpose!r}; known: "
-                f"{', '.join(QUEUE_PURPOSES)}"
-            )
+        if purpose not in settings.topology.queues:
+            unknown = unknown_queue(purpose, settings.topology.queues)
+            raise ConfigurationError(f"RHUMBATRON_FLEET_WORKERS: {unknown}")
         target = worker_target(value)
         try:
             # Checked here too: a wrong handler or URL stops the fleet at its start.

@@ -21,6 +21,10 @@ def acls(settings: Settings, args: argparse.Namespace) -> int:
         )
     if args.principal is not None and not args.principal.startswith("User:"):
         raise ConfigurationError(f"--principal must be User:<name>, got {args.principal!r}")
+    known = role_names(queues=settings.topology.queues)
+    if args.role is not None and args.role not in known:
+        # Not argparse's choices: the workers' roles follow the settings' queues.
+        raise ConfigurationError(f"--role: unknown role {args.role!r}; known: {', '.join(known)}")
     chosen = roles(settings, env=env)
     if args.role is not None:
         chosen = [r for r in chosen if r.name == args.role]
@@ -45,7 +49,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the Kafka ACLs and Redis ACL user each role needs, derived from the code "
         "(docs/security.md)",
     )
-    p.add_argument("--role", choices=role_names(), help="one role only (default: every role)")
+    p.add_argument(
+        "--role",
+        help="one role only (default: every role): provisioner, publisher, a subscription's "
+        "slug, analytics-rollup, worker-<queue> for each queue of the settings, pump, operator",
+    )
     p.add_argument(
         "--principal",
         metavar="User:NAME",

@@ -1,5 +1,5 @@
-"""What every command module shares: JSON output, durations, counts and feed URLs given on the
-command line, the operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
+"""What every command module shares: JSON output, durations, counts, queues and feed URLs given
+on the command line, the operator's name for audit logs, and a graceful stop on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from streams.errors import ConfigurationError
+from streams.errors import ConfigurationError, TopologyError
+from streams.topology import QUEUE_PURPOSES, Topology
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -60,6 +61,23 @@ def _at_least(text: str, least: int, *, whole: bool) -> float:
     if not value >= least:  # NaN (not a number, or given as "nan") is refused too
         raise argparse.ArgumentTypeError(f"must be {what} >= {least}, got {text!r}")
     return value
+
+
+# What --queue says in --help: the queues are the settings', so argparse cannot list them.
+QUEUE_HELP = (
+    ", ".join(QUEUE_PURPOSES) + " or a queue of the settings' own ([queues.<name>], docs/queues.md)"
+)
+
+
+def known_queue(topology: Topology, name: str | None) -> str | None:
+    """``--queue``'s value, if one of the settings' queues; else a ConfigurationError naming
+    them (exit 2, as argparse's own refusals)."""
+    if name is None:
+        return None
+    try:
+        return topology.known_queue(name)
+    except TopologyError as exc:
+        raise ConfigurationError(f"--queue: {exc}") from None
 
 
 def feed_url(text: str) -> str:

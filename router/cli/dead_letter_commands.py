@@ -12,12 +12,11 @@ from typing import Literal
 from pydantic import ValidationError
 
 from consumers.runtime.dead_letters import LetterKind, LetterStatus
-from router.cli.common import operator_name, positive_int, print_json
+from router.cli.common import QUEUE_HELP, known_queue, operator_name, positive_int, print_json
 from router.operator.models import FILTER_KEYS, SINCE_FORMS, BulkResult, DeadLetterFilter
 from router.operator.service import OperatorService
 from router.settings import Settings
 from streams.errors import BadInput
-from streams.topology import QUEUE_PURPOSES
 
 _WHO = "operator name for the audit log (default: the login name)"
 _FILTER = (
@@ -35,7 +34,7 @@ def dead_letters_list(settings: Settings, args: argparse.Namespace) -> int:
             status=args.status,
             kind=args.kind,
             subscription=args.subscription,
-            queue=args.queue,
+            queue=known_queue(settings.topology, args.queue),
             since=args.since,
             limit=args.limit,
         )
@@ -173,7 +172,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--status", choices=[s.value for s in LetterStatus], help="only this status")
     p.add_argument("--kind", choices=[k.value for k in LetterKind], help="only this kind")
     p.add_argument("--subscription", help="only letters of this subscription")
-    p.add_argument("--queue", choices=QUEUE_PURPOSES, help="only commands from this queue")
+    p.add_argument("--queue", help="only commands from this queue: " + QUEUE_HELP)
     p.add_argument("--since", help="only letters created since: 90s, 30m, 2h, 7d or an ISO time")
     p.add_argument(
         "--limit", type=positive_int, help="at most this many (default: operator_page_size)"

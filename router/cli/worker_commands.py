@@ -10,7 +10,7 @@ from collections import Counter
 import orjson
 from pydantic import SecretStr
 
-from router.cli.common import non_negative_float, stop_on_signals
+from router.cli.common import QUEUE_HELP, known_queue, non_negative_float, stop_on_signals
 from router.cli.observed import observed
 from router.cli.progress import (
     LagProbe,
@@ -35,7 +35,6 @@ from router.wiring.workers import (
 from router.workers.handlers import load_handler
 from router.workers.model import CommandHandler
 from router.workers.worker import WorkerStats
-from streams.topology import QUEUE_PURPOSES
 
 
 def _run(
@@ -106,7 +105,8 @@ def queue_secrets(settings: Settings, args: argparse.Namespace) -> SecretStr | N
 
 
 def worker(settings: Settings, args: argparse.Namespace) -> int:
-    # A wrong handler is one line and exit 2, before anything starts.
+    # A wrong queue or handler is one line and exit 2, before anything starts.
+    known_queue(settings.topology, args.queue)
     if args.http is not None:
         name = args.http
         handler: CommandHandler = http_handler(settings, args.http, queue_secrets(settings, args))
@@ -156,7 +156,7 @@ def command_send(settings: Settings, args: argparse.Namespace) -> int:
         task_id=args.task,
         deadline_s=args.deadline_s,
     )
-    topic = CommandSender(settings).send(command, args.queue)
+    topic = CommandSender(settings).send(command, known_queue(settings.topology, args.queue))
     if args.json:
         sys.stdout.write(orjson.dumps({"command_id": command.command_id, "topic": topic}).decode())
         sys.stdout.write("\n")
@@ -179,7 +179,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--type", required=True, help="the command type, e.g. index.build")
     p.add_argument("--project", required=True, help="the project it is for (its partition key)")
     p.add_argument(
-        "--queue", choices=QUEUE_PURPOSES, default=None, help="default: the type's queue"
+        "--queue", default=None, help=f"the queue ({QUEUE_HELP}); default: the type's queue"
     )
     p.add_argument("--payload", type=_payload, default=None, help="a JSON object")
     p.add_argument("--id", default=None, help="the command id, cmd_…; default: a random one")
@@ -206,7 +206,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "rhumbatron.handlers. Built-in: ok, drill, flaky (drills, the demo and the benchmark). "
         "A service in any language: --http URL.",
     )
-    p.add_argument("--queue", required=True, choices=QUEUE_PURPOSES, help="the queue's purpose")
+    p.add_argument("--queue", required=True, help="the queue: " + QUEUE_HELP)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument(
         "--handler",

@@ -39,7 +39,6 @@ from consumers.redis_conn import address_of
 from router.operator.metrics import registry_for, render
 from router.operator.models import (
     NAME_PATTERN,
-    QUEUE_PATTERN,
     SINCE_FORMS,
     SINCE_HELP,
     SINCE_PATTERN,
@@ -60,6 +59,7 @@ from router.operator.models import (
     RecentFailures,
     Requests,
     Session,
+    queue_pattern,
 )
 from router.operator.service import OperatorService, write_tokens
 from router.settings import Settings
@@ -244,7 +244,8 @@ def create_app(service: OperatorService) -> FastAPI:
     )
     app.state.service = service
     html = page_html()
-    bodies = Requests(settings.operator_text_max_chars)
+    bodies = Requests(settings.operator_text_max_chars, settings.topology.queues)
+    queues = queue_pattern(settings.topology.queues)
     RetryBody, DismissBody = bodies.retry, bodies.dismiss
     BulkRetryBody, BulkDismissBody = bodies.bulk_retry, bodies.bulk_dismiss
     access = Access(settings)
@@ -369,9 +370,7 @@ def create_app(service: OperatorService) -> FastAPI:
         status: LetterStatusParam | None = None,
         kind: LetterKindParam | None = None,
         subscription: Annotated[str | None, Query(pattern=SLUG_PATTERN)] = None,
-        queue: Annotated[
-            str | None, Query(pattern=QUEUE_PATTERN, description="origin queue purpose")
-        ] = None,
+        queue: Annotated[str | None, Query(pattern=queues, description="origin queue")] = None,
         since: Annotated[str | None, Query(pattern=SINCE_PATTERN, description=SINCE_HELP)] = None,
         limit: Annotated[
             int | None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from pydantic import (
 from pydantic_core import core_schema
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, LetterStatus
-from streams.topology import QUEUE_PURPOSES
+from streams.topology import QUEUE_NAME_MAX
 
 
 def _one_of(values: type[StrEnum]) -> GetPydanticSchema:
@@ -57,7 +58,10 @@ LetterKindParam = Annotated[str, _one_of(LetterKind)]
 SLUG_PATTERN = r"^[a-z][a-z0-9-]{0,60}$"
 # streams.envelopes' rule for names such as a project id.
 NAME_PATTERN = r"^[^\x00-\x1f]+$"
-QUEUE_PATTERN = "^(" + "|".join(re.escape(p) for p in QUEUE_PURPOSES) + ")$"
+# streams.topology.check_queue's shape of a queue's name (its length is max_length, QUEUE_NAME_MAX),
+# where the settings' queues are not at hand (a --filter read by the command line): the service
+# checks the name is one of them. The HTTP API's document states them: queue_pattern.
+QUEUE_PATTERN = r"^[a-z](-?[a-z0-9])*$"
 # What ``since`` takes, stated for the OpenAPI document so that every value it allows is one the
 # service accepts: a duration back from now (1 to 99999 of s, m, h or d), or an ISO 8601 date or
 # time of 1900-2099 (a real calendar day; UTC unless it names an offset).
@@ -72,6 +76,12 @@ SINCE_FORMS = (
     "(2026-01-31T09:00:00Z; UTC when it names no offset)"
 )
 SINCE_HELP = "created at or after: " + SINCE_FORMS
+
+
+def queue_pattern(queues: Sequence[str]) -> str:
+    """The settings' queues as a pattern, so the document states the closed set the service
+    takes."""
+    return "^(" + "|".join(re.escape(q) for q in queues) + ")$"
 
 
 class _Shape(BaseModel):
@@ -149,7 +159,9 @@ class DeadLetterFilter(_Shape):
 
     subscription: str | None = Field(None, pattern=SLUG_PATTERN)
     kind: LetterKindParam | None = None
-    queue: str | None = Field(None, pattern=QUEUE_PATTERN, description="origin queue purpose")
+    queue: str | None = Field(
+        None, pattern=QUEUE_PATTERN, max_length=QUEUE_NAME_MAX, description="origin queue"
+    )
     status: LetterStatusParam | None = Field(
         None,
         description="default: the letters the action can take: open ones (and, for a retry, "
@@ -166,7 +178,7 @@ class Requests:
     reason must hold more than blanks: it goes to the audit log. None names who acts: the audit
     names the operator whose token made the call (operator_token_name, operator_tokens)."""
 
-    def __init__(self, max_chars: int) -> None:
+    def __init__(self, max_chars: int, queues: Sequence[str]) -> None:
         # Python strips \x1c-\x1f and \x85 as blanks, which a JSON Schema's \S takes for text:
         # the pattern names them, so the document refuses every reason the server would.
         text = Annotated[
@@ -193,24 +205,26 @@ class Requests:
         self.bulk_retry: type[BaseModel] = create_model(
             "BulkRetryRequest",
             __base__=_Shape,
-            filter=_filter("RetryFilter", LetterStatus.OPEN, LetterStatus.RETRYING),
+            filter=_filter("RetryFilter", queues, LetterStatus.OPEN, LetterStatus.RETRYING),
             dry_run=dry_run,
             reason=optional_reason,
         )
         self.bulk_dismiss: type[BaseModel] = create_model(
             "BulkDismissRequest",
             __base__=_Shape,
-            filter=_filter("DismissFilter", LetterStatus.OPEN),
+            filter=_filter("DismissFilter", queues, LetterStatus.OPEN),
             dry_run=dry_run,
             reason=reason,
         )
 
 
-def _filter(name: str, *statuses: LetterStatus) -> Any:
-    """The filter of a bulk action, its status limited to those the action takes."""
+def _filter(name: str, queues: Sequence[str], *statuses: LetterStatus) -> Any:
+    """The filter of a bulk action, its queue one of ``queues`` and its status limited to those
+    the action takes."""
     model = create_model(
         name,
         __base__=DeadLetterFilter,
+        queue=(str | None, Field(None, pattern=queue_pattern(queues), description="origin queue")),
         status=(
             _status_among(*statuses) | None,
             Field(None, description=DeadLetterFilter.model_fields["status"].description),

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from consumers.runtime.dead_letters import DeadLetter, LetterKind, LetterStatus
 from streams.clock import Clock
 from streams.errors import BadInput, TopologyError
-from streams.topology import QUEUE_PURPOSES, check_slug
+from streams.topology import check_slug, unknown_queue
 
 # A ``since`` given as a duration back from now: the command line's form (90s, 30m, 2h, 7d).
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
@@ -49,10 +49,13 @@ class Selection:
         subscription: str | None = None,
         queue: str | None = None,
         since: str | None = None,
+        queues: tuple[str, ...],
     ) -> Selection:
+        """``queues``: the settings' (Topology.queues), the ones ``queue`` may name."""
         choice("status", status, tuple(LetterStatus))
         choice("kind", kind, tuple(LetterKind))
-        choice("queue", queue, QUEUE_PURPOSES)
+        if queue is not None and queue not in queues:
+            raise BadInput("queue", str(unknown_queue(queue, queues)))
         if subscription is not None:
             try:
                 check_slug(subscription)

@@ -171,6 +171,7 @@ class OperatorService:
             subscription=subscription,
             queue=queue,
             since=since,
+            queues=self.settings.topology.queues,
         )
         statuses = None if chosen.status is None else (chosen.status,)
         fetched, truncated = self._scan(statuses)
@@ -295,7 +296,9 @@ class OperatorService:
         operator: str,
         act: Callable[[str, str], ActionResult],
     ) -> BulkResult:
-        selection = Selection.of(self.clock, **chosen.model_dump())
+        selection = Selection.of(
+            self.clock, **chosen.model_dump(), queues=self.settings.topology.queues
+        )
         allowed = _ACTIONABLE[action]
         if selection.status is not None and selection.status not in allowed:
             raise BadInput(

@@ -422,10 +422,10 @@ def _operator(
 ) -> list[KafkaAcl]:
     env = topology.env
     groups = [group_id(s, env) for s in subscriptions]
-    groups += [group_id(worker_slug(p), env) for p in QUEUE_PURPOSES]
+    groups += [group_id(worker_slug(p), env) for p in topology.queues]
     groups.append(group_id(ROLLUP_SLUG, env))  # the analytics rollup's group (faust's app id)
     # A command letter is sent back to the queue it came from: a queue whose policy dead-letters.
-    origins = [queue_name(p, env) for p in QUEUE_PURPOSES if queues[p].dead_letter is not None]
+    origins = [queue_name(p, env) for p in topology.queues if queues[p].dead_letter is not None]
     redeliveries = [redelivery_topic(s, env) for s in subscriptions]
     described = [
         *topology.stream_names(),
@@ -441,7 +441,7 @@ def _operator(
             "lag: each group's end offsets (ListOffsets) and committed offsets (OffsetFetch)",
         ),
         *_topics(
-            [t for p in QUEUE_PURPOSES for t in topology.retry_topics(p)],
+            [t for p in topology.queues for t in topology.retry_topics(p)],
             (Operation.DESCRIBE,),
             "lag of the workers over their retry topics",
         ),
@@ -635,7 +635,9 @@ def _pump_legacy(key: str) -> RedisAccess:
     )
 
 
-def _redis_parts(role: str, env: str, pump_legacy_key: str) -> tuple[RedisAccess, ...]:
+def _redis_parts(
+    role: str, env: str, queues: Sequence[str], pump_legacy_key: str
+) -> tuple[RedisAccess, ...]:
     if role in (PROVISIONER, PUBLISHER, ANALYTICS_ROLLUP):
         return ()
     if role == PUMP:
@@ -655,7 +657,7 @@ def _redis_parts(role: str, env: str, pump_legacy_key: str) -> tuple[RedisAccess
         if role == ROUTER:
             parts.append(_router_caps(env))
         return tuple(parts)
-    purpose = _purpose_of(role)
+    purpose = _purpose_of(role, queues)
     parts = [_CONNECT, _lease(env, worker_slug(purpose)), _workers(env)]
     if purpose == DEAD_LETTER_QUEUE:
         parts.append(_dead_letters(env, manage=False))
@@ -663,26 +665,29 @@ def _redis_parts(role: str, env: str, pump_legacy_key: str) -> tuple[RedisAccess
 
 
 # -- roles ---------------------------------------------------------------------------------------
-def role_names(subscriptions: Sequence[str] = SUBSCRIPTIONS) -> list[str]:
+def role_names(
+    subscriptions: Sequence[str] = SUBSCRIPTIONS, queues: Sequence[str] = QUEUE_PURPOSES
+) -> list[str]:
+    """Every role, with one worker role per queue of ``queues`` (the settings': Topology.queues)."""
     return [
         PROVISIONER,
         PUBLISHER,
         *subscriptions,
         ANALYTICS_ROLLUP,
-        *(worker_slug(p) for p in QUEUE_PURPOSES),
+        *(worker_slug(p) for p in queues),
         PUMP,
         OPERATOR,
     ]
 
 
-def _purpose_of(role: str) -> str:
-    for purpose in QUEUE_PURPOSES:
+def _purpose_of(role: str, queues: Sequence[str]) -> str:
+    for purpose in queues:
         if role == worker_slug(purpose):
             return purpose
-    raise KeyError(f"unknown role {role!r}; known: {', '.join(role_names())}")
+    raise KeyError(f"unknown role {role!r}; known: {', '.join(role_names(queues=queues))}")
 
 
-def _runs(role: str) -> str:
+def _runs(role: str, queues: Sequence[str]) -> str:
     if role == PROVISIONER:
         return "rhumbatron provision"
     if role == PUBLISHER:
@@ -698,7 +703,7 @@ def _runs(role: str) -> str:
         return "rhumbatron pump (and its checkpoint, skip-through and forget)"
     if role in SUBSCRIPTIONS:
         return f"rhumbatron consume --subscription {role}; rhumbatron subscription … --subscription {role}"
-    purpose = _purpose_of(role)
+    purpose = _purpose_of(role, queues)
     if purpose == DEAD_LETTER_QUEUE:
         return "rhumbatron dead-letter-consumer"
     return f"rhumbatron worker --queue {purpose}"
@@ -731,13 +736,13 @@ def role(
     elif role_name in subscriptions:
         acls = _subscription(topology, role_name)
     else:
-        purpose = _purpose_of(role_name)
+        purpose = _purpose_of(role_name, topology.queues)
         acls = _worker(topology, purpose, queues[purpose])
     return Role(
         role_name,
-        _runs(role_name),
+        _runs(role_name, topology.queues),
         _merged(acls),
-        RedisUser(role_name, _redis_parts(role_name, env, pump_legacy_key)),
+        RedisUser(role_name, _redis_parts(role_name, env, topology.queues, pump_legacy_key)),
     )
 
 
@@ -748,7 +753,7 @@ def roles(settings: Settings, *, env: str | None = None) -> list[Role]:
         topology = dataclasses.replace(topology, env=env)
     return [
         role(name, topology, settings.queues, pump_legacy_key=settings.pump_legacy_key)
-        for name in role_names()
+        for name in role_names(queues=topology.queues)
     ]
 
 

@@ -14,20 +14,19 @@ from router.wiring.provisioning import require_topics
 from streams.envelopes import Command, build
 from streams.errors import ConfigurationError
 from streams.producer import Producer
-from streams.topology import COMMAND_QUEUES, QUEUE_PURPOSES, queue_name
+from streams.topology import COMMAND_QUEUES, Topology, queue_name
 
 
-def queue_of(command_type: str, queue: str | None) -> str:
-    """The queue a command goes to: the one named, else its type's in the catalog."""
+def queue_of(command_type: str, queue: str | None, topology: Topology) -> str:
+    """The queue a command goes to: the one named (one of ``topology``'s), else its type's in
+    the catalog."""
     purpose = queue or COMMAND_QUEUES.get(command_type)
     if purpose is None:
         raise ConfigurationError(
             f"command type {command_type!r} has no queue in the catalog; name one "
-            f"({', '.join(QUEUE_PURPOSES)})"
+            f"({', '.join(topology.queues)})"
         )
-    if purpose not in QUEUE_PURPOSES:
-        raise ConfigurationError(f"unknown queue {purpose!r}; known: {', '.join(QUEUE_PURPOSES)}")
-    return purpose
+    return topology.known_queue(purpose)
 
 
 def new_command(
@@ -68,7 +67,8 @@ class CommandSender:
     def send(self, command: Command, queue: str | None = None, *, flush: bool = True) -> str:
         """Sends ``command``; returns the queue's topic. With ``flush``, returns once Kafka
         acknowledged it (DeliveryFailed otherwise)."""
-        topic = queue_name(queue_of(command.command_type, queue), self.settings.env)
+        topology = self.settings.topology
+        topic = queue_name(queue_of(command.command_type, queue, topology), topology.env)
         if topic not in self._checked:
             require_topics(self.settings, [topic])  # NotProvisioned names what to run
             self._checked.add(topic)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from router.wiring.workers import worker_slug
 from streams.errors import TopologyError
-from streams.topology import QUEUE_PURPOSES, GroupReads, Topology, metrics_topic
+from streams.topology import GroupReads, Topology, metrics_topic
 
 # The analytics rollup's group (faust's app id, router.wiring.analytics.rollup_app_id): it reads
 # the metric points; its tables' changelogs are read by assignment and never committed.
@@ -22,7 +22,7 @@ def group_reads(topology: Topology, group: str) -> GroupReads:
     Kafka's own tools show a group."""
     env = topology.env
     slug = group.removeprefix("rhumbatron-").removesuffix(f"-{env}")
-    for purpose in QUEUE_PURPOSES:
+    for purpose in topology.queues:
         if slug == worker_slug(purpose):
             return topology.worker_reads(slug, purpose)
     if slug == ROLLUP_SLUG:
@@ -33,6 +33,6 @@ def group_reads(topology: Topology, group: str) -> GroupReads:
         everything = (
             *topology.stream_names(),
             *topology.queue_names(),
-            *(t for p in QUEUE_PURPOSES for t in topology.retry_topics(p)),
+            *(t for p in topology.queues for t in topology.retry_topics(p)),
         )
         return GroupReads(group, slug, "other", (), everything)

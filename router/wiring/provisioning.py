@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from router.settings import Settings
 from streams.admin import ProvisionReport, admin_client, ensure_reachable, provision
 from streams.errors import ConfigurationError, NotProvisioned
-from streams.topology import QUEUE_PURPOSES, TopicSpec, Topology
+from streams.topology import TopicSpec, Topology
 
 
 def subscription_slugs() -> list[str]:
@@ -42,7 +42,7 @@ def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> 
     return [
         *topology.all_specs(),
         topology.pump_spec(),
-        *(spec for purpose in QUEUE_PURPOSES for spec in topology.retry_specs(purpose)),
+        *(spec for purpose in topology.queues for spec in topology.retry_specs(purpose)),
         *(topology.redelivery_spec(slug) for slug in slugs),
     ]
 

@@ -165,6 +165,22 @@ def test_dynamic_membership_gives_deployments(tmp_path: Path) -> None:
     assert scaled["scaleTargetRef"]["kind"] == "Deployment"
 
 
+def test_a_queue_of_your_own_in_fleet_workers_is_a_workload_of_its_worker(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        CONFIG.read_text()
+        + '\n[queues.payments]\nretries = 5\n\n[fleet_workers]\npayments = "ok"\n'
+    )
+    docs = _render(path)
+    worker = _by(docs, "Deployment")["worker-payments-1"]
+    container = worker["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["worker", "--queue", "payments", "--handler", "ok"]
+    assert worker["spec"]["replicas"] == 1
+    kubernetes_validate.validate(worker, KUBERNETES, strict=True)
+    # Its pods read the queue's policy from the same file as every other pod.
+    assert "[queues.payments]" in _by(docs, "ConfigMap")["rhumbatron-config"]["data"]["config.toml"]
+
+
 @pytest.mark.parametrize(
     ("changes", "named"),
     [

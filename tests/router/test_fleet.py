@@ -76,6 +76,31 @@ def test_a_plan_names_each_process_and_gives_each_its_own_probe_port(tmp_path: P
     assert members[6].argv == ("worker", "--queue", "agent-wakeups", "--handler", "ok")
 
 
+def test_a_queue_of_your_own_gets_its_workers(tmp_path: Path) -> None:
+    s = _settings(
+        tmp_path,
+        queues={"payments": {"retries": 5}},
+        fleet_workers={"payments": "ok", "indexing": "http://127.0.0.1:9/index"},
+        fleet_worker_processes=2,
+        fleet_dead_letter_consumer=False,
+        fleet_analytics_rollup=False,
+        fleet_operator_server=False,
+    )
+    workers = [m for m in plan(s) if m.argv[0] == "worker"]
+    assert [(m.name, m.argv) for m in workers] == [
+        ("worker-payments-1", ("worker", "--queue", "payments", "--handler", "ok")),
+        ("worker-payments-2", ("worker", "--queue", "payments", "--handler", "ok")),
+        ("worker-indexing-1", ("worker", "--queue", "indexing", "--http", "http://127.0.0.1:9/index")),
+        ("worker-indexing-2", ("worker", "--queue", "indexing", "--http", "http://127.0.0.1:9/index")),
+    ]  # fmt: skip
+    with pytest.raises(ConfigurationError) as refused:
+        plan(_settings(tmp_path, fleet_workers={"payments": "ok"}))
+    assert str(refused.value).startswith(
+        "RHUMBATRON_FLEET_WORKERS: unknown queue 'payments'; known: agent-wakeups, "
+    )
+    assert "[queues.<name>]" in str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("kw", "says"),
     [

@@ -178,6 +178,42 @@ def test_a_worker_says_what_it_reads_and_explains_what_it_settled(s: Settings) -
     assert orjson.loads(done.stdout)["records"] == 0  # stdout keeps the figures as JSON
 
 
+def test_a_queue_of_your_own_is_provisioned_served_and_dead_lettered_with_no_code_change(
+    s: Settings,
+) -> None:
+    own = {"RHUMBATRON_QUEUES__PAYMENTS__RETRIES": "0"}
+    worker = ("worker", "--queue", "payments", "--handler", "drill", "--until-idle", "2")
+    refused = _one_line_error(_cli(s, *worker))  # settings without it
+    assert "--queue: unknown queue 'payments'; known: agent-wakeups, " in refused
+    before = set(_topics_of(s))
+    assert _cli(s, "provision", **own).returncode == 0
+    mine = [
+        f"rhumbatron-payments-{s.env}",
+        f"rhumbatron-payments-retry-{s.env}",
+        *(f"rhumbatron-payments-retry-{t}s-{s.env}" for t in s.retry_tiers_s),
+    ]
+    assert set(mine) <= set(_topics_of(s)) - before
+    for payload in ('{"drill": "ok"}', '{"drill": "fail"}'):
+        sent = _cli(
+            s, "command", "send", "--type", "index.build", "--project", "p1",
+            "--queue", "payments", "--payload", payload, "--json", **own,
+        )  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        assert orjson.loads(sent.stdout)["topic"] == mine[0]
+    done = _cli(s, *worker, **own)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.splitlines()[0].startswith(
+        f"worker payments (drill): env {s.env}, group rhumbatron-worker-payments-{s.env}, "
+        f"topics {', '.join(mine)} (5), "
+    )
+    settled = orjson.loads(done.stdout)
+    assert (settled["records"], settled["ok"], settled["dead_lettered"]) == (2, 1, 1)
+    recorded = _cli(s, "dead-letter-consumer", "--until-idle", "2", **own)
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    listed = _cli(s, "dead-letters", "list", "--queue", "payments", "--json", **own)
+    assert [d["origin_queue"] for d in orjson.loads(listed.stdout)] == ["payments"]
+
+
 def test_drill_records_end_as_the_dead_letters_the_docs_describe(s: Settings) -> None:
     s = runtime_settings(s, batch_retry_backoff_s=0.05, batch_retry_backoff_max_s=0.1)
     assert _cli(s, "provision").returncode == 0

@@ -4,6 +4,7 @@ against Kafka and Redis are in tests/router/operator/test_api.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -211,6 +212,41 @@ def test_bad_listing_arguments_are_refused_naming_the_field(
     assert refused.value.field == field and str(next(iter(arguments.values()))) in str(
         refused.value
     )
+
+
+def test_the_queue_filter_takes_the_settings_queues() -> None:
+    parts = Parts(
+        make_settings(operator_token=TOKEN, operator_read_token=READ_TOKEN, queues={"payments": {}})
+    )
+    letter, _ = command_letter(parts, 1, minutes=1)
+    parts.store.write([dataclasses.replace(letter, origin_queue="payments")])
+    s = parts.service
+    assert [d.origin_queue for d in s.list_dead_letters(queue="payments").items] == ["payments"]
+    assert s.list_dead_letters(queue="integration").items == []
+    chosen = DeadLetterFilter(queue="payments")
+    done = s.bulk_dismiss(chosen, dry_run=True, operator="carol", reason="test")
+    assert [row.id for row in done.letters] == [letter.id]
+    with pytest.raises(BadInput) as refused:
+        s.list_dead_letters(queue="paymnts")
+    assert refused.value.field == "queue"
+    assert "unknown queue 'paymnts'; known: agent-wakeups, " in str(refused.value)
+    assert "dead-letter, payments (a queue of your own" in str(refused.value)
+    with _client(parts) as http:
+        found = http.get("/api/dead-letters", params={"queue": "payments"}, headers=READ)
+        assert found.status_code == 200 and len(found.json()["items"]) == 1
+        for name in ("paymnts", "Pay_ments", "x" * 41):
+            refused_http = http.get("/api/dead-letters", params={"queue": name}, headers=READ)
+            assert refused_http.status_code == 422, name
+        bulk = {"filter": {"queue": "payments"}, "dry_run": True, "reason": "test"}
+        dry = http.post("/api/dead-letters/dismiss", json=bulk, headers=WRITE)
+        assert dry.status_code == 200 and dry.json()["matched"] == 1
+        # The document states the settings' queues, so a client knows the closed set.
+        document = http.get("/openapi.json").json()
+        (param,) = [
+            p for p in document["paths"]["/api/dead-letters"]["get"]["parameters"]
+            if p["name"] == "queue"
+        ]  # fmt: skip
+        assert "|payments)$" in orjson.dumps(param).decode()
 
 
 def test_listing_since_a_time_or_a_duration_back(parts: Parts) -> None:

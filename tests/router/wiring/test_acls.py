@@ -150,6 +150,33 @@ def test_a_worker_writes_its_queue_its_retry_topics_and_the_dead_letter_queue(
         assert writes == expected, purpose
 
 
+def test_a_queue_of_your_own_has_its_workers_role_and_the_others_reach_it() -> None:
+    s = Settings(env="prod", streams=2, queues={"payments": {"dead_letter": "integration"}})
+    grants = _by_name(s)
+    assert [r.name for r in roles(s)] == role_names(queues=s.topology.queues)
+    assert "worker-payments" in grants and grants["worker-payments"].runs == (
+        "rhumbatron worker --queue payments"
+    )
+    mine = grants["worker-payments"]
+    tiers = {f"rhumbatron-payments-retry-{t}s-prod" for t in s.retry_tiers_s}
+    own = {"rhumbatron-payments-prod", "rhumbatron-payments-retry-prod", *tiers}
+    assert _names(mine, Resource.TOPIC, Operation.READ) == own
+    assert _names(mine, Resource.TOPIC, Operation.WRITE) == own | {"rhumbatron-integration-prod"}
+    assert _names(mine, Resource.GROUP, Operation.READ) == {"rhumbatron-worker-payments-prod"}
+    assert _names(mine, Resource.TRANSACTIONAL_ID, Operation.WRITE) == {
+        "rhumbatron-worker-payments-prod-"
+    }
+    assert mine.redis.parts  # its lease and the workers' keys
+    created = _names(grants[PROVISIONER], Resource.TOPIC, Operation.CREATE)
+    assert own <= created
+    operator = grants[OPERATOR]
+    assert "rhumbatron-worker-payments-prod" in _names(operator, Resource.GROUP, Operation.DESCRIBE)
+    assert "rhumbatron-payments-prod" in _names(operator, Resource.TOPIC, Operation.WRITE)
+    assert own <= _names(operator, Resource.TOPIC, Operation.DESCRIBE)
+    with pytest.raises(KeyError, match="unknown role 'worker-payments'"):
+        role("worker-payments", Settings(env="prod").topology, s.queues)
+
+
 def test_the_table_of_kafka_outputs_is_the_processors_effect_kinds(
     prod: Settings, tmp_path: Path
 ) -> None:

@@ -29,6 +29,19 @@ def test_a_worker_and_the_dead_letter_consumer_read_their_queue_and_retry_topics
         assert reads.assigned == ()
 
 
+def test_the_worker_of_a_queue_of_your_own_reads_its_queue_and_retry_topics() -> None:
+    s = make_settings(queues={"payments": {"retries": 5}})
+    reads = group_reads(s.topology, f"rhumbatron-worker-payments-{s.env}")
+    assert (reads.kind, reads.name) == ("command-worker", "worker-payments")
+    assert reads.subscribed == (
+        f"rhumbatron-payments-{s.env}",
+        f"rhumbatron-payments-retry-{s.env}",
+        *(f"rhumbatron-payments-retry-{t}s-{s.env}" for t in s.retry_tiers_s),
+    )
+    # Without the queue in the settings, no worker of the environment has that group.
+    assert group_reads(make_settings(env=s.env).topology, reads.group).kind != "command-worker"
+
+
 def test_a_group_no_wiring_builds_is_shown_only_where_it_committed() -> None:
     s = make_settings()
     reads = group_reads(s.topology, f"rhumbatron-Not_A_Slug-{s.env}")

@@ -36,6 +36,23 @@ def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
     assert len(subscription_topics(topology, "ledger")) == 17
 
 
+def test_a_queue_of_your_own_is_in_the_plan_with_its_retry_topics() -> None:
+    s = make_settings(env="dev", queues={"payments": {}}, retry_tiers_s=[5, 60])
+    planned = {spec.name: spec for spec in environment_specs(s.topology)}
+    mine = [
+        "rhumbatron-payments-dev",
+        "rhumbatron-payments-retry-dev",
+        "rhumbatron-payments-retry-5s-dev",
+        "rhumbatron-payments-retry-60s-dev",
+    ]
+    assert all(planned[name].kind == "queue" for name in mine)
+    assert {planned[name].partitions for name in mine} == {s.queue_partitions}
+    assert len(planned) == len(environment_specs(make_settings(retry_tiers_s=[5, 60]).topology)) + 4
+    # Its worker checks for the same topics, and every other worker may send to its queue.
+    assert set(mine) <= set(worker_topics(s.topology, "payments"))
+    assert "rhumbatron-payments-dev" in worker_topics(s.topology, "integration")
+
+
 def test_a_test_processor_gets_its_redelivery_topic_in_the_plan() -> None:
     topology = make_settings(env="dev").topology
     names = [spec.name for spec in environment_specs(topology, ["kafka-counter"])]
