@@ -407,6 +407,11 @@ def _worker(topology: Topology, purpose: str, policy: QueuePolicy) -> list[Kafka
             "a command with more work goes back to its queue, a failed one to the retry topic, "
             "one out of attempts to the dead-letter queue (router.workers.outgoing)",
         ),
+        *_topics(
+            [q for q in topology.queue_names() if q not in writes],
+            WRITE,
+            "a handler's follow-up commands (ctx.send) go to any queue of the environment",
+        ),
     ]
     if purpose == DEAD_LETTER_QUEUE:
         acls += _dead_letter_writer(env, "the dead-letter consumer records each command letter")

@@ -60,7 +60,7 @@ from router.wiring.analytics import fetch_view, rollup_app_id
 from router.wiring.workers import worker_slug
 from streams.admin import admin_client, delete_topics
 from streams.errors import Unreachable
-from streams.topology import group_id, metrics_topic, queue_name
+from streams.topology import group_id, metrics_topic, retry_topic
 from streams.workload import project_ids
 from tests.support.environment import ROOT, TEST_REDIS, cleanup_environment, make_settings
 from tests.support.kafka_tools import add_acls, add_scram_user, tools_available
@@ -529,8 +529,8 @@ def _kafka_refusals(s: Settings, logins: Logins) -> None:
     # A subscription cannot take another's group, nor write the streams.
     assert _group_refused(logins.kafka_client(PROJECTOR), group_id(ROUTER, s.env), stream)
     assert _write_refused(logins.kafka_client(PROJECTOR), stream)
-    # A worker cannot write another queue.
-    assert _write_refused(logins.kafka_client(WORKER), queue_name("release", s.env))
+    # A worker cannot write another queue's retries (its follow-ups may go to any queue).
+    assert _write_refused(logins.kafka_client(WORKER), retry_topic("release", s.env))
     # The operator sees lag and offsets, and reads no record.
     assert _read_refused(logins.kafka_client(OPERATOR), stream)
 

@@ -135,16 +135,15 @@ def test_transactional_ids_only_where_effects_go_to_kafka(prod: Settings) -> Non
         }
 
 
-def test_a_worker_writes_its_queue_its_retry_topics_and_the_dead_letter_queue(
-    prod: Settings,
-) -> None:
+def test_a_worker_writes_its_retry_topics_and_every_queue(prod: Settings) -> None:
+    """Its own queue and retry topics (retries, further deliveries), the dead-letter queue, and
+    any queue: a handler's follow-ups (ctx.send) go to the queue of their type."""
     grants = _by_name(prod)
+    queues = {queue_name(p, "prod") for p in QUEUE_PURPOSES}
     for purpose in QUEUE_PURPOSES:
         writes = _names(grants[worker_slug(purpose)], Resource.TOPIC, Operation.WRITE)
         tiers = {f"rhumbatron-{purpose}-retry-{t}s-prod" for t in prod.retry_tiers_s}
-        own = {queue_name(purpose, "prod"), f"rhumbatron-{purpose}-retry-prod", *tiers}
-        dead = prod.queues[purpose].dead_letter
-        expected = own | ({queue_name(dead, "prod")} if dead else set())
+        expected = {f"rhumbatron-{purpose}-retry-prod", *tiers} | queues
         if purpose == "dead-letter":
             expected |= set(prod.topology.stream_names()) | {"rhumbatron_dead_letters_prod"}
         assert writes == expected, purpose
@@ -161,7 +160,8 @@ def test_a_queue_of_your_own_has_its_workers_role_and_the_others_reach_it() -> N
     tiers = {f"rhumbatron-payments-retry-{t}s-prod" for t in s.retry_tiers_s}
     own = {"rhumbatron-payments-prod", "rhumbatron-payments-retry-prod", *tiers}
     assert _names(mine, Resource.TOPIC, Operation.READ) == own
-    assert _names(mine, Resource.TOPIC, Operation.WRITE) == own | {"rhumbatron-integration-prod"}
+    every_queue = {queue_name(q, "prod") for q in s.topology.queues}
+    assert _names(mine, Resource.TOPIC, Operation.WRITE) == own | every_queue
     assert _names(mine, Resource.GROUP, Operation.READ) == {"rhumbatron-worker-payments-prod"}
     assert _names(mine, Resource.TRANSACTIONAL_ID, Operation.WRITE) == {
         "rhumbatron-worker-payments-prod-"
