@@ -166,6 +166,14 @@ class QueuePolicy(BaseModel):
     # A handler still running after this long is a failed attempt (None: no bound); below
     # max_poll_interval_ms, past which the group would drop the worker anyway.
     handler_timeout_s: float | None = Field(None, gt=0)
+    # Each project's commands run in arrival order: a failed attempt waits in the worker (not
+    # on a retry topic) and holds the project's later commands back (docs/handlers.md).
+    ordered: bool = False
+    # On an ordered queue, per partition: a held project's later commands kept in memory, and
+    # the projects held at once (their state rides in the group's offset metadata); at either
+    # bound the partition pauses until a held command settles.
+    max_project_backlog: int = Field(100, ge=1, le=10_000)
+    max_held_projects: int = Field(64, ge=1, le=128)
 
     @field_validator("dead_letter")
     @classmethod

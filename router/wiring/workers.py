@@ -65,6 +65,9 @@ def worker_policy(settings: Settings, purpose: str) -> WorkerPolicy:
         max_retry_delay_s=settings.max_retry_delay_s,
         handler_timeout_s=queue.handler_timeout_s,
         max_abandoned_handlers=settings.max_abandoned_handlers,
+        ordered=queue.ordered,
+        max_project_backlog=queue.max_project_backlog,
+        max_held_projects=queue.max_held_projects,
     )
 
 

@@ -60,6 +60,9 @@ class WorkerPolicy:
     max_retry_delay_s: float = 3600.0
     handler_timeout_s: float | None = None  # a run past it is a failed attempt
     max_abandoned_handlers: int = 4  # timed-out runs still going before the process exits
+    ordered: bool = False  # each project's commands in arrival order, retries held in process
+    max_project_backlog: int = 100  # per partition: a held project's later commands kept
+    max_held_projects: int = 64  # per partition: projects held at once
     # The environment's queues (settings.queues): where a follow-up or a dead letter may go.
     queues: tuple[str, ...] = QUEUE_PURPOSES
 
@@ -70,7 +73,14 @@ class WorkerPolicy:
                 raise TopologyError(
                     f"unknown queue purpose {purpose!r}; known: {', '.join(self.queues)}"
                 )
-        for name in ("batch", "max_in_flight", "max_deliveries", "transaction_max_commands"):
+        for name in (
+            "batch",
+            "max_in_flight",
+            "max_deliveries",
+            "transaction_max_commands",
+            "max_project_backlog",
+            "max_held_projects",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"queue {self.purpose}: {name} must be at least 1")
         if self.retries < 0 or self.retry_delay_s < 0:
@@ -119,6 +129,19 @@ class WorkerPolicy:
         if not fitting:
             return own
         return next((t for t in fitting if t[1] >= asked_s), fitting[-1])
+
+    def hold_wait(self, asked_s: float | None, remaining_s: float | None) -> float:
+        """On an ordered queue, how long a failed attempt waits in the worker before the next:
+        the queue's own delay, or the wait asked for, within ``max_retry_delay_s`` and the time
+        left before the deadline (no topic holds it, so no tier rounds it up)."""
+        if asked_s is None:
+            return self.retry_delay_s
+        cap = (
+            self.max_retry_delay_s
+            if remaining_s is None
+            else min(self.max_retry_delay_s, max(remaining_s, 0.0))
+        )
+        return min(max(asked_s, 0.0), cap)
 
     @property
     def dead_letter_topic(self) -> str | None:

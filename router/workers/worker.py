@@ -63,7 +63,7 @@ import contextvars
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
@@ -173,6 +173,71 @@ class _Settled:
     error: BaseException | None = None  # why this attempt failed, or the record was given up
     error_text: str | None = None  # the reason its retry or dead letter carries
     spans: list[Span] = field(default_factory=list)  # its handling's, then its sends'; traced only
+    held: _Held | None = None  # ordered queues: kept in the worker, not settled
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A record of an ordered queue kept in the worker, unsettled: its project's earliest (the
+    attempt it runs next and when; 0: as soon as it comes up), or one behind that."""
+
+    record: Record
+    attempt: int = 1
+    due_ms: int = 0
+    redelivered: bool = False  # its next run is a further delivery (MoreWork), not a retry
+
+
+# The group's offset metadata of an ordered queue's partition: each held project's earliest
+# record, as ``<committed offset - its offset>.<attempt>.<due ms>[m]`` (hexadecimal numbers;
+# "m": a further delivery), comma-separated. What lies between it and the committed offset is
+# its project's backlog if of its project, settled if not.
+HELD_MARK = "held.v1:"
+
+
+def _heads(held: Mapping[int, _Held]) -> dict[bytes | None, _Held]:
+    """Each held project's earliest record (the project is the record's key)."""
+    heads: dict[bytes | None, _Held] = {}
+    for offset in sorted(held):
+        heads.setdefault(held[offset].record.key, held[offset])
+    return heads
+
+
+def _encode_held(held: Mapping[int, _Held], committed: int) -> str:
+    if not held:
+        return ""
+    return HELD_MARK + ",".join(
+        f"{committed - h.record.offset:x}.{h.attempt}.{h.due_ms:x}{'m' if h.redelivered else ''}"
+        for h in _heads(held).values()
+    )
+
+
+def _decode_held(metadata: str, committed: int) -> dict[int, tuple[int, int, bool]]:
+    """offset -> (attempt, due ms, further delivery) of each held project's earliest record;
+    ValueError for metadata that is not ours."""
+    if not metadata.startswith(HELD_MARK):
+        if metadata:
+            raise ValueError(f"not a held-records mark: {metadata[:60]!r}")
+        return {}
+    out: dict[int, tuple[int, int, bool]] = {}
+    for entry in metadata.removeprefix(HELD_MARK).split(","):
+        delta, attempt, due = entry.split(".")
+        out[committed - int(delta, 16)] = (int(attempt), int(due.rstrip("m"), 16), due[-1:] == "m")
+    return out
+
+
+class _Once:
+    """A run in this thread, remembered: an ordered queue's later command asks for it."""
+
+    def __init__(self, run: Callable[[], _Settled]) -> None:
+        self._run: Callable[[], _Settled] | None = run
+        self._result: _Settled | None = None
+
+    def __call__(self) -> _Settled:
+        if self._run is not None:
+            run, self._run = self._run, None
+            self._result = run()
+        assert self._result is not None, "a run that raised is not asked for again"
+        return self._result
 
 
 @dataclass
@@ -186,6 +251,14 @@ class _Known:
 # One record's handling in a step: settled already (a duplicate), running in the pool, or to run
 # in this thread when its chunk is settled.
 _Job = _Settled | Future[_Settled] | Callable[[], _Settled]
+
+
+def _result(job: _Job) -> _Settled:
+    if isinstance(job, _Settled):
+        return job
+    if isinstance(job, Future):
+        return job.result()
+    return job()
 
 
 @dataclass
@@ -242,6 +315,16 @@ class Worker:
         )
         self._abandoned: set[Future[str | None]] = set()
         self._abandoned_lock = threading.Lock()
+        # Ordered queues: the records kept unsettled, per partition by offset; partitions whose
+        # kept records are not read back yet (from the group's offset metadata), and those being
+        # read back (committed offset, offset -> attempt, due, further delivery); partitions
+        # paused at a bound; the kept records this step runs.
+        self._held: dict[TP, dict[int, _Held]] = {}
+        self._unrestored: set[TP] = set()
+        self._restoring: dict[TP, tuple[int, dict[int, tuple[int, int, bool]]]] = {}
+        self._held_paused: set[TP] = set()
+        self._step_held: dict[tuple[TP, int], _Held] = {}
+        self._step_last: dict[tuple[TP, bytes | None], _Job] = {}
 
     # -- group membership ------------------------------------------------------------------------
     def start(self) -> None:
@@ -253,6 +336,8 @@ class Worker:
         self._fresh.update(tps)
         for tp in tps:
             self._committed.pop(tp, None)
+        if self.policy.ordered:
+            self._unrestored.update(tp for tp in tps if tp.topic == self.policy.queue_topic)
         self._ever_assigned = True
         return {}  # resume from the group's committed offsets
 
@@ -269,13 +354,18 @@ class Worker:
             self._paused.discard(tp)
             self._fresh.discard(tp)
             self._committed.pop(tp, None)
+            self._held.pop(tp, None)
+            self._unrestored.discard(tp)
+            self._restoring.pop(tp, None)
+            self._held_paused.discard(tp)
 
     def waiting(self) -> int:
-        """Retry records fetched and held until their due time."""
-        return sum(len(q) for q in self._waiting.values())
+        """Retry records fetched and held until their due time, and an ordered queue's records
+        kept behind a failed attempt."""
+        return sum(len(q) for q in self._waiting.values()) + sum(map(len, self._held.values()))
 
     def paused(self) -> set[TP]:
-        return set(self._paused)
+        return self._paused | self._held_paused
 
     # -- the loop --------------------------------------------------------------------------------
     def run(
@@ -296,6 +386,7 @@ class Worker:
                 if (
                     handled
                     or self._waiting
+                    or self._held
                     or not self._ever_assigned
                     or not self.transport.caught_up(self.transport.assignment())
                 ):
@@ -310,14 +401,20 @@ class Worker:
         ``transaction_max_commands`` commands, when ``transaction_max_ms`` have passed since its
         first chunk, or when a poll brings nothing more. Returns the records committed."""
         committed = 0
-        timeout = self._poll_timeout()
         self._seen = set()
+        timeout = self._poll_timeout()
+        first = True
         try:
             while True:
                 room = max(self.policy.batch, self.policy.transaction_max_commands)
-                records = self.transport.poll(room - len(self._open.records), timeout)
+                records = self.transport.poll(self._room(room - len(self._open.records)), timeout)
                 timeout = 0.0  # the polls after the first take only what has arrived
                 ready = self._arrived(records)
+                if first:
+                    # An ordered queue's kept records that are due, once the first poll has
+                    # taken what a rebalance took away: before what came in.
+                    ready = self._due_held() + ready
+                    first = False
                 done = self._settle_all(ready)
                 if done < 0:
                     return committed
@@ -339,6 +436,8 @@ class Worker:
         if self._fresh:
             self.transport.resume(sorted(self._fresh))
             self._fresh.clear()
+        if self.policy.ordered:
+            records = self._restore(records)
         ready: list[Record] = []
         retry_topics = self.policy.retry_topics
         for record in records:
@@ -406,8 +505,19 @@ class Worker:
         tracer = tracing.tracer()
         seen = self._seen
         jobs: list[_Job] = []
+        # Ordered queues: the projects whose kept records do not run in this step, and the last
+        # job of each project (per partition) in this step, which its next one waits for.
+        blocked = {
+            (tp, h.record.key)
+            for tp, held in self._held.items()
+            for h in held.values()
+            if (tp, h.record.offset) not in self._step_held
+        }
+        last = self._step_last
         for record, command in zip(ready, decoded, strict=True):
-            copy = (command.command_id, _attempt(record)) if isinstance(command, Command) else None
+            state = self._step_held.get((record.tp, record.offset))
+            attempt = state.attempt if state is not None else _attempt(record)
+            copy = (command.command_id, attempt) if isinstance(command, Command) else None
             if copy is not None and copy in seen:
                 # A second copy in one step: the first copy's fate (done, retry or dead letter)
                 # stands for both, so one command never starts two retry chains (nor runs twice
@@ -416,11 +526,37 @@ class Worker:
                 continue
             if copy is not None:
                 seen.add(copy)
+            if self.policy.ordered and record.topic == self.policy.queue_topic:
+                project = (record.tp, record.key)
+                before = last.get(project)
+                if before is None and project in blocked:
+                    job: _Job = _Settled(record, "held", held=_Held(record))
+                else:
+                    run = partial(self._after, before, record, command, known, tracer, state)
+                    job = self._pool.submit(run) if self._pool is not None else _Once(run)
+                last[project] = job
+                jobs.append(job)
+                continue
             if self._pool is not None:
                 jobs.append(self._pool.submit(self._one, record, command, known, tracer))
             else:
                 jobs.append(partial(self._one, record, command, known, tracer))
         return jobs
+
+    def _after(
+        self,
+        before: _Job | None,
+        record: Record,
+        command: Command | EnvelopeError,
+        known: _Known,
+        tracer: trace.Tracer | None,
+        state: _Held | None,
+    ) -> _Settled:
+        """An ordered queue's command: run once its project's command before it in this step
+        settled; kept behind it (unrun) if that one is kept."""
+        if before is not None and _result(before).held is not None:
+            return _Settled(record, "held", held=state or _Held(record))
+        return self._one(record, command, known, tracer, state)
 
     @staticmethod
     def _drain(jobs: list[_Job]) -> list[_Settled]:
@@ -511,6 +647,171 @@ class Worker:
                     self._paused.discard(tp)
         return out
 
+    # -- ordered queues: records kept in the worker ------------------------------------------------
+    def _due_held(self) -> list[Record]:
+        """The kept records of every project whose earliest is due, in offset order: they run
+        first in this step, each project's in order, and a project's new records after them."""
+        self._step_held = {}
+        self._step_last = {}
+        if not self._held:
+            return []
+        now_ms = self._now_ms()
+        out: list[Record] = []
+        for tp in sorted(self._held):
+            if tp in self._restoring:
+                continue  # its projects' kept records are not all read back yet
+            held = self._held[tp]
+            due = {key for key, head in _heads(held).items() if head.due_ms <= now_ms}
+            for offset in sorted(held):
+                if held[offset].record.key in due:
+                    out.append(held[offset].record)
+                    self._step_held[(tp, offset)] = held[offset]
+        return out
+
+    def _held_after(self, settled: list[_Settled]) -> dict[TP, dict[int, _Held]]:
+        """What is kept once these settle: the records they kept, less those they settled."""
+        after = {tp: dict(held) for tp, held in self._held.items()}
+        for s in settled:
+            if s.record.topic != self.policy.queue_topic:
+                continue
+            if s.held is not None:
+                after.setdefault(s.record.tp, {})[s.record.offset] = s.held
+            elif s.record.tp in after:
+                after[s.record.tp].pop(s.record.offset, None)
+        return {tp: held for tp, held in after.items() if held}
+
+    def _room_in(self, tp: TP) -> int:
+        """How many more records a poll may bring of ``tp`` (0: the partition is at a bound):
+        neither a project's backlog past ``max_project_backlog`` nor the projects held past
+        ``max_held_projects`` (their state must fit in the offset metadata)."""
+        held = self._held.get(tp)
+        if not held:
+            return self.policy.max_held_projects
+        counts = Counter(h.record.key for h in held.values())
+        return max(
+            0,
+            min(
+                self.policy.max_held_projects - len(counts),
+                self.policy.max_project_backlog + 1 - max(counts.values()),
+            ),
+        )
+
+    def _pause_held(self) -> None:
+        """Pauses the partitions at a bound, resumes those back under it."""
+        # (One being read back holds no more than was kept before: it reads on to its commit.)
+        for tp in sorted((set(self._held) | self._held_paused) - self._unrestored):
+            full = tp in self._held and tp not in self._restoring and self._room_in(tp) == 0
+            if full and tp not in self._held_paused:
+                self.transport.pause([tp])
+                self._held_paused.add(tp)
+                log.info(
+                    "%s: %s[%d] paused: its kept records are at max_project_backlog=%d or "
+                    "max_held_projects=%d",
+                    self.policy.purpose,
+                    tp.topic,
+                    tp.partition,
+                    self.policy.max_project_backlog,
+                    self.policy.max_held_projects,
+                )
+            elif not full and tp in self._held_paused:
+                self.transport.resume([tp])
+                self._held_paused.discard(tp)
+
+    def _room(self, room: int) -> int:
+        """A poll's size, within what every partition not paused may still take."""
+        if not self.policy.ordered:
+            return room
+        self._pause_held()
+        free = [
+            self._room_in(tp)
+            for tp in self.transport.assignment()
+            if tp.topic == self.policy.queue_topic
+            and tp not in self._held_paused
+            and tp not in self._restoring
+        ]
+        return max(1, min([room, *free]))
+
+    def _restore(self, records: list[Record]) -> list[Record]:
+        """Reads back the kept records of partitions newly assigned, from the group's offset
+        metadata: a partition that lists some is read again from the earliest; below its
+        committed offset, a listed record is kept with its state, one of a listed project after
+        it is kept behind it, and any other is settled already. Returns the records to handle."""
+        for tp in sorted(self._unrestored):
+            try:
+                mark = self.transport.committed([tp]).get(tp)
+                listed = _decode_held(mark.metadata, mark.offset) if mark is not None else {}
+            except ValueError as exc:
+                log.warning(
+                    "%s: %s[%d]: offset metadata ignored: %s",
+                    self.policy.purpose,
+                    tp.topic,
+                    tp.partition,
+                    exc,
+                )
+                mark, listed = None, {}
+            except Exception as exc:  # the group's offsets unknown yet (an open transaction)
+                log.info(
+                    "%s: %s[%d]: kept records not read back yet: %s",
+                    self.policy.purpose,
+                    tp.topic,
+                    tp.partition,
+                    exc,
+                )
+                self._hold_back(tp, records)
+                continue
+            self._unrestored.discard(tp)
+            if mark is not None:
+                self._committed[tp] = mark.offset
+            if listed and mark is not None:
+                self._restoring[tp] = (mark.offset, listed)
+                self._seek_back(tp, min(listed), records)
+            if tp in self._held_paused:
+                self.transport.resume([tp])
+                self._held_paused.discard(tp)
+        if not self._restoring:
+            return [r for r in records if r.tp not in self._unrestored]
+        out: list[Record] = []
+        for record in records:
+            if record.tp in self._unrestored:
+                continue
+            restoring = self._restoring.get(record.tp)
+            if restoring is None:
+                out.append(record)
+                continue
+            committed, listed = restoring
+            if record.offset >= committed:
+                del self._restoring[record.tp]
+                out.append(record)
+                continue
+            held = self._held.setdefault(record.tp, {})
+            if record.offset in listed:
+                attempt, due_ms, redelivered = listed[record.offset]
+                held[record.offset] = _Held(record, attempt, due_ms, redelivered)
+            elif any(h.record.key == record.key for h in held.values()):
+                held[record.offset] = _Held(record)
+            if not held:
+                del self._held[record.tp]
+        for tp, (committed, _) in list(self._restoring.items()):
+            position = self.transport.position(tp)
+            if position is not None and position >= committed:
+                del self._restoring[tp]  # read back to its commit (past markers, no record)
+        return out
+
+    def _seek_back(self, tp: TP, offset: int, records: list[Record]) -> None:
+        """Reads ``tp`` again from ``offset``, dropping what this poll brought of it."""
+        records[:] = [r for r in records if r.tp != tp]
+        self.transport.seek(tp, offset)
+
+    def _hold_back(self, tp: TP, records: list[Record]) -> None:
+        """``tp`` waits until its kept records can be read back: paused, and what this poll
+        brought of it read again."""
+        mine = [r.offset for r in records if r.tp == tp]
+        if mine:
+            self._seek_back(tp, min(mine), records)
+        if tp not in self._held_paused:
+            self.transport.pause([tp])
+            self._held_paused.add(tp)
+
     # -- offsets past the markers --------------------------------------------------------------
     def _read_through(self, tps: Iterable[TP]) -> dict[TP, int]:
         """The consumer's position of each of these partitions none of whose records waits in a
@@ -534,13 +835,21 @@ class Worker:
         ends = {
             tp: offset
             for tp, offset in self._read_through(sorted(self.transport.assignment())).items()
-            if offset != self._committed.get(tp)
+            # (a partition whose kept records are being read back is behind its commit)
+            if offset > self._committed.get(tp, -1)
+            and tp not in self._restoring
+            and tp not in self._unrestored
         }
         if not ends:
             return
+        metadata = (
+            {tp: _encode_held(self._held.get(tp, {}), end) for tp, end in ends.items()}
+            if self.policy.ordered
+            else None
+        )
         try:
             self.output.begin()
-            self.output.send_offsets(ends, self.transport.group_metadata())
+            self.output.send_offsets(ends, self.transport.group_metadata(), metadata)
             self.output.commit()
         except Exception as exc:
             self.output.abort()
@@ -552,6 +861,7 @@ class Worker:
     def _poll_timeout(self) -> float:
         interval = self.policy.poll_interval_s
         heads = [header_int(q[0].headers, DUE_MS, 0) for q in self._waiting.values() if q]
+        heads += [h.due_ms for held in self._held.values() for h in _heads(held).values()]
         if not heads:
             return interval
         return max(0.0, min(interval, (min(heads) - self._now_ms()) / 1000))
@@ -608,12 +918,20 @@ class Worker:
         for tp, end in held.ends.items():
             if tp in offsets:
                 offsets[tp] = max(offsets[tp], end)
+        kept: dict[TP, dict[int, _Held]] = {}
+        metadata: dict[TP, str] | None = None
+        if self.policy.ordered:
+            # Kept records settled now are behind the committed offset: it never moves back,
+            # and what is kept rides in the offset metadata, in the same transaction.
+            kept = self._held_after(held.settled)
+            offsets = {tp: max(o, self._committed.get(tp, 0)) for tp, o in offsets.items()}
+            metadata = {tp: _encode_held(kept.get(tp, {}), o) for tp, o in offsets.items()}
         try:
             self.output.begin()
             for s in held.settled:
                 for out in s.send:
                     self.output.produce(out)
-            self.output.send_offsets(offsets, self.transport.group_metadata())
+            self.output.send_offsets(offsets, self.transport.group_metadata(), metadata)
             self.failpoint("worker.before_transaction_commit")
             self.output.commit()
         except Exception as exc:
@@ -628,6 +946,9 @@ class Worker:
             tracing.end(held.spans(), committed=False)
             return False
         self._open = _Open()
+        if self.policy.ordered:
+            self._held = kept
+            self._pause_held()
         tracing.end(held.spans(), committed=True)
         self.failpoint("worker.after_transaction_commit")
         self._committed.update(offsets)
@@ -664,6 +985,8 @@ class Worker:
     def _rewind(self, chunk: Iterable[Record]) -> None:
         first: dict[TP, int] = {}
         for record in chunk:
+            if record.offset in self._held.get(record.tp, ()):
+                continue  # kept in the worker (not read again): runs again from there
             first[record.tp] = min(first.get(record.tp, record.offset), record.offset)
         for tp, offset in first.items():
             # A retry partition's buffer holds only records after those taken from it (it is
@@ -682,10 +1005,12 @@ class Worker:
         command: Command | EnvelopeError,
         known: _Known,
         tracer: trace.Tracer | None,
+        state: _Held | None = None,
     ) -> _Settled:
-        attempt = _attempt(record)
+        attempt = state.attempt if state is not None else _attempt(record)
+        redelivered = state.redelivered if state is not None else None
         if tracer is None:
-            return self._handle(record, command, known, attempt)
+            return self._handle(record, command, known, attempt, redelivered)
         span = tracing.process_span(tracer, record, self.policy, self.group, attempt)
         if isinstance(command, Command):
             tracing.describe(span, command)
@@ -695,7 +1020,7 @@ class Worker:
             with trace.use_span(
                 span, end_on_exit=False, record_exception=False, set_status_on_exception=False
             ):
-                settled = self._handle(record, command, known, attempt)
+                settled = self._handle(record, command, known, attempt, redelivered)
         except BaseException as exc:
             tracing.failed(span, exc, f"{type(exc).__name__}: {exc}")
             span.end()
@@ -712,6 +1037,7 @@ class Worker:
         command: Command | EnvelopeError,
         known: _Known,
         attempt: int,
+        redelivered: bool | None = None,
     ) -> _Settled:
         if isinstance(command, EnvelopeError):
             return self._undecodable(record, command, attempt)
@@ -734,7 +1060,7 @@ class Worker:
             and not (chain.startswith(ENDED) and OPERATOR_RETRY in header_dict(record.headers))
         ):
             return _Settled(record, "duplicate")
-        settled = self._run(record, command, attempt)
+        settled = self._run(record, command, attempt, redelivered)
         if settled.outcome in ("retried", "more_work"):
             if fresh:
                 settled.chain = (command.command_id, _place(record))
@@ -742,10 +1068,17 @@ class Worker:
             settled.chain_ended = (command.command_id, _place(record))  # done later, or given up
         return settled
 
-    def _run(self, record: Record, command: Command, attempt: int) -> _Settled:
+    def _run(
+        self, record: Record, command: Command, attempt: int, redelivered: bool | None = None
+    ) -> _Settled:
+        """``redelivered``: whether this is a further delivery (MoreWork), where the record
+        cannot say (an ordered queue's kept record); by default, a later attempt on the queue."""
         now = self.clock.now()
+        # An ordered queue's command waits for its next attempt in the worker, not on a topic.
+        kept = self.policy.ordered and record.topic == self.policy.queue_topic
         ctx = Context(
             queue=self.policy.purpose,
+            queues=self.policy.queues,
             attempt=attempt,
             attempts=self.policy.attempts,
             max_deliveries=self.policy.max_deliveries,
@@ -753,7 +1086,11 @@ class Worker:
             now=now,
             headers=header_dict(record.headers),
             command=command,
-            redelivered=attempt > 1 and record.topic == self.policy.queue_topic,
+            redelivered=(
+                redelivered
+                if redelivered is not None
+                else attempt > 1 and record.topic == self.policy.queue_topic
+            ),
         )
         if self.handler.check_deadline and command.deadline is not None and now > command.deadline:
             return self._exhausted(record, command, ctx, CommandExpired(command, now), expired=True)
@@ -761,6 +1098,9 @@ class Worker:
             label = self._run_handler(command, ctx)
         except MoreWork:
             follow_ups = follow_up_records(self.policy, ctx.sent)
+            if attempt < self.policy.max_deliveries and kept:
+                more = _Held(record, attempt + 1, self._now_ms(), redelivered=True)
+                return _Settled(record, "more_work", follow_ups, held=more)
             if attempt < self.policy.max_deliveries:
                 again = next_delivery(self.policy, record, command, attempt + 1)
                 return _Settled(record, "more_work", [again, *follow_ups])
@@ -779,6 +1119,17 @@ class Worker:
             settled.failed = True
             return settled
         except Exception as exc:
+            if attempt < self.policy.attempts and kept:
+                asked = exc.delay_s if isinstance(exc, Retry) else None
+                wait_ms = int(self.policy.hold_wait(asked, ctx.remaining_s) * 1000)
+                return _Settled(
+                    record,
+                    "retried",
+                    failed=True,
+                    error=exc,
+                    error_text=error_text(self.policy, exc),
+                    held=_Held(record, attempt + 1, self._now_ms() + wait_ms),
+                )
             if attempt < self.policy.attempts:
                 asked = exc.delay_s if isinstance(exc, Retry) else None
                 topic, wait_s = self.policy.retry_wait(asked, ctx.remaining_s)

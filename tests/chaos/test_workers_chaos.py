@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
+import orjson
 import pytest
 
 from consumers.redis_conn import connect
@@ -113,3 +114,37 @@ def _retried(s: Settings, *, expect: int) -> list[tuple[str, bytes]]:
         )
         for m in retries
     )
+
+
+@pytest.mark.slow
+def test_an_ordered_queue_killed_while_a_project_waits_goes_on_in_order(
+    make: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Killed after the commit that kept a failed command (and its project's later ones) in
+    the worker: the next worker reads them back from the group's offset metadata, runs attempt
+    2 after its delay, then the project's later commands, in order; no retry topic is used."""
+    queues = short_queues(1.0)
+    queues[QUEUE] = queues[QUEUE].model_copy(update={"ordered": True})
+    s = make(queues=queues)
+    provision_queues(s, [QUEUE])
+    later = commands(1, "l", mode="later")
+    done = commands(4, "d")
+    ordered = [c.model_copy(update={"project_id": "proj-one"}) for c in later + done]
+    send(s, ordered)
+    journal = tmp_path / "journal.ndjson"
+    handler = ("worker", "--queue", QUEUE, "--handler", "tests.support.team_handlers:handlers")
+    killed = start_worker(
+        s, *handler, failpoints="worker.after_transaction_commit", journal=journal
+    )
+    killed.communicate(timeout=120)
+    assert killed.returncode == -9
+    idle = str(s.transaction_timeout_ms / 1000 + 4)
+    stats = finish(start_worker(s, *handler, "--until-idle", idle, journal=journal))
+    runs = [orjson.loads(line) for line in journal.read_text().splitlines()]
+    assert [(r["id"], r["attempt"]) for r in runs] == [
+        (ordered[0].command_id, 1),
+        (ordered[0].command_id, 2),
+        *((c.command_id, 1) for c in ordered[1:]),
+    ]
+    assert stats["ok"] == 5
+    assert _retried(s, expect=1) == []  # read for its whole timeout: nothing comes

@@ -73,10 +73,15 @@ def cli(s: Settings, *args: str, check: bool = True) -> subprocess.CompletedProc
     return run_cli(s, *args, env=env_of(s), check=check)
 
 
-def start_worker(s: Settings, *args: str, failpoints: str = "") -> subprocess.Popen[str]:
+def start_worker(
+    s: Settings, *args: str, failpoints: str = "", journal: Path | None = None
+) -> subprocess.Popen[str]:
+    """``journal``: where tests.support.team_handlers notes each run."""
     env = env_of(s)
     if failpoints:
         env["RHUMBATRON_FAILPOINTS"] = failpoints
+    if journal is not None:
+        env["TEAM_JOURNAL"] = str(journal)
     return subprocess.Popen(
         [sys.executable, "-m", "router.cli", *args],
         cwd=ROOT,

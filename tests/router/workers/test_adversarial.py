@@ -4,6 +4,9 @@ due while new commands arrive; aborted transactions, crashes around the commit a
 handler, partitions moved between workers, workers joining and taking over. After healing (every partition owned, run until idle), the outcome is
 checked against a record of our own: the handler's runs per command and attempt, split by whether
 the transaction that carried them committed, and the retry and dead-letter topics as read back.
+On an ordered queue, each project's commands also run in arrival order: none runs before every
+command of its project sent before it has run its last, and a failed attempt waits in the
+worker (its state in the group's offset metadata), never on the retry topic.
 
 A run whose transaction aborted (or whose worker crashed before the commit) may run again at the
 same attempt number: a handler's side effects are at least once (DESIGN.md §9, §10). Everything
@@ -13,6 +16,7 @@ attempts and none for the others."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import Counter
@@ -58,6 +62,7 @@ class Run:
     at: float
     tp: TP  # the record it ran for
     offset: int
+    key: bytes | None  # its project
     fate: str = "pending"  # committed | aborted | abandoned
 
 
@@ -75,13 +80,31 @@ class Journal:
         with self._lock:
             self.runs.append(run)
 
-    def settle(self, member: str, fate: str, offsets: Mapping[TP, int] | None = None) -> None:
+    def settle(
+        self,
+        member: str,
+        fate: str,
+        offsets: Mapping[TP, int] | None = None,
+        kept: Mapping[TP, Mapping[int, tuple[int, bytes | None]]] | None = None,
+    ) -> None:
+        """``kept``: an ordered queue's records the commit keeps in the worker, as its offset
+        metadata lists them: each held project's earliest, offset -> (the attempt it runs
+        next, its project). A run of one before that attempt is carried by the commit, a later
+        one is not yet, nor is a run of its project's later records (kept behind it)."""
         with self._lock:
             for run in self.runs:
                 if run.member != member or run.fate != "pending":
                     continue
-                if offsets is None or run.offset < offsets.get(run.tp, -1):
+                if offsets is None:
                     run.fate = fate
+                elif run.offset < offsets.get(run.tp, -1):
+                    heads = (kept or {}).get(run.tp, {})
+                    head = heads.get(run.offset)
+                    behind = any(
+                        key == run.key and offset < run.offset for offset, (_, key) in heads.items()
+                    )
+                    if not behind and (head is None or run.attempt < head[0]):
+                        run.fate = fate
 
 
 class JournaledHandler(QueueHandler):
@@ -124,6 +147,7 @@ class JournaledHandler(QueueHandler):
                 self.clock.monotonic(),
                 ctx.record.tp,
                 ctx.record.offset,
+                ctx.record.key,
             )
         )
         if crash:  # the process dies in the middle of a chunk, its side effect half done
@@ -154,6 +178,8 @@ class JournaledOutput(MemoryOutput):
         self.commits_tried = 0
         self.fail_commit = self._should_fail
         self.offsets: dict[TP, int] = {}
+        self.kept: dict[TP, dict[int, tuple[int, bytes | None]]] = {}
+        self.records = log
 
     def _should_fail(self) -> bool:
         self.commits_tried += 1
@@ -170,14 +196,35 @@ class JournaledOutput(MemoryOutput):
     ) -> None:
         super().send_offsets(offsets, group_metadata, metadata)
         self.offsets = dict(offsets)
+        self.kept = {
+            tp: {
+                offset: (attempt, self.records.read(tp, offset, 1)[0].key)
+                for offset, attempt in kept_in(mark, offsets[tp]).items()
+            }
+            for tp, mark in (metadata or {}).items()
+        }
 
     def commit(self) -> None:
         super().commit()
-        self.journal.settle(self.member, "committed", self.offsets)
+        self.journal.settle(self.member, "committed", self.offsets, self.kept)
 
     def abort(self) -> None:
         super().abort()
         self.journal.settle(self.member, "aborted")
+
+
+def kept_in(metadata: str, committed: int) -> dict[int, int]:
+    """offset -> next attempt of the kept records an ordered queue's offset metadata lists: as
+    docs/handlers.md gives it, ``held.v1:`` then ``<committed - offset>.<attempt>.<due>[m]``
+    (hexadecimal), comma-separated."""
+    if not metadata:
+        return {}
+    assert metadata.startswith("held.v1:"), metadata
+    out: dict[int, int] = {}
+    for entry in metadata.removeprefix("held.v1:").split(","):
+        delta, attempt, _ = entry.split(".")
+        out[committed - int(delta, 16)] = int(attempt)
+    return out
 
 
 # -- the workload --------------------------------------------------------------------------------
@@ -215,6 +262,11 @@ class Workload:
     commit_fails: tuple[bool, ...]  # until healing, commit n fails if [n % len] is set
     storm: int  # rounds of steps and time passing after the actions, before healing
     storm_tick_s: float
+    # An ordered queue: each project on one partition, its commands in order; a project's kept
+    # records at most max_project_backlog behind its earliest, max_held_projects per partition.
+    ordered: bool = False
+    max_project_backlog: int = 100
+    max_held_projects: int = 64
 
 
 ACTIONS = ("step", "step", "step", "advance", "abort", "crash", "move", "join")
@@ -222,6 +274,7 @@ ADVANCES = (1.0, 10.0, 29.0, 30.0, 45.0, 61.0)
 HANDLER = "handler"
 FOLLOW_UP_QUEUE = "integration"
 CRASH_POINTS = ("worker.before_transaction_commit", "worker.after_transaction_commit", HANDLER)
+PROJECTS = ("p1", "p2", "p3")
 
 
 @st.composite
@@ -235,14 +288,21 @@ def workloads(draw: st.DrawFn) -> Workload:
     # and a later wave arrives while those retries come due.
     waves = draw(st.lists(st.integers(0, len(actions)), min_size=1, max_size=4))
     n = draw(st.integers(1, 14))
+    ordered = draw(st.booleans())
     commands = tuple(
         Planned(
             command_id=f"cmd_{i:02d}",
             script=tuple(
                 draw(st.lists(st.sampled_from([FAIL, FAIL, FAIL, MORE]), max_size=retries + 3))
             ),
-            partition=draw(st.integers(0, queue_partitions - 1)),
-            project=draw(st.sampled_from(["p1", "p2", "p3"])),
+            project=(project := draw(st.sampled_from(PROJECTS))),
+            # Keyed by project as a sender keys it: on an ordered queue, one project, one
+            # partition (else anywhere, as the worker does not care).
+            partition=(
+                PROJECTS.index(project) % queue_partitions
+                if ordered
+                else draw(st.integers(0, queue_partitions - 1))
+            ),
             arrives=(arrives := draw(st.sampled_from(waves))),
             again=draw(st.one_of(st.none(), st.integers(arrives, len(actions)))),
         )
@@ -261,6 +321,9 @@ def workloads(draw: st.DrawFn) -> Workload:
         commit_fails=tuple(draw(st.lists(st.booleans(), min_size=1, max_size=6))),
         storm=draw(st.integers(0, 40)),
         storm_tick_s=draw(st.sampled_from([DELAY_S / 3, DELAY_S / 2])),
+        ordered=ordered,
+        max_project_backlog=draw(st.sampled_from([1, 2, 100])),
+        max_held_projects=draw(st.sampled_from([1, 2, 64])),
     )
 
 
@@ -291,6 +354,9 @@ class Group:
             error_max_bytes=200,
             transaction_max_commands=w.transaction_max_commands,
             transaction_max_ms=100,
+            ordered=w.ordered,
+            max_project_backlog=w.max_project_backlog,
+            max_held_projects=w.max_held_projects,
         )
         self.log = MemoryLog()
         self.clock = ManualClock()
@@ -355,6 +421,9 @@ class Group:
             handled = member.worker.step()
             after = member.worker.stats.transactions + member.worker.stats.transaction_failures
             self.multi_chunk_steps += after - before > 1
+            # A step ends with nothing open: a run its commits did not carry was in a transaction
+            # that aborted (one still running in a pool thread when the abort came, too).
+            self.journal.settle(member.name, "aborted")
             return handled
         except Crash:
             self.die(member)
@@ -542,13 +611,14 @@ def check_exact(group: Group, w: Workload) -> None:
             # after the ledger recorded it done (then no copy of it runs again).
             assert committed[k] <= 1, story
             assert any(r.completes for r in mine if r.attempt == k), story
+        # On an ordered queue, retries and further deliveries wait in the worker: no record.
         assert {a: n for (c, a), n in retried.items() if c == cid} == {
-            a: 1 for a in want.retried
+            a: 1 for a in (() if w.ordered else want.retried)
         }, story
         copies = 1 if planned.again is None else 2
         assert {a: n for (c, a), n in queued.items() if c == cid} == {
             1: copies,
-            **{a: 1 for a in want.delivered},
+            **{a: 1 for a in want.delivered if not w.ordered},
         }, story
         assert lettered[cid] == (1 if want.dead_letter else 0), story
         # The completion's follow-up landed exactly once, whichever run's transaction carried
@@ -568,6 +638,36 @@ def check_exact(group: Group, w: Workload) -> None:
             # No retry runs before its due time: a delay after the failure that scheduled it.
             before = max(r.at for r in mine if r.attempt == a - 1 and r.fate == "committed")
             assert all(r.at >= before + DELAY_S for r in mine if r.attempt == a), story
+
+
+def check_order(group: Group, w: Workload) -> None:
+    """On an ordered queue, no command of a project runs before every command of that project
+    sent before it has run to its end (completed, or failed its last attempt). An earlier one
+    may run again after that, at the same attempt, when the transaction that carried its end
+    aborted: side effects are at least once, order is kept for the first time each end ran."""
+    if not w.ordered:
+        return
+    runs = group.journal.runs
+    policy = group.policy
+    for project in PROJECTS:
+        # Arrival order: the order they were appended (by wave, then by position in the plan).
+        mine = sorted(
+            (p for p in w.commands if p.project == project),
+            key=lambda p: (p.arrives, w.commands.index(p)),
+        )
+        for before, after in itertools.pairwise(mine):
+            last = expected(before.script, policy.attempts, policy.max_deliveries).last
+            ended = [
+                i
+                for i, r in enumerate(runs)
+                if r.command_id == before.command_id and (r.completes or r.attempt == last)
+            ]
+            started = [i for i, r in enumerate(runs) if r.command_id == after.command_id]
+            assert ended, before
+            assert not started or min(ended) < min(started), (
+                f"{project}: {after.command_id} ran before {before.command_id} ended: runs "
+                + ", ".join(f"{r.command_id}@{r.attempt}/{r.fate}" for r in runs)
+            )
 
 
 def check_lag_zero(group: Group) -> None:
@@ -650,6 +750,12 @@ def test_generated_workloads_keep_attempts_and_dead_letters_exact(w: Workload) -
     event(f"crashed workers: {sum(not m.alive for m in group.members)}")
     event(f"workers: {len(group.members)}")
     event(f"multi-chunk steps: {group.multi_chunk_steps > 0}")
+    event(f"ordered: {w.ordered}")
+    if w.ordered:
+        event(
+            f"ordered, a command kept: {any(m.worker.stats.outcomes['held'] for m in group.members)}"
+        )
     check_exact(group, w)
+    check_order(group, w)
     check_lag_zero(group)
     check_nothing_left(group)
