@@ -49,6 +49,16 @@ transactions (they take offsets but are never delivered); otherwise the next off
 last record settled. A partition read on to its end after its last commit (the markers behind
 a transaction that filled up) gets an offsets-only transaction, so a caught-up group reads lag 0.
 
+**Ordered queues** (``ordered``). Each project's commands (the record key) run in arrival
+order: a command waits for its project's earlier one in the step, and one that fails, or asks
+for more work, is kept in the worker (``_Held``) at its next attempt and due time instead of
+going to a retry topic, with its project's later commands kept behind it. The partition's offset
+commits past what is kept, and the same transaction's offset metadata names each held project's
+first kept record and its state (``HELD_MARK``); a worker assigned the partition reads back from
+there (``_restore``): a named record and its project's later ones are kept again, anything else
+below the committed offset ended already. Kept records run first in a step once due; at
+``max_project_backlog`` or ``max_held_projects`` the partition pauses.
+
 **Rebalances.** A revoke comes inside a poll, between chunks: the open transaction, whose chunks
 are all settled, commits first, while this member still owns the partitions. If that fails, the
 revoked partitions' records come again from the committed offsets to their next owner, and those
