@@ -178,6 +178,7 @@ def test_a_worker_says_what_it_reads_and_explains_what_it_settled(s: Settings) -
     assert orjson.loads(done.stdout)["records"] == 0  # stdout keeps the figures as JSON
 
 
+@pytest.mark.slow  # 27 s; the unit tests hold each part of it to the settings
 def test_a_queue_of_your_own_is_provisioned_served_and_dead_lettered_with_no_code_change(
     s: Settings,
 ) -> None:
