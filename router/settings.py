@@ -57,7 +57,7 @@ from pydantic_settings import (
 
 from streams.errors import ConfigurationError, TopologyError
 from streams.kafka_config import GUARANTEED
-from streams.topology import QUEUE_PURPOSES, Topology, check_env, check_queue, queue_refusal
+from streams.topology import QUEUE_PURPOSES, Topology, check_env, check_queue, check_slug, queue_refusal
 from streams.urls import masked
 
 DAY_MS = 86_400_000
@@ -615,6 +615,14 @@ class Settings(BaseSettings):
     )
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
     failure_policies: dict[str, Literal["dead-letter", "block"]] = Field(default_factory=dict)
+    # -- subscriptions of your own (docs/processors.md) ----------------------------------------
+    subscriptions: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="[subscriptions.<slug>]: one subscription's table — `processor` (a "
+        "package.module:attr, or the name of an installed subscription; default: the slug), "
+        "`database` (a SQL-effect subscription's PostgreSQL), and the keys its own settings "
+        "model reads; RHUMBATRON_SUBSCRIPTIONS__<SLUG>__<KEY>",
+    )
 
     # -- the four subscriptions (DESIGN.md §8) -----------------------------------------------
     project_feed_length: int = Field(50, ge=1)
@@ -1488,6 +1496,28 @@ class Settings(BaseSettings):
                     f"({', '.join(queue_order(merged))}) or null, got {target!r}"
                 )
         return merged
+
+    @field_validator("subscriptions", mode="before")
+    @classmethod
+    def _subscription_tables(cls, value: Any) -> Any:
+        """Each table under its slug, as the rest of the code spells it: names arrive
+        lower-cased with ``_`` for ``-`` from a variable's name, and are read that way from
+        anywhere. A name that is no slug is refused, naming it."""
+        if not isinstance(value, dict):
+            return value  # pydantic refuses it, saying what it expected
+        tables: dict[str, Any] = {}
+        for name, table in value.items():
+            slug = str(name).lower().replace("_", "-")
+            try:
+                check_slug(slug)
+            except TopologyError as exc:
+                raise ValueError(f"[subscriptions.{name}]: {exc}") from None
+            if not isinstance(table, dict):
+                raise ValueError(
+                    f"[subscriptions.{name}] must be a table of settings, got {table!r}"
+                )
+            tables[slug] = {**tables.get(slug, {}), **table}
+        return tables
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -10,7 +10,7 @@ once — so a processor never writes to Redis or Kafka itself.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -152,6 +152,7 @@ class EffectKind(StrEnum):
     REDIS = "redis"  # views, ledger: claim + effect + cursor in one Lua script
     KAFKA = "kafka"  # commands, metric points: records + offsets in one Kafka transaction
     FILES = "files"  # archive parts: boundaries recorded with the cursor, then written
+    SQL = "sql"  # statements run in your PostgreSQL, in one transaction with claims and cursor
     NONE = "none"  # fold only
 
 
@@ -182,14 +183,26 @@ class OutRecord:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SqlStatement:
+    """One statement a SQL-effect processor wants run in its database: the SQL text with
+    psycopg placeholders (``%s`` or ``%(name)s``) and their parameters. The runtime runs an
+    event's statements in order, under one SAVEPOINT, in the transaction that also moves the
+    cursor: all of them or none."""
+
+    sql: str
+    params: Sequence[Any] | Mapping[str, Any] = ()
+
+
 @dataclass(slots=True)
 class Effects:
     redis: list[RedisOp] = field(default_factory=list)
     records: list[OutRecord] = field(default_factory=list)
     lines: list[bytes] = field(default_factory=list)  # files processors: this event's part lines
+    sql: list[SqlStatement] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.redis or self.records or self.lines)
+        return bool(self.redis or self.records or self.lines or self.sql)
 
 
 NO_EFFECTS = Effects()
