@@ -16,27 +16,62 @@ Handlers — your services doing the work commands ask for (docs/handlers.md)::
 and ``rhumbatron worker --queue indexing --handler your_package.module:handlers``.
 
 Commands from your own service: ``send_command("index.build", "acme-web", command_id=...)``.
+
+Processors — subscriptions of your own, their effects applied exactly once (docs/processors.md)::
+
+    from rhumbatron import Delivery, EffectKind, Effects, Event, Processor, RedisOp
+
+    class TaskCounts(Processor):
+        slug = "task-counts"
+        consumes = frozenset({"task.completed"})
+        effect_kind = EffectKind.REDIS
+
+        def process(self, event: Event, state: None, delivery: Delivery) -> Effects:
+            return Effects(redis=[RedisOp("HINCRBY", "done", (event.project_id, 1))])
+
+and ``rhumbatron consume --subscription your_package.module:TaskCounts``.
 """
 
 from __future__ import annotations
 
+from consumers.runtime.types import BaseProcessor as Processor
+from consumers.runtime.types import (
+    Delivery,
+    EffectKind,
+    Effects,
+    OutRecord,
+    Phase,
+    RedisOp,
+    SqlStatement,
+)
 from rhumbatron.commands import send_command
 from rhumbatron.workers import run_worker
 from router.wiring.commands import CommandSender
+from router.wiring.processors import SubscriptionSettings
 from router.workers.handlers import Handlers
 from router.workers.model import Context, QueueHandler
-from streams.envelopes import Command
+from streams.envelopes import Command, Event
 from streams.errors import Fail, MoreWork, Retry
 
 __all__ = [
     "Command",
     "CommandSender",
     "Context",
+    "Delivery",
+    "EffectKind",
+    "Effects",
+    "Event",
     "Fail",
     "Handlers",
     "MoreWork",
+    "OutRecord",
+    "Phase",
+    "Processor",
     "QueueHandler",
+    "RedisOp",
     "Retry",
+    "SqlStatement",
+    "SubscriptionSettings",
     "run_worker",
     "send_command",
 ]

@@ -33,7 +33,7 @@ from typing import IO, Any, Protocol
 from consumers.lag import group_lag
 from router.settings import Settings, worker_target
 from router.wiring.groups import group_reads
-from router.wiring.provisioning import check_subscription
+from router.wiring.processors import check_subscription
 from router.wiring.workers import check_http_url
 from router.workers.handlers import load_handler
 from streams.admin import admin_client
@@ -73,7 +73,7 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
         members.append(Member("pump", ("pump", "--feed", settings.fleet_feed)))
     for slug, count in settings.fleet_subscriptions.items():
         try:
-            check_subscription(slug)
+            check_subscription(settings, slug)
         except ConfigurationError as exc:
             raise ConfigurationError(f"RHUMBATRON_FLEET_SUBSCRIPTIONS: {exc}") from None
         if not 0 <= count <= partitions:

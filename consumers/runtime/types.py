@@ -220,6 +220,8 @@ class Processor(Protocol):
     effect_kind: ClassVar[EffectKind]
     keeps_wire: ClassVar[bool]  # the runtime hands it each canonical record value (Delivery.wire)
 
+    def validate(self, event: Event) -> None: ...
+
     def reduce(self, state: JSON | None, event: Event) -> JSON | None: ...
 
     def process(self, event: Event, state: JSON | None, delivery: Delivery) -> Effects: ...
@@ -237,6 +239,11 @@ class BaseProcessor:
     reducer_version: ClassVar[str] = ""
     effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
     keeps_wire: ClassVar[bool] = False
+
+    def validate(self, event: Event) -> None:
+        """Raise (any exception) to refuse ``event`` as bad input: it is dead-lettered at once
+        with the exception's text as the reason, neither folded nor processed, and its project
+        goes on. An operator's retry of the letter runs ``validate`` again."""
 
     def reduce(self, state: JSON | None, event: Event) -> JSON | None:
         return state

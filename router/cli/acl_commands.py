@@ -7,7 +7,7 @@ import argparse
 
 from router.cli.common import print_json
 from router.settings import Settings
-from router.wiring.acls import command_lines, principal_of, role_names, roles, table_lines
+from router.wiring.acls import command_lines, principal_of, roles, table_lines
 from streams.errors import ConfigurationError
 from streams.topology import check_env
 
@@ -21,11 +21,11 @@ def acls(settings: Settings, args: argparse.Namespace) -> int:
         )
     if args.principal is not None and not args.principal.startswith("User:"):
         raise ConfigurationError(f"--principal must be User:<name>, got {args.principal!r}")
-    known = role_names(queues=settings.topology.queues)
-    if args.role is not None and args.role not in known:
-        # Not argparse's choices: the workers' roles follow the settings' queues.
-        raise ConfigurationError(f"--role: unknown role {args.role!r}; known: {', '.join(known)}")
     chosen = roles(settings, env=env)
+    known = [r.name for r in chosen]
+    if args.role is not None and args.role not in known:
+        # Not argparse's choices: the roles follow the settings' queues and subscriptions.
+        raise ConfigurationError(f"--role: unknown role {args.role!r}; known: {', '.join(known)}")
     if args.role is not None:
         chosen = [r for r in chosen if r.name == args.role]
     principal = {r.name: args.principal or principal_of(r.name, env) for r in chosen}

@@ -9,7 +9,9 @@ import importlib.metadata
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -63,8 +65,24 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
 )
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help lines wrapped at spaces only: a name with hyphens (project-view-projector,
+    --until-idle) stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the CLI, its subcommands' too (they are made as their parent's type)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rhumbatron", description=DESCRIPTION)
+    parser = _Parser(prog="rhumbatron", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument(
         "--config",

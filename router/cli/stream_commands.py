@@ -37,7 +37,11 @@ GARBAGE = b"\x00not an envelope: a drill's poison record\xff"
 
 
 def provision(settings: Settings, args: argparse.Namespace) -> int:
-    report = provision_environment(settings)
+    from router.wiring.processors import slug_of
+
+    report = provision_environment(
+        settings, subscriptions=[slug_of(settings, spec) for spec in args.subscription]
+    )
     print(f"provisioned environment '{settings.env}': {report.summary()}")
     for name in report.created:
         print(f"  created {name}")
@@ -176,7 +180,10 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
     described = describe_topology(admin, base, settings.topology, timeout)
     topics = [t["name"] for group in described.values() for t in group]
     # A read: it reports what is missing of the plan `rhumbatron provision` makes, never creates.
-    missing = missing_topics(settings, [spec.name for spec in environment_specs(settings.topology)])
+    from router.wiring.processors import subscription_slugs
+
+    plan = environment_specs(settings.topology, subscription_slugs(settings))
+    missing = missing_topics(settings, [spec.name for spec in plan])
     from router.wiring.subscription import redis_client
 
     redis_client(settings, timeout=timeout).close()
@@ -235,7 +242,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "provision",
         help="create the environment's streams, queues, retry, redelivery and internal topics "
-        "(the only command that creates topics)",
+        "(the only command that creates topics), and the SQL-effect subscriptions' tables",
+    )
+    p.add_argument(
+        "--subscription",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also a subscription named by its package.module:attr alone (repeatable); those "
+        "installed or of the settings' [subscriptions.<slug>] are provisioned anyway",
     )
     p.set_defaults(handler=provision)
 

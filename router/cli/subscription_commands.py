@@ -23,6 +23,7 @@ from router.cli.progress import (
     start_line,
 )
 from router.settings import Settings
+from router.wiring.processors import slug_of
 from router.wiring.subscription import (
     controls,
     open_subscription,
@@ -35,9 +36,9 @@ from streams.clock import SystemClock
 
 def consume(settings: Settings, args: argparse.Namespace) -> int:
     stop = stop_on_signals()
-    slug = args.subscription
+    slug = slug_of(settings, args.subscription)
     with observed(settings, slug) as health:
-        subscription = open_subscription(settings, slug)
+        subscription = open_subscription(settings, args.subscription)
         reads = settings.topology.subscription_reads(slug)
         start_line(f"consume {slug}", settings, group=reads.group, topics=group_topics(reads))
         stats = subscription.runner.stats
@@ -197,8 +198,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--subscription",
         required=True,
-        help="project-view-projector, causal-router, audit-archiver or analytics-projector (the "
-        "product's four); ledger is the runtime's drill and test subscription",
+        help="a subscription's slug — the product's project-view-projector, causal-router, "
+        "audit-archiver, analytics-projector; ledger, the runtime's drill; one installed "
+        "(entry points rhumbatron.subscriptions) or of the settings ([subscriptions.<slug>]) — "
+        "or a package.module:attr naming a processor class or factory (docs/processors.md)",
     )
     p.add_argument(
         "--until-idle",
@@ -228,7 +231,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("progress", progress, "every partition's cursor, as JSON", ()),
     ):
         p = ctl.add_parser(name, help=what)
-        p.add_argument("--subscription", required=True, help="the subscription's name")
+        p.add_argument(
+            "--subscription",
+            required=True,
+            help="the subscription's slug, or its package.module:attr",
+        )
         if name != "progress":
             p.add_argument("--topic", required=True, help="the stream")
             p.add_argument(

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from consumers.runtime.types import EffectKind
 from consumers.subscriptions.causal_router.commands import queues as router_queues
 from router.settings import QueuePolicy, Settings
 from router.wiring.groups import ROLLUP_SLUG
-from router.wiring.processors import BUILDERS
 from router.wiring.provisioning import (
     environment_specs,
     subscription_topics,
@@ -67,17 +67,24 @@ OPERATOR = "operator"
 PUMP = "pump"
 ANALYTICS_ROLLUP = "analytics-rollup"
 
-# Every subscription a consume process can run: the product's four and the runtime's drill
-# subscription (ledger), from the one registry of processors.
-SUBSCRIPTIONS: tuple[str, ...] = tuple(sorted(BUILDERS))
-# The subscriptions whose effects are Kafka records, and the topics those records go to
-# (tests/router/wiring/test_acls.py checks this against each processor's effect kind).
+# The product's subscriptions and the runtime's drill subscription (ledger), by effect kind, as
+# their factories declare it (router.wiring.processors); ``roles`` adds the settings' own.
+BUILT_IN: Mapping[str, EffectKind] = {
+    "analytics-projector": EffectKind.KAFKA,
+    "audit-archiver": EffectKind.FILES,
+    "causal-router": EffectKind.KAFKA,
+    "ledger": EffectKind.REDIS,
+    "project-view-projector": EffectKind.REDIS,
+}
+SUBSCRIPTIONS: tuple[str, ...] = tuple(BUILT_IN)
+# The product's subscriptions whose effects are Kafka records, and the topics those records go
+# to. A Kafka-effect subscription of your own writes commands: it is granted the queues.
 KAFKA_OUTPUTS: Mapping[str, str] = {
     "causal-router": "the queues of the commands it decides (router_queues)",
     "analytics-projector": "the metric points topic",
 }
 # The subscription whose consume process also runs the router's outbox publisher and its
-# maintenance tick (router.wiring.processors.COMPANIONS).
+# maintenance tick (its companion: router.wiring.processors.causal_router).
 ROUTER = "causal-router"
 ARCHIVER = "audit-archiver"
 PROJECTOR = "project-view-projector"
@@ -303,7 +310,7 @@ def _dead_letter_writer(env: str, why: str) -> list[KafkaAcl]:
     return _topics([dead_letter_topic(env)], WRITE, why)
 
 
-def _subscription(topology: Topology, slug: str) -> list[KafkaAcl]:
+def _subscription(topology: Topology, slug: str, kind: EffectKind) -> list[KafkaAcl]:
     env = topology.env
     reads = topology.subscription_reads(slug)
     acls = [
@@ -331,15 +338,20 @@ def _subscription(topology: Topology, slug: str) -> list[KafkaAcl]:
         ),
         *_dead_letter_writer(env, "a batch that failed too often, and poison, are dead-lettered"),
     ]
-    if slug in KAFKA_OUTPUTS:
-        outputs = [metrics_topic(env)] if slug != ROUTER else router_queues(env)
+    if kind == EffectKind.KAFKA:
+        if slug in KAFKA_OUTPUTS:
+            outputs = [metrics_topic(env)] if slug != ROUTER else router_queues(env)
+            what = KAFKA_OUTPUTS[slug]
+        else:
+            outputs = topology.queue_names()
+            what = "the commands it emits, onto the environment's queues (docs/processors.md)"
         acls += _transactional_ids(
             slug,
             env,
             "its Kafka effects and offsets commit in one transaction per producer lease "
             "(KafkaOutput: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn)",
         )
-        acls += _topics(outputs, WRITE, f"its Kafka effects: {KAFKA_OUTPUTS[slug]}")
+        acls += _topics(outputs, WRITE, f"its Kafka effects: {what}")
         acls += _topics(
             outputs,
             (Operation.READ,),
@@ -641,7 +653,11 @@ def _pump_legacy(key: str) -> RedisAccess:
 
 
 def _redis_parts(
-    role: str, env: str, queues: Sequence[str], pump_legacy_key: str
+    role: str,
+    env: str,
+    queues: Sequence[str],
+    pump_legacy_key: str,
+    subscriptions: Mapping[str, EffectKind],
 ) -> tuple[RedisAccess, ...]:
     if role in (PROVISIONER, PUBLISHER, ANALYTICS_ROLLUP):
         return ()
@@ -649,7 +665,7 @@ def _redis_parts(
         return (_CONNECT, _pump_legacy(pump_legacy_key), _audit(env, PUMP))
     if role == OPERATOR:
         return (_CONNECT, _dead_letters(env, manage=True), _operator_reads(env))
-    if role in SUBSCRIPTIONS:
+    if role in subscriptions:
         parts = [
             _CONNECT,
             _store(env, role),
@@ -657,7 +673,7 @@ def _redis_parts(
             _audit(env, role),
             _archive_cursor(env),
         ]
-        if role in KAFKA_OUTPUTS:
+        if subscriptions[role] == EffectKind.KAFKA:
             parts.append(_lease(env, role))
         if role == ROUTER:
             parts.append(_router_caps(env))
@@ -692,7 +708,7 @@ def _purpose_of(role: str, queues: Sequence[str]) -> str:
     raise KeyError(f"unknown role {role!r}; known: {', '.join(role_names(queues=queues))}")
 
 
-def _runs(role: str, queues: Sequence[str]) -> str:
+def _runs(role: str, queues: Sequence[str], subscriptions: Container[str]) -> str:
     if role == PROVISIONER:
         return "rhumbatron provision"
     if role == PUBLISHER:
@@ -706,7 +722,7 @@ def _runs(role: str, queues: Sequence[str]) -> str:
         return "rhumbatron analytics-rollup"
     if role == PUMP:
         return "rhumbatron pump (and its checkpoint, skip-through and forget)"
-    if role in SUBSCRIPTIONS:
+    if role in subscriptions:
         return f"rhumbatron consume --subscription {role}; rhumbatron subscription … --subscription {role}"
     purpose = _purpose_of(role, queues)
     if purpose == DEAD_LETTER_QUEUE:
@@ -718,7 +734,7 @@ def role(
     role_name: str,
     topology: Topology,
     queues: Mapping[str, QueuePolicy],
-    subscriptions: Sequence[str] = SUBSCRIPTIONS,
+    subscriptions: Mapping[str, EffectKind] = BUILT_IN,
     *,
     pump_legacy_key: str = "last_sequence",
 ) -> Role:
@@ -733,32 +749,39 @@ def role(
     elif role_name == PROVISIONER:
         acls = _provisioner(topology)
     elif role_name == OPERATOR:
-        acls = _operator(topology, queues, subscriptions)
+        acls = _operator(topology, queues, list(subscriptions))
     elif role_name == ANALYTICS_ROLLUP:
         acls = _analytics_rollup(topology)
     elif role_name == PUMP:
         acls = _pump(topology)
     elif role_name in subscriptions:
-        acls = _subscription(topology, role_name)
+        acls = _subscription(topology, role_name, subscriptions[role_name])
     else:
         purpose = _purpose_of(role_name, topology.queues)
         acls = _worker(topology, purpose, queues[purpose])
     return Role(
         role_name,
-        _runs(role_name, topology.queues),
+        _runs(role_name, topology.queues, subscriptions),
         _merged(acls),
-        RedisUser(role_name, _redis_parts(role_name, env, topology.queues, pump_legacy_key)),
+        RedisUser(
+            role_name,
+            _redis_parts(role_name, env, topology.queues, pump_legacy_key, subscriptions),
+        ),
     )
 
 
 def roles(settings: Settings, *, env: str | None = None) -> list[Role]:
-    """Every role of the settings' environment (or of ``env``, with the same plan)."""
+    """Every role of the settings' environment (or of ``env``, with the same plan): one per
+    subscription it has, its own included (router.wiring.processors.known)."""
+    from router.wiring.processors import effect_kinds
+
     topology = settings.topology
     if env is not None:
         topology = dataclasses.replace(topology, env=env)
+    kinds = effect_kinds(settings)
     return [
-        role(name, topology, settings.queues, pump_legacy_key=settings.pump_legacy_key)
-        for name in role_names(queues=topology.queues)
+        role(name, topology, settings.queues, kinds, pump_legacy_key=settings.pump_legacy_key)
+        for name in role_names(list(kinds), queues=topology.queues)
     ]
 
 

@@ -19,26 +19,16 @@ from streams.errors import ConfigurationError, NotProvisioned
 from streams.topology import TopicSpec, Topology
 
 
-def subscription_slugs() -> list[str]:
-    """Every subscription ``rhumbatron consume`` can run (the product's four and the ledger)."""
-    from router.wiring.processors import BUILDERS
-
-    return sorted(BUILDERS)
-
-
-def check_subscription(slug: str) -> str:
-    """``slug``, if ``rhumbatron consume`` can run it; else a ConfigurationError listing those."""
-    known = subscription_slugs()
-    if slug not in known:
-        raise ConfigurationError(f"unknown subscription {slug!r}; known: {', '.join(known)}")
-    return slug
-
-
-def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> list[TopicSpec]:
+def environment_specs(
+    topology: Topology, subscriptions: Iterable[str] | None = None
+) -> list[TopicSpec]:
     """The whole plan: the streams, the command queues and the internal topics, each queue's
-    retry topic, the redelivery topic of every subscription (and of ``subscriptions``, a test's
-    own processors), and the pump's checkpoint topic."""
-    slugs = sorted({*subscription_slugs(), *subscriptions})
+    retry topic, the redelivery topic of every subscription (``subscriptions``: by default the
+    installed ones; the settings' own are :func:`router.wiring.processors.subscription_slugs`),
+    and the pump's checkpoint topic."""
+    from router.wiring.processors import installed
+
+    slugs = sorted(installed() if subscriptions is None else set(subscriptions))
     return [
         *topology.all_specs(),
         topology.pump_spec(),
@@ -50,12 +40,17 @@ def environment_specs(topology: Topology, subscriptions: Iterable[str] = ()) -> 
 def provision_environment(
     settings: Settings, *, subscriptions: Iterable[str] = ()
 ) -> ProvisionReport:
-    """Create what is missing of :func:`environment_specs` and align what exists (idempotent)."""
+    """Create what is missing of :func:`environment_specs` for every subscription of the
+    settings (and ``subscriptions``, a test's own processors) and align what exists
+    (idempotent)."""
+    from router.wiring.processors import subscription_slugs
+
     base = settings.kafka_config()
+    slugs = {*subscription_slugs(settings), *subscriptions}
     return provision(
         admin_client(base),
         base,
-        environment_specs(settings.topology, subscriptions),
+        environment_specs(settings.topology, slugs),
         topology=settings.topology,
         timeout=settings.connect_timeout_s,
     )

@@ -26,8 +26,9 @@ from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from router.settings import Settings
+from router.wiring.processors import Companion
 from router.wiring.metrics import router_instruments
-from router.wiring.provisioning import check_subscription, require_topics, subscription_topics
+from router.wiring.provisioning import require_topics, subscription_topics
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
@@ -41,11 +42,12 @@ from streams.topology import (
 
 
 def processor_for(
-    settings: Settings, slug: str, client: redis.Redis[bytes], clock: Clock
+    settings: Settings, spec: str, client: redis.Redis[bytes] | None, clock: Clock
 ) -> Processor:
+    """The processor ``spec`` names (a slug, or package.module:attr), without its companions."""
     from router.wiring.processors import build_processor
 
-    return build_processor(settings, slug, client, clock)
+    return build_processor(settings, spec, client, clock)
 
 
 def policy(settings: Settings, slug: str) -> RuntimePolicy:
@@ -201,16 +203,38 @@ class Subscription:
 
 
 def open_subscription(
-    settings: Settings, slug: str, *, clock: Clock | None = None, processor: Processor | None = None
+    settings: Settings,
+    spec: str,
+    *,
+    clock: Clock | None = None,
+    processor: Processor | None = None,
 ) -> Subscription:
+    """The consume process of the subscription ``spec`` names (a slug, or package.module:attr;
+    or ``processor``, a test's own), subscribed, with its companions started."""
+    from router.wiring.processors import check_subscription, load
+
     clock = clock or SystemClock()
     topology = settings.topology
     # Before anything is built (the router's outbox file, the archive's directory): an
-    # environment that is not provisioned is refused having made nothing.
-    name = processor.slug if processor is not None else check_subscription(slug)
-    require_topics(settings, subscription_topics(topology, name))
+    # environment that is not provisioned is refused having made nothing. A processor named by
+    # its path alone is built first, to learn its slug.
+    named = processor.slug if processor is not None else None if ":" in spec else spec
+    if named is not None:
+        if processor is None:
+            check_subscription(settings, named)
+        require_topics(settings, subscription_topics(topology, named))
     client = redis_client(settings)
-    processor = processor or processor_for(settings, slug, client, clock)
+    companions: list[Companion] = []
+    try:
+        if processor is None:
+            built = load(settings, spec, clock=clock, client=client)
+            processor = built.processor
+            if named is None:
+                require_topics(settings, subscription_topics(topology, processor.slug))
+            companions = built.companions()
+    except BaseException:
+        client.close()
+        raise
     if isinstance(processor, CausalRouter):
         router_instruments().watch(processor.stats)
     base = settings.kafka_config()
@@ -250,10 +274,7 @@ def open_subscription(
     )
     runner.start(list(topology.subscription_reads(processor.slug).subscribed))
     subscription = Subscription(runner, client, lease)
-    from router.wiring.processors import build_companion
-
-    companion = build_companion(settings, processor.slug, client, clock, processor)
-    if companion is not None:
+    for companion in companions:
         companion.start()
         subscription.closers.append(companion.close)
     return subscription

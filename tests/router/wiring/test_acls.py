@@ -15,6 +15,7 @@ from router.settings import Settings
 from router.wiring import acls
 from router.wiring.acls import (
     ANALYTICS_ROLLUP,
+    BUILT_IN,
     KAFKA_OUTPUTS,
     OPERATOR,
     PROVISIONER,
@@ -32,7 +33,8 @@ from router.wiring.acls import (
 )
 from router.wiring.groups import ROLLUP_SLUG, group_reads
 from router.wiring.processors import build_processor
-from router.wiring.provisioning import environment_specs, subscription_slugs
+from router.wiring.processors import effect_kinds, subscription_slugs
+from router.wiring.provisioning import environment_specs
 from router.wiring.workers import worker_slug
 from streams.clock import SystemClock
 from streams.topology import QUEUE_PURPOSES, group_id, queue_name
@@ -185,6 +187,8 @@ def test_the_table_of_kafka_outputs_is_the_processors_effect_kinds(
     for slug in SUBSCRIPTIONS:
         processor = build_processor(s, slug, client, SystemClock())
         assert (processor.effect_kind == EffectKind.KAFKA) == (slug in KAFKA_OUTPUTS), slug
+        # What each factory declares (acls read it without building) is what it builds.
+        assert processor.effect_kind == BUILT_IN[slug] == effect_kinds(s)[slug], slug
 
 
 def test_a_subscription_writes_only_its_own_redis_keys(prod: Settings) -> None:
@@ -230,4 +234,4 @@ def test_every_role_is_known(prod: Settings) -> None:
     assert [r.name for r in roles(prod)] == role_names()
     with pytest.raises(KeyError):
         role("nobody", prod.topology, prod.queues)
-    assert list(acls.SUBSCRIPTIONS) == subscription_slugs()  # every one consume can run
+    assert list(acls.SUBSCRIPTIONS) == subscription_slugs(prod)  # every one consume can run

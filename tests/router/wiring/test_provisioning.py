@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from router.wiring.processors import check_subscription, subscription_slugs
 from router.wiring.provisioning import (
-    check_subscription,
     compact_names,
     environment_specs,
     pump_topics,
-    subscription_slugs,
     subscription_topics,
     worker_topics,
 )
@@ -28,7 +27,11 @@ def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
     assert len(planned) == len(set(planned)) == 8 + 6 + 2 + retry + 5 + 1
     needed = {
         *pump_topics(topology),
-        *(name for slug in subscription_slugs() for name in subscription_topics(topology, slug)),
+        *(
+            name
+            for slug in subscription_slugs(make_settings())
+            for name in subscription_topics(topology, slug)
+        ),
         *(name for purpose in QUEUE_PURPOSES for name in worker_topics(topology, purpose)),
         *worker_topics(topology, "dead-letter", streams=True),
     }
@@ -72,4 +75,4 @@ def test_missing_topics_are_named_with_runs_of_numbers_folded() -> None:
 
 def test_an_unknown_subscription_is_refused_before_any_topic_is_looked_at() -> None:
     with pytest.raises(ConfigurationError, match="unknown subscription 'ledgr'; known: "):
-        check_subscription("ledgr")
+        check_subscription(make_settings(), "ledgr")
