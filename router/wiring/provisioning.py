@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from router.settings import Settings
 from streams.admin import ProvisionReport, admin_client, ensure_reachable, provision
-from streams.errors import ConfigurationError, NotProvisioned
+from streams.errors import NotProvisioned
 from streams.topology import TopicSpec, Topology
 
 

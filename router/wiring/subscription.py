@@ -26,8 +26,8 @@ from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import TP, EffectKind, Processor
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from router.settings import Settings
-from router.wiring.processors import Companion
 from router.wiring.metrics import router_instruments
+from router.wiring.processors import Companion
 from router.wiring.provisioning import require_topics, subscription_topics
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
