@@ -57,7 +57,14 @@ from pydantic_settings import (
 
 from streams.errors import ConfigurationError, TopologyError
 from streams.kafka_config import GUARANTEED
-from streams.topology import QUEUE_PURPOSES, Topology, check_env, check_queue, check_slug, queue_refusal
+from streams.topology import (
+    QUEUE_PURPOSES,
+    Topology,
+    check_env,
+    check_queue,
+    check_slug,
+    queue_refusal,
+)
 from streams.urls import masked
 
 DAY_MS = 86_400_000

@@ -609,6 +609,15 @@ class ClaimsFound(InternalSignal):
         super().__init__(f"{tp}: a commit not looked up first met stored claims")
 
 
+class Rejected(InternalSignal):
+    """What a processor's ``validate`` raised: the event is bad input, dead-lettered at once
+    with ``cause`` as the reason; the runner unwraps it at once."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(f"validate refused the event: {type(cause).__name__}: {cause}")
+
+
 class ProcessorError(InternalSignal):
     """Wraps what a processor raised, keeping which step (reduce or process) it came from; the
     runner unwraps it at once and records ``cause``, not the wrapper."""

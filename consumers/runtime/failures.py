@@ -164,6 +164,28 @@ class FailureMixin(TracingMixin):
             entries=[Entry.of(r, e, offset=self._origin_offset(r)) for r, e, _ in failed],
         )
 
+    def _rejected_letter(
+        self, tp: TP, record: Record, event: Event, error: BaseException
+    ) -> DeadLetter:
+        """The letter of an event the processor's ``validate`` refused: one attempt, its reason
+        the exception's text. A redelivered copy refused again gets a letter of its own."""
+        offset = self._origin_offset(record)
+        again = f"-r{record.offset}" if self._is_redelivery(record) else ""
+        return DeadLetter(
+            id=batch_letter_id(
+                self.processor.slug, tp.topic, tp.partition, offset, f"rejected{again}"
+            ),
+            kind=LetterKind.EVENT_BATCH,
+            subscription=self.processor.slug,
+            source_topic=tp.topic,
+            source_partition=tp.partition,
+            error=f"validate: {type(error).__name__}: {error}",
+            error_type=f"{type(error).__module__}.{type(error).__qualname__}",
+            attempts=1,
+            created_at=format_time(self.clock.now()),
+            entries=[Entry.of(record, event, offset=offset)],
+        )
+
     def _poison_letter(self, tp: TP, record: Record, error: EnvelopeError) -> DeadLetter:
         return DeadLetter(
             id=batch_letter_id(

@@ -35,6 +35,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
+from consumers.runtime.caught_up import CaughtUpMixin, caught_up_mark
 from consumers.runtime.controls import Controls
 from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
@@ -61,7 +62,7 @@ from consumers.runtime.types import (
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, decode_with_wire
-from streams.errors import ClaimsFound, EnvelopeError, Fenced, ProcessorError
+from streams.errors import ClaimsFound, EnvelopeError, Fenced, ProcessorError, Rejected
 from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.runtime")
@@ -109,7 +110,7 @@ class _Slice:
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
 
 
-class Runner(FilesMixin, TransactionMixin, FailureMixin):
+class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
     def __init__(
         self,
         processor: Processor,
@@ -148,6 +149,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self.parts: dict[TP, PartitionState] = {}
         self._last_control_check = 0.0
         self._behind = False  # the last poll brought a full batch: poll batch_size_behind
+        self._caught_up_retry = {}  # when a failed eventless caught-up call is tried again
 
     def start(self, topics: list[str]) -> None:
         self.transport.subscribe(topics, self._on_assign, self._on_revoke)
@@ -247,6 +249,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         self._recover_pending()
         if not records:
             self._commit_read_through()
+            self._caught_up_calls()
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
@@ -262,6 +265,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._defer(part)
             raise
         self._commit_read_through()
+        self._caught_up_calls()
         return len(records)
 
     def _handle(self, records: list[Record]) -> None:
@@ -457,6 +461,10 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         out: list[OutRecord] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
         readmitted: list[int] = []  # dead-lettered offsets applied now through a redelivery
+        rejected_ids: list[str] = []  # refused by validate: dead-lettered at once
+        rejected_offsets: list[int] = []
+        rejections = 0  # letters written for them (not again when the slice is redone)
+        caught_up_seen = False  # an applied event was delivered caught up
         owner_check = self._owner_check(part)
         deliveries = self._deliveries(part, owner_check)
         for i, record in enumerate(records):
@@ -496,6 +504,10 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     else part.states.get(event.project_id)
                 )
                 try:
+                    proc.validate(event)
+                except Exception as exc:
+                    raise Rejected(exc) from exc
+                try:
                     new_state = proc.reduce(state, event) if proc.reducer_version else None
                 except Exception as exc:
                     raise ProcessorError("reduce", exc) from exc
@@ -505,6 +517,23 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     raise  # not the event's failure: this process lost the partition
                 except Exception as exc:
                     raise ProcessorError("process", exc) from exc
+            except Rejected as exc:
+                # Bad input, by the processor's own word: dead-lettered at once, done; its
+                # project goes on (a retry of the letter runs validate again).
+                done[i] = True
+                if not redelivered:
+                    rejected_ids.append(event.event_id)
+                    rejected_offsets.append(record.offset)
+                    unclaimed.append(event.event_id)  # a copy of an applied one: refused
+                if not piece.again:  # its letter went to the dead-letter store the first time
+                    letters.append(self._rejected_letter(part.tp, record, event, exc.cause))
+                    rejections += 1
+                if traces is not None:
+                    offset = self._origin_offset(record)
+                    traces.skipped(
+                        proc.slug, record, event, "dead-lettered", offset=offset, error=exc.cause
+                    )
+                continue
             except ProcessorError as exc:
                 if traces is not None:
                     traces.fail(record, exc.cause)
@@ -524,6 +553,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             done[i] = True
             seen_ids.add(event.event_id)
             claims.append(event.event_id)
+            caught_up_seen = caught_up_seen or delivery.caught_up
             if effects.redis:
                 ops.extend(effects.redis)
             if effects.records:
@@ -570,6 +600,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
         if acked >= new.rerun_through:
             new.rerun_duplicates = []
         new.reduced_through = acked if proc.reducer_version else new.reduced_through
+        if caught_up_seen and first_unapplied is None:
+            new.caught_up = caught_up_mark(new)  # no eventless call follows a caught-up event
         new.pending_effects = bool(out)
         if proc.effect_kind == EffectKind.KAFKA:
             # Every batch of a Kafka-effects processor commits a transaction of its own.
@@ -586,11 +618,15 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
             states=changed,
             pending=out if out else None,
             cleared_failures=_passed_batches(progress, new),
+            excluded_add=rejected_offsets,
             excluded_remove=readmitted,
+            dead_claims=rejected_ids,
             looked=piece.look,
             unclaimed=[] if piece.look else unclaimed,
         )
-        return Outcome(commit, failed, first_unapplied, letters, lines, applied_ms, counted)
+        return Outcome(
+            commit, failed, first_unapplied, letters, lines, applied_ms, counted, rejections
+        )
 
     def _commit(self, outcomes: list[Outcome]) -> set[TP]:
         """Commit the outcomes (each partition's atomic on its own) and what follows each that
@@ -618,7 +654,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin):
                     self._rewind_redelivery(part)
                     continue
                 self.stats.dead_lettered += len(outcome.letters)
-                self.stats.poison_dead_lettered += len(outcome.letters)
+                self.stats.poison_dead_lettered += len(outcome.letters) - outcome.rejected
             if self.processor.effect_kind == EffectKind.FILES:
                 if outcome.failed:
                     part.open_part = None  # its lines are read again from the committed cursor

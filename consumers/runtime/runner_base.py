@@ -140,6 +140,7 @@ class Outcome:
     # What processing added to Stats (applied, duplicates, filtered, redelivered), taken back
     # when the commit is refused with ClaimsFound and the slice is processed again.
     counted: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0  # of ``letters``: events validate refused (the rest are poison)
 
 
 class RunnerBase:

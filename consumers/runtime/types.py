@@ -219,6 +219,9 @@ class Processor(Protocol):
     reducer_version: ClassVar[str]  # "" when the processor keeps no fold
     effect_kind: ClassVar[EffectKind]
     keeps_wire: ClassVar[bool]  # the runtime hands it each canonical record value (Delivery.wire)
+    # process(None, folds, delivery) once a partition is read to its end with no event for it
+    # in the last scan (consumers.runtime.caught_up)
+    caught_up_call: ClassVar[bool]
 
     def validate(self, event: Event) -> None: ...
 
@@ -239,6 +242,7 @@ class BaseProcessor:
     reducer_version: ClassVar[str] = ""
     effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
     keeps_wire: ClassVar[bool] = False
+    caught_up_call: ClassVar[bool] = False
 
     def validate(self, event: Event) -> None:
         """Raise (any exception) to refuse ``event`` as bad input: it is dead-lettered at once
@@ -304,6 +308,9 @@ class Progress:
     # window makes such copies): the re-run takes them as the duplicates they are.
     rerun_through: int = -1
     rerun_duplicates: list[str] = field(default_factory=list)
+    # "acked_through:cursor_revision" of the partition's last caught-up delivery (an event's, or
+    # the eventless call's: consumers.runtime.caught_up), so a restart does not make it again.
+    caught_up: str = ""
 
     def as_fields(self) -> dict[str, str]:
         return {
@@ -321,6 +328,7 @@ class Progress:
             "fold_generation": str(self.fold_generation),
             "rerun_through": str(self.rerun_through),
             "rerun_duplicates": orjson.dumps(self.rerun_duplicates).decode(),
+            "caught_up": self.caught_up,
         }
 
     @classmethod
@@ -346,6 +354,7 @@ class Progress:
             fold_generation=int(f.get("fold_generation", 0)),
             rerun_through=int(f.get("rerun_through", -1)),
             rerun_duplicates=list(orjson.loads(f.get("rerun_duplicates", "[]"))),
+            caught_up=f.get("caught_up", ""),
         )
 
     def has_cursor(self) -> bool:

@@ -32,8 +32,7 @@ from router.wiring.acls import (
     roles,
 )
 from router.wiring.groups import ROLLUP_SLUG, group_reads
-from router.wiring.processors import build_processor
-from router.wiring.processors import effect_kinds, subscription_slugs
+from router.wiring.processors import build_processor, effect_kinds, subscription_slugs
 from router.wiring.provisioning import environment_specs
 from router.wiring.workers import worker_slug
 from streams.clock import SystemClock
