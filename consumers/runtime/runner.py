@@ -50,6 +50,7 @@ from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
 from consumers.runtime.types import (
     JSON,
     TP,
+    BaseProcessor,
     Delivery,
     EffectKind,
     OutRecord,
@@ -101,6 +102,8 @@ class _Slice:
     candidates: list[tuple[Record, Event]] = field(default_factory=list)  # events consumed
     # By record index: the value, when it is its event's canonical encoding (keeps_wire only).
     wires: dict[int, bytes] = field(default_factory=dict)
+    # By record index: what the processor's validate raised for the event (it is refused).
+    rejected: dict[int, Exception] = field(default_factory=dict)
     # Whether its claims are looked up before processing (else the commit checks them, and a
     # commit that meets one is refused and the slice processed again, looked up: ``again``).
     look: bool = True
@@ -307,8 +310,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         commit with a part, polls later), and records an earlier claim may not make duplicates
         (an operator's redelivery, the re-run range of a reprocess_from), which the commit's
         check would refuse every time."""
-        if self.processor.effect_kind == EffectKind.FILES:
-            return True
+        if self.processor.effect_kind == EffectKind.FILES or piece.rejected:
+            return True  # an event refused is judged a copy or not before its letter is written
         rerun_through = piece.progress.rerun_through
         return any(r.offset <= rerun_through or self._is_redelivery(r) for r, _ in piece.candidates)
 
@@ -360,6 +363,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         consumer that merely got nothing for a while, on a loaded broker, is not idle)."""
         if not all(p.retry_at is None and not p.needs_recovery for p in self.parts.values()):
             return False
+        if any(tp in self.parts for tp in self._caught_up_retry):
+            return False  # a caught-up call waits to be tried again
         return self.transport.caught_up(self.parts)
 
     def run(
@@ -386,6 +391,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         poison (undecodable), or events, of which those the processor consumes are candidates."""
         consumes = self.processor.consumes
         keeps_wire = self.processor.keeps_wire
+        validate = _validator(self.processor)
         max_bytes = self.policy.max_envelope_bytes
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
@@ -419,6 +425,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             piece.events.append(event)
             if consumes is None or event.event_type in consumes:
                 piece.candidates.append((record, event))
+                if validate is not None:
+                    try:
+                        validate(event)
+                    except Exception as exc:
+                        piece.rejected[len(piece.events) - 1] = exc
         return piece
 
     @_logged_with_partition
@@ -503,10 +514,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     if event.project_id in changed
                     else part.states.get(event.project_id)
                 )
-                try:
-                    proc.validate(event)
-                except Exception as exc:
-                    raise Rejected(exc) from exc
+                refusal = piece.rejected.get(i)
+                if refusal is not None:
+                    raise Rejected(refusal)
                 try:
                     new_state = proc.reduce(state, event) if proc.reducer_version else None
                 except Exception as exc:
@@ -812,6 +822,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             )
 
         return delivery
+
+
+def _validator(processor: Processor) -> Callable[[Event], None] | None:
+    """The processor's ``validate``, or None when it keeps the default (which accepts all)."""
+    validate = getattr(type(processor), "validate", None)
+    if validate is None or validate is BaseProcessor.validate:
+        return None
+    return processor.validate
 
 
 def _passed_batches(old: Progress, new: Progress) -> list[str]:
