@@ -484,6 +484,8 @@ def test_the_rollup_stays_exact_after_a_sigkill_mid_stream(rs: Settings, tmp_pat
     _restart_and_check(rs, points, log)
 
 
+# The two longest of the file (92 s and 153 s here): run by `make test-slow`.
+@pytest.mark.slow
 def test_points_waiting_for_a_slow_agent_when_a_recovery_ends_are_counted(
     rs: Settings, tmp_path: Path
 ) -> None:
@@ -518,6 +520,8 @@ def _points_counted(s: Settings) -> int | None:
     return counted
 
 
+# The two longest of the file (92 s and 153 s here): run by `make test-slow`.
+@pytest.mark.slow
 def test_the_rollup_stays_exact_after_sigkills_between_its_commits(
     rs: Settings, tmp_path: Path
 ) -> None:
