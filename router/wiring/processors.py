@@ -30,16 +30,17 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from consumers.runtime.types import BaseProcessor, EffectKind, Processor
+from consumers.runtime.types import BaseProcessor, EffectKind, OutRecord, Processor
 from router.settings import Settings
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError, TopologyError
-from streams.topology import check_slug
+from streams.topology import check_slug, queue_name
 
 if TYPE_CHECKING:
     import redis
@@ -107,6 +108,46 @@ class SubscriptionSettings:
                 self._client = lambda: redis_client(self.settings)
             self._redis = self._client()
         return self._redis
+
+    def command_record(
+        self,
+        command_type: str,
+        project_id: str,
+        *,
+        command_id: str,
+        payload: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        change_id: str | None = None,
+        task_id: str | None = None,
+        deadline_s: float | None = None,
+        now: datetime | None = None,
+    ) -> OutRecord:
+        """A command as a Kafka effect: the record on ``queue`` (default: its type's queue in
+        the catalog), keyed by project, its record id the command id. Give a ``command_id`` a
+        crash retry makes again and a reprocess makes anew: ``"cmd_" +
+        delivery.idempotency_key(...)``. A wrong field raises EnvelopeError naming it."""
+        from router.wiring.commands import new_command, queue_of
+        from streams.envelopes import encode
+        from streams.producer import command_headers
+
+        topology = self.settings.topology
+        command = new_command(
+            command_type,
+            project_id,
+            payload=payload,
+            command_id=command_id,
+            change_id=change_id,
+            task_id=task_id,
+            deadline_s=deadline_s,
+            now=now,
+        )
+        return OutRecord(
+            topic=queue_name(queue_of(command_type, queue, topology), topology.env),
+            key=project_id,
+            value=encode(command, max_bytes=self.settings.max_envelope_bytes),
+            record_id=command.command_id,
+            headers=tuple(command_headers(command)),
+        )
 
     def companion(self, build: Callable[[Processor], Companion]) -> None:
         """Register work that runs beside the consume loop: ``build(processor)`` is called
