@@ -283,9 +283,9 @@ def load(
         clock=clock or SystemClock(),
         _redis=client,
     )
-    if inspect.isclass(target):
+    if inspect.isclass(target) and not _takes_settings(target):
         made = _made(target, where)
-    elif callable(target):
+    elif callable(target):  # a factory, or a class made from its settings
         if not sub.slug:  # named by its path alone: the table of the slug it builds, if any
             sub.slug = getattr(target, "slug", "") or ""
             sub.table = settings.subscriptions.get(sub.slug, {})
@@ -360,6 +360,23 @@ def check_contract(made: object, where: str) -> Processor:
     if not isinstance(made, Processor):  # what mypy is told; the checks above say why not
         raise ConfigurationError(f"{where}: not a processor")
     return made
+
+
+def _takes_settings(cls: type) -> bool:
+    """A class whose constructor needs one argument: it is made from its settings."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return False
+    try:
+        signature.bind()
+    except TypeError:
+        try:
+            signature.bind(object())
+        except TypeError:
+            return False
+        return True
+    return False
 
 
 def _made(cls: type, where: str) -> object:

@@ -71,6 +71,19 @@ class NotOne:
     slug = "not-one"
 
 
+class Labelled(Processor):
+    """Made from its settings: a class whose constructor takes them is its own factory."""
+
+    slug: ClassVar[str] = "labelled"
+    effect_kind: ClassVar[EffectKind] = EffectKind.REDIS
+
+    def __init__(self, settings: SubscriptionSettings) -> None:
+        self.label = settings.options(WindowOptions).label
+
+    def process(self, event: Event, state: Any, delivery: Delivery) -> Effects:
+        return Effects(redis=[RedisOp("INCRBY", self.label, (1,))])
+
+
 def failing_factory(settings: SubscriptionSettings) -> Processor:
     raise RuntimeError("no database configured")
 

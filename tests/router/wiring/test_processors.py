@@ -21,7 +21,7 @@ from router.wiring.processors import (
 )
 from streams.errors import ConfigurationError
 from tests.support.environment import make_settings, run_cli
-from tests.support.plugins import TaskCounts, Windowed
+from tests.support.plugins import Labelled, TaskCounts, Windowed
 
 BUILT_IN = [
     "analytics-projector",
@@ -68,6 +68,13 @@ def test_a_factory_reads_its_own_table_through_its_model() -> None:
     processor = load(s, "windowed").processor
     assert isinstance(processor, Windowed)
     assert (processor.options.window, processor.options.label) == (5, "w")
+
+
+def test_a_class_whose_constructor_takes_its_settings_is_its_own_factory() -> None:
+    path = "tests.support.plugins:Labelled"
+    s = make_settings(subscriptions={"labelled": {"processor": path, "window": 2, "label": "seen"}})
+    processor = load(s, "labelled").processor
+    assert isinstance(processor, Labelled) and processor.label == "seen"
 
 
 @pytest.mark.parametrize(
