@@ -1,30 +1,29 @@
-"""An in-memory world for runtime tests: a log with streams, a store, dead letters, processors."""
+"""The runtime tests' side of the in-memory harness (consumers.runtime.harness, the one harness
+the runtime's tests and processor authors share): its world with the ledger as the default
+processor and readers of the test processors' effects, events numbered per project, and the
+test processors themselves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import orjson
 
-from consumers.runtime.controls import Controls, MemoryAuditLog
-from consumers.runtime.dead_letter_ops import DeadLetterActions
-from consumers.runtime.dead_letters import MemoryDeadLetters
-from consumers.runtime.memory_store import MemoryStore
-from consumers.runtime.memory_transport import (
-    MemoryLog,
-    MemoryOutput,
-    MemoryOutputLog,
-    MemoryReader,
-    MemoryRedelivery,
-    MemoryTransport,
+from consumers.runtime.harness import (
+    BOUNDARIES,
+    LIMIT,
+    OUT,
+    PARTITIONS,
+    PROJECTS_SHARING,
+    REDELIVERY,
+    STREAMS,
+    Crash,
 )
-from consumers.runtime.runner import Runner, RuntimePolicy
+from consumers.runtime.harness import World as HarnessWorld
+from consumers.runtime.runner import Runner
 from consumers.runtime.types import (
     JSON,
-    TP,
     BaseProcessor,
     Delivery,
     EffectKind,
@@ -33,29 +32,24 @@ from consumers.runtime.types import (
     Processor,
 )
 from consumers.subscriptions.ledger import Ledger
-from streams.clock import ManualClock
-from streams.envelopes import Event, build, encode
+from streams.envelopes import Event, build
 from streams.ids import stable_event_id
 
-STREAMS = ("s0", "s1")
-PARTITIONS = 2
-REDELIVERY = "redeliver"
-OUT = "out"
-LIMIT = 1 << 20
-# The failpoints between a batch's writes where a crash is tested: every step of a commit.
-BOUNDARIES = [
-    "runtime.before_store_commit",
-    "runtime.after_store_commit",  # after claim + effect + cursor (one atomic write)
-    "runtime.before_transaction_commit",
-    "runtime.after_transaction_commit",  # Kafka effects landed, pending copy not yet cleared
-    "runtime.after_offsets_commit",
+__all__ = [
+    "BOUNDARIES",
+    "LIMIT",
+    "OUT",
+    "PARTITIONS",
+    "PROJECTS_SHARING",
+    "REDELIVERY",
+    "STREAMS",
+    "Counter",
+    "Crash",
+    "FlakyEffects",
+    "World",
+    "event",
+    "fresh_ledger",
 ]
-# Two projects that land on the same stream partition (World.tp_of).
-PROJECTS_SHARING = ("alpha", "beta")
-
-
-class Crash(BaseException):
-    """A simulated process death (BaseException so nothing in the runner swallows it)."""
 
 
 def event(project: str, n: int, *, fail: bool = False, etype: str = "task.completed") -> Event:
@@ -123,120 +117,12 @@ class FlakyEffects(Counter):
         return super().process(event, state, delivery)
 
 
-@dataclass
-class World:
-    log: MemoryLog = field(default_factory=MemoryLog)
-    store: MemoryStore = field(default_factory=MemoryStore)
-    dead: MemoryDeadLetters = field(default_factory=MemoryDeadLetters)
-    clock: ManualClock = field(default_factory=ManualClock)
-    audit: MemoryAuditLog = field(default_factory=MemoryAuditLog)
-    outputs: list[MemoryOutput] = field(default_factory=list)
+class World(HarnessWorld):
+    """The harness's world, running the ledger unless told otherwise."""
 
-    def __post_init__(self) -> None:
-        for s in STREAMS:
-            self.log.create(s, PARTITIONS)
-        self.log.create(REDELIVERY, len(STREAMS) * PARTITIONS)
-        self.log.create(OUT, 3)
+    def runner(self, processor: Processor | None = None, **kw: Any) -> Runner:
+        return super().runner(processor or Ledger(), **kw)
 
-    def tp_of(self, project: str) -> TP:
-        h = sum(project.encode())
-        return TP(STREAMS[h % len(STREAMS)], (h // 7) % PARTITIONS)
-
-    def publish(self, ev: Event, raw: bytes | None = None) -> int:
-        tp = self.tp_of(ev.project_id)
-        return self.log.append(
-            tp.topic,
-            tp.partition,
-            raw if raw is not None else encode(ev, max_bytes=LIMIT),
-            ev.project_id.encode(),
-        )
-
-    def publish_raw(self, tp: TP, raw: bytes) -> int:
-        return self.log.append(tp.topic, tp.partition, raw)
-
-    def policy(self, **kw: Any) -> RuntimePolicy:
-        values: dict[str, Any] = dict(
-            batch_size=50,
-            max_batch_failures=5,
-            retry_backoff_s=1.0,
-            retry_backoff_max_s=8.0,
-            max_envelope_bytes=LIMIT,
-            control_check_interval_s=0.0,
-            streams=STREAMS,
-            partitions_per_stream=PARTITIONS,
-        )
-        values.update(kw)
-        return RuntimePolicy(**values)
-
-    def controls(self, processor: Processor) -> Controls:
-        return Controls(
-            processor, self.store, MemoryReader(self.log), self.audit, self.dead, self.clock, LIMIT
-        )
-
-    def runner(
-        self,
-        processor: Processor | None = None,
-        *,
-        cuts: Iterator[int] | None = None,
-        failpoint: Callable[[str], None] = lambda name: None,
-        auto_assign: bool = True,
-        **policy: Any,
-    ) -> Runner:
-        processor = processor or Ledger()
-        transport = MemoryTransport(
-            self.log, f"group-{processor.slug}", cuts=cuts, auto_assign=auto_assign
-        )
-        output = None
-        if processor.effect_kind == EffectKind.KAFKA:
-            output = MemoryOutput(self.log)
-            self.outputs.append(output)
-        runner = Runner(
-            processor,
-            transport,
-            self.store,
-            self.dead,
-            self.policy(**policy),
-            self.clock,
-            output=output,
-            output_log=MemoryOutputLog(self.log) if output is not None else None,
-            redelivery=MemoryRedelivery(self.log, REDELIVERY),
-            controls=self.controls(processor),
-            failpoint=failpoint,
-        )
-        runner.start(list(STREAMS))
-        return runner
-
-    def drain(self, runner: Runner, *, max_rounds: int = 500, tick: float = 1.0) -> None:
-        """Run until nothing is left to do, advancing the clock over retry backoffs."""
-        for _ in range(max_rounds):
-            handled = runner.run_once(timeout=0)
-            if not handled and runner.idle() and runner.run_once(timeout=0) == 0:
-                return
-            if not handled:
-                self.clock.advance(tick)
-        raise AssertionError("runner did not settle")
-
-    def actions(self) -> DeadLetterActions:
-        def send(
-            topic: str,
-            partition: int | None,
-            key: bytes | None,
-            value: bytes,
-            headers: list[tuple[str, bytes]],
-        ) -> None:
-            self.log.append(topic, partition or 0, value, key, tuple(headers))
-
-        policy = self.policy()
-        return DeadLetterActions(
-            self.dead,
-            self.clock,
-            send,
-            lambda slug: REDELIVERY,
-            policy.redelivery_partition,
-            lambda purpose: f"queue-{purpose}",
-        )
-
-    # -- reading effects ---------------------------------------------------------------------------
     def ledger(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for key, value in self.store.space.data.items():
@@ -257,13 +143,6 @@ class World:
         return [
             orjson.loads(r.value or b"") | {"_id": r.header("record_id")} for r in self.log.all(OUT)
         ]
-
-    def states(self) -> dict[str, JSON]:
-        out: dict[str, JSON] = {}
-        for s in STREAMS:
-            for p in range(PARTITIONS):
-                out.update(self.store.all_states(TP(s, p)))
-        return out
 
 
 def fresh_ledger() -> Ledger:
