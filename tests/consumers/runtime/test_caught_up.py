@@ -159,3 +159,15 @@ def test_a_refused_event_is_dead_lettered_at_once_and_its_project_goes_on() -> N
     w.drain(runner)
     assert len(w.dead.list()) == 2  # refused again, under a letter of its own
     assert w.store.read(tp, "counts") == {"alpha": "2"}
+
+
+def test_copies_of_a_refused_event_get_one_letter_however_the_polls_cut_them() -> None:
+    for batch_size in (1, 2, 50):
+        w = World()
+        refused = bad("alpha", 1)
+        w.publish(refused)
+        w.publish(refused)
+        w.publish(event("alpha", 2))
+        w.drain(w.runner(Reconciler(), batch_size=batch_size))
+        assert len(w.dead.list()) == 1, batch_size
+        assert w.states() == {"alpha": {"n": 1}}, batch_size
