@@ -11,7 +11,7 @@ import signal
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -96,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"rhumbatron {importlib.metadata.version('rhumbatron')}",
         help="print the installed version and exit",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True),
+    )
     # Each area registers its own subcommands (one module per area, each with `register`).
     for register in REGISTRARS:
         register(sub)

@@ -50,7 +50,8 @@ def test_a_wrong_return_fails_its_event_and_nothing_else(wrong: Any, reason: str
     counts: dict[str, int] = {}
     for project in ("alpha", "gamma"):
         got = w.store.read(w.tp_of(project), "n") or {}
-        counts.update({k: int(v) for k, v in got.items()})  # type: ignore[union-attr]
+        assert isinstance(got, dict)
+        counts.update({k: int(v) for k, v in got.items()})
     assert counts == {"alpha": 1, "gamma": 2}  # alpha's second event went on after the letter
 
 
