@@ -69,11 +69,6 @@ def archiver(settings: Settings) -> AuditArchiver:
     )
 
 
-def build_archiver(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> AuditArchiver:
-    """The BUILDERS entry for ``audit-archiver``."""
-    return archiver(settings)
-
-
 def archive_reader(
     settings: Settings, client: redis.Redis[bytes], clock: Clock
 ) -> StoreArchiveReader | None:

@@ -131,15 +131,15 @@ def build_router(
 
 
 def build(settings: Settings, client: redis.Redis[bytes], clock: Clock) -> CausalRouter:
-    """The builder of ``router.wiring.processors.BUILDERS``."""
+    """The causal router's processor (``router.wiring.processors.causal_router`` builds it)."""
     return build_router(settings, client, clock, outbox=open_router_outbox(settings))
 
 
 def companion(
     settings: Settings, client: redis.Redis[bytes], clock: Clock, processor: Processor
 ) -> RouterCompanion:
-    """The companion of ``router.wiring.processors.COMPANIONS``: the publisher of the processor's
-    outbox and the maintenance tick."""
+    """The causal router's companion (``router.wiring.processors.causal_router`` registers it):
+    the publisher of the processor's outbox and the maintenance tick."""
     if not isinstance(processor, CausalRouter) or not _outbox_store(processor.outbox):
         raise TypeError(f"the causal router's companion needs its outbox store, got {processor!r}")
     return RouterCompanion(settings, client, clock, processor.outbox)
