@@ -173,3 +173,21 @@ def test_copies_of_a_refused_event_get_one_letter_however_the_polls_cut_them() -
         w.drain(w.runner(Reconciler(), batch_size=batch_size))
         assert len(w.dead.list()) == 1, batch_size
         assert w.states() == {"alpha": {"n": 1}}, batch_size
+
+
+def test_a_dead_letter_at_the_head_keeps_the_fold_current_with_the_cursor() -> None:
+    class Failing(Reconciler):
+        slug: ClassVar[str] = "failing"
+        caught_up_call: ClassVar[bool] = False
+
+        def process(self, event: Event | None, state: Any, delivery: Delivery) -> Effects:
+            raise RuntimeError("always")
+
+    w = World()
+    tp = w.tp_of("alpha")
+    for n in (1, 2):
+        w.publish(event("alpha", n))
+    w.drain(w.runner(Failing(), batch_size=1))
+    progress = w.store.load(tp)
+    assert len(w.dead.list()) == 2
+    assert progress.acked_through == progress.reduced_through == 1

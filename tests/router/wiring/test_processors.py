@@ -164,3 +164,31 @@ def test_consume_refuses_a_broken_processor_in_one_line_before_joining() -> None
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "subscription slug 'Bad_Slug' is not allowed" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "ledger",
+        "project-view-projector",
+        "tests.support.plugins:TaskCounts",
+        "windowed",
+        "labelled",
+    ],
+)
+def test_built_ins_and_plug_ins_load_and_pass_the_same_exactly_once_check(spec: str) -> None:
+    from rhumbatron.testing import assert_exactly_once, event
+
+    s = make_settings(
+        subscriptions={
+            "windowed": {"processor": "tests.support.plugins:windowed", "window": 2},
+            "labelled": {"processor": "tests.support.plugins:Labelled", "window": 2},
+        }
+    )
+    events = [
+        event(kind, project, slot=n, task_id=f"t{n}", payload={"agentId": "agent-1"})
+        for n, kind in enumerate(("task.created", "task.started", "task.completed"), start=1)
+        for project in ("a", "b", "c")
+    ]
+    clean = assert_exactly_once(lambda: load(s, spec).processor, events, random_shapes=10)
+    assert clean.applied, spec
