@@ -8,10 +8,8 @@ TypeScript reference receiver under node, and every command ends as the handlers
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from router.wiring.workers import provision_queues
 from streams.envelopes import decode_command
 from streams.topology import queue_name
 from tests.support.environment import NO_SUBSCRIPTIONS, ROOT
+from tests.support.example_venv import example_venv, run_example_tests
 from tests.support.kafka import read_all
 from tests.support.node_receiver import SECRET, build, running
 from tests.support.waiting import wait_until
@@ -40,55 +39,11 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Settings]]:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("example")
-    wheels = root / "wheels"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    # Built from copies: a build writes build/ and *.egg-info beside the sources, and two test
-    # runs of one checkout must not share them.
-    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info", ".pytest_cache")
-    product, example = root / "rhumbatron-src", root / "example-src"
-    product.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, product / name)
-    for package in ("rhumbatron", "router", "consumers", "streams"):
-        shutil.copytree(ROOT / package, product / package, ignore=ignore)
-    shutil.copytree(EXAMPLE, example, ignore=ignore)
-    # The wheels of this checkout, the example and everything they need; then an install that
-    # may use nothing else.
-    subprocess.run(
-        [*pip, "wheel", "--wheel-dir", str(wheels), str(product), str(example), "pytest>=8"],
-        check=True,
-        timeout=900,
-    )
-    env_dir = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
-    subprocess.run(
-        [
-            str(env_dir / "bin" / "python"),
-            "-m",
-            "pip",
-            "--disable-pip-version-check",
-            "-q",
-            "install",
-            "--no-index",
-            "--find-links",
-            str(wheels),
-            "acme-handlers[test]",
-        ],
-        check=True,
-        timeout=900,
-    )
-    return env_dir
+    return example_venv(tmp_path_factory.mktemp("example"), EXAMPLE, "acme-handlers[test]")
 
 
 def test_the_examples_own_tests_pass_in_its_environment(venv: Path) -> None:
-    result = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=EXAMPLE,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_example_tests(venv, EXAMPLE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "5 passed" in result.stdout
 
