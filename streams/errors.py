@@ -69,6 +69,7 @@ swallows one.
     ├── Fail                        a command handler's permanent failure: no further attempt
     ├── LetterBeingRetried          the dead-letter consumer asks to read a record again later
     ├── CommittedUnknown            the group's committed offsets cannot be known yet: ask later
+    ├── StatementsFailed            a SQL effect's statements failed for some events: judge them failed
     ├── ClaimsFound                 a commit not looked up first met claims: look them up, again
     └── ProcessorError              carries a processor's exception (and its step) to the runner
 
@@ -80,7 +81,7 @@ they are caught as they are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
@@ -597,6 +598,19 @@ class LetterBeingRetried(InternalSignal):
 class CommittedUnknown(InternalSignal):
     """The group's committed offsets cannot be known right now (an open transaction); recovery
     asks again on a later loop."""
+
+
+class StatementsFailed(InternalSignal):
+    """A SQL-effect commit met errors of its events' own statements (SQLSTATE classes 22, 23,
+    42 …: a constraint, a bad value, a bad statement): nothing of it was written. ``failures``
+    maps each failing event id to its error; the runner processes the batch again with those
+    events failed (their projects held back behind them) and commits that."""
+
+    def __init__(self, tp: object, failures: Mapping[str, BaseException]) -> None:
+        self.tp = tp
+        self.failures = dict(failures)
+        shown = ", ".join(f"{e}: {type(x).__name__}" for e, x in list(self.failures.items())[:3])
+        super().__init__(f"{tp}: statements of {len(self.failures)} events failed ({shown})")
 
 
 class ClaimsFound(InternalSignal):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
-from consumers.runtime.store import Commit
+from consumers.runtime.store import Commit, EventStatements
 from consumers.runtime.types import JSON, TP, Delivery, EffectKind, Phase, Progress
 from streams.errors import Fenced
 
@@ -99,6 +99,8 @@ class CaughtUpMixin(RunnerBase):
             effects = proc.process(cast(Any, None), cast(Any, folds), delivery)
             records = list(effects.records)
             ops = list(effects.redis)
+            # SQL effects run as an event's do, all or nothing (no event: no id, no project).
+            statements = [EventStatements("", "", effects.sql)] if effects.sql else []
             if records:
                 records = proc.finish_batch(records, ops, owner_check)
         except Fenced:
@@ -130,12 +132,25 @@ class CaughtUpMixin(RunnerBase):
             expected_revision=progress.cursor_revision,
             progress=new,
             redis=ops,
+            sql=statements,
             pending=records or None,
         )
-        self._commit([Outcome(commit, [], None, [])])
+        failed = self._commit([Outcome(commit, [], None, [])]).get(part.tp)
+        if failed:
+            # Its SQL statements failed: nothing of it was committed; tried again later.
+            self._caught_up_retry[part.tp] = self.clock.monotonic() + self.policy.retry_backoff_s
+            error = next(iter(failed.values()))
+            log.warning(
+                "%s: the caught-up call on %s at offset %d failed: %s: %s",
+                proc.slug,
+                part.tp,
+                progress.acked_through,
+                type(error).__name__,
+                error,
+            )
 
     if TYPE_CHECKING:  # the runner's own
 
-        def _commit(self, outcomes: list[Outcome]) -> set[TP]: ...
+        def _commit(self, outcomes: list[Outcome]) -> dict[TP, dict[str, BaseException]]: ...
 
         def _owner_check(self, part: PartitionState) -> Callable[[], None]: ...

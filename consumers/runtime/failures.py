@@ -93,6 +93,11 @@ class FailureMixin(TracingMixin):
             dead_claims=sorted({e.event_id for r, e, _ in failed if not self._is_redelivery(r)}),
         )
         if not self._commit_or_refuse(part, commit):
+            if part.retry_at is not None and part.tp in self.parts:
+                # The SQL store's outage: the letter stays due, and is written again (the same
+                # letter) with its commit after the backoff.
+                part.due_letter = due
+                return False
             return True
         part.progress = new
         self.store.clear_failures(part.tp, due.batch_key)
@@ -108,18 +113,6 @@ class FailureMixin(TracingMixin):
             letter.error,
         )
         return True
-
-    def _schedule_retry(
-        self, part: PartitionState, first_unapplied: int | None, attempts: int
-    ) -> None:
-        delay = min(
-            self.policy.retry_backoff_s * 2 ** max(attempts - 1, 0), self.policy.retry_backoff_max_s
-        )
-        part.retry_at = self.clock.monotonic() + delay
-        part.retry_from = first_unapplied
-        self.transport.pause([part.tp])
-        if first_unapplied is not None:
-            self.transport.seek(part.tp, first_unapplied)
 
     def _resume_due(self) -> None:
         now = self.clock.monotonic()

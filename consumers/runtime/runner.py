@@ -15,6 +15,11 @@ Per partition of a batch, in offset order:
   every later event *of its project* in the batch is held back; other projects go on;
 - the claims, Redis effects, fold changes, pending Kafka effects and the new cursor commit in one
   atomic step, fenced by the owner epoch and compare-and-set on the cursor;
+- SQL effects run in that step, in one PostgreSQL transaction with the rest (``sql_store``): an
+  event whose statements fail (a constraint, a bad value) refuses the commit, writing nothing,
+  and the batch is processed again with that event failed as if ``process`` had raised; an
+  outage of the database (SQLSTATE classes 08 and 40, a lost connection) commits nothing,
+  counts no failure, and the partition's records are read again after a backoff;
 - Kafka effects then go out in one transaction with the consumed offsets, whose metadata names
   the transaction (a per-partition sequence stored with the pending copy); the pending copy is
   cleared once it committed (a crash or an abort in between is recovered by whoever owns the
@@ -43,7 +48,7 @@ from consumers.runtime.files import FilesMixin
 from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
-from consumers.runtime.store import Commit, Store
+from consumers.runtime.store import Commit, EventStatements, Store
 from consumers.runtime.tracing import BatchTraces
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
@@ -63,7 +68,14 @@ from consumers.runtime.types import (
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, decode_with_wire
-from streams.errors import ClaimsFound, EnvelopeError, Fenced, ProcessorError, Rejected
+from streams.errors import (
+    ClaimsFound,
+    EnvelopeError,
+    Fenced,
+    ProcessorError,
+    Rejected,
+    StatementsFailed,
+)
 from streams.log_context import log_fields
 
 log = logging.getLogger("rhumbatron.runtime")
@@ -108,6 +120,10 @@ class _Slice:
     # commit that meets one is refused and the slice processed again, looked up: ``again``).
     look: bool = True
     again: bool = False
+    # By event id: the error its SQL statements met when the slice was committed before; it is
+    # judged failed without running (StatementsFailed).
+    failed_statements: dict[str, BaseException] = field(default_factory=dict)
+
 
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
@@ -209,11 +225,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         latest writes (append-only with fsync every second loses up to about two seconds when
         the machine fails or the disk stalls; a restore from an older copy) may have lost a
         partition's first cursor with its claims and effects, and reading from the committed
-        offset would never apply those events. Other effects keep the committed offset: Kafka
+        offset would never apply those events. SQL effects the same: a database restored from a
+        backup lost its cursor with its effects. Other effects keep the committed offset: Kafka
         effects commit it in their transaction, files record their parts against it."""
         if progress.has_cursor():
             return progress.acked_through + 1
-        if self.processor.effect_kind == EffectKind.REDIS:
+        if self.processor.effect_kind in (EffectKind.REDIS, EffectKind.SQL):
             return self.transport.log_start(tp)
         return None
 
@@ -294,14 +311,22 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         for piece in slices:
             piece.look = self._must_look(piece)
         met = self._process_and_commit(slices)
-        if met:
-            # Their commits met claims (duplicates, or events of an earlier revision) and wrote
-            # nothing: the same records again, looked up first, as the batch of one partition
-            # with duplicates always was.
-            again = [piece for piece in slices if piece.part.tp in met]
-            for piece in again:
+        while met:
+            # Their commits met claims (duplicates, or events of an earlier revision), or SQL
+            # statements that failed, and wrote nothing: the same records again, looked up
+            # first, as the batch of one partition with duplicates always was, and those
+            # events failed. Each round knows more failed events, so the rounds end.
+            again = []
+            for piece in slices:
+                failed = met.get(piece.part.tp)
+                if failed is None or (
+                    piece.look and failed.keys() <= piece.failed_statements.keys()
+                ):
+                    continue
                 piece.look = piece.again = True
-            self._process_and_commit(again)
+                piece.failed_statements.update(failed)
+                again.append(piece)
+            met = self._process_and_commit(again) if again else {}
 
     def _must_look(self, piece: _Slice) -> bool:
         """Whether a slice's claims are looked up before it is processed. The live path leaves
@@ -315,9 +340,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         rerun_through = piece.progress.rerun_through
         return any(r.offset <= rerun_through or self._is_redelivery(r) for r, _ in piece.candidates)
 
-    def _process_and_commit(self, slices: list[_Slice]) -> set[TP]:
+    def _process_and_commit(self, slices: list[_Slice]) -> dict[TP, dict[str, BaseException]]:
         """Process every slice and commit them together; the partitions whose commit met claims
-        it had not looked up (:meth:`_commit`)."""
+        it had not looked up, or SQL statements that failed (:meth:`_commit`)."""
         decisions = self._decisions([s for s in slices if s.look])
         try:
             outcomes = []
@@ -470,6 +495,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         applied_ms: list[int] = []
         ops: list[RedisOp] = []
         out: list[OutRecord] = []
+        statements: list[EventStatements] = []
         changed: dict[str, JSON | None] = {}  # the fold after this batch; cached once committed
         readmitted: list[int] = []  # dead-lettered offsets applied now through a redelivery
         rejected_ids: list[str] = []  # refused by validate: dead-lettered at once
@@ -517,6 +543,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 refusal = piece.rejected.get(i)
                 if refusal is not None:
                     raise Rejected(refusal)
+                statements_error = piece.failed_statements.get(event.event_id)
+                if statements_error is not None:  # when this slice was committed before
+                    raise ProcessorError("statements", statements_error)
                 try:
                     new_state = proc.reduce(state, event) if proc.reducer_version else None
                 except Exception as exc:
@@ -568,6 +597,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 ops.extend(effects.redis)
             if effects.records:
                 out.extend(self._traced_effects(traces, effects.records))
+            if effects.sql:
+                statements.append(EventStatements(event.event_id, event.project_id, effects.sql))
             if traces is not None:
                 traces.applied()
             ts = int(event.timestamp.timestamp() * 1000)
@@ -625,6 +656,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             progress=new,
             claims=claims,
             redis=ops,
+            sql=statements,
             states=changed,
             pending=out if out else None,
             cleared_failures=_passed_batches(progress, new),
@@ -638,11 +670,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             commit, failed, first_unapplied, letters, lines, applied_ms, counted, rejections
         )
 
-    def _commit(self, outcomes: list[Outcome]) -> set[TP]:
+    def _commit(self, outcomes: list[Outcome]) -> dict[TP, dict[str, BaseException]]:
         """Commit the outcomes (each partition's atomic on its own) and what follows each that
         applied: its Kafka effects, its group offset, its failures. The partitions whose commit
-        met claims it had not looked up, writing nothing: their counts are taken back, and the
-        caller processes them again."""
+        met claims it had not looked up, or SQL statements that failed (by event id, their
+        errors), writing nothing: their counts are taken back, and the caller processes them
+        again."""
         ready: list[Outcome] = []
         for outcome in outcomes:
             part = self.parts.get(outcome.commit.tp)
@@ -676,10 +709,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         # Every partition's commit in one store call, each atomic on its own.
         refusals = self._store_commit_many([(self.parts[o.commit.tp], o.commit) for o in ready])
         committed: list[Outcome] = []
-        met: set[TP] = set()
+        met: dict[TP, dict[str, BaseException]] = {}
         for outcome, refusal in zip(ready, refusals, strict=True):
-            if isinstance(refusal, ClaimsFound):
-                met.add(outcome.commit.tp)
+            if isinstance(refusal, (ClaimsFound, StatementsFailed)):
+                failed = refusal.failures if isinstance(refusal, StatementsFailed) else {}
+                met[outcome.commit.tp] = failed
                 for name, n in outcome.counted.items():
                     setattr(self.stats, name, getattr(self.stats, name) - n)
                 continue
@@ -687,6 +721,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             if refusal is not None or part is None:
                 continue
             part.progress = outcome.commit.progress
+            part.outages = 0
             self._keep_states(part, outcome.commit)
             committed.append(outcome)
             self.failpoint("runtime.after_store_commit")

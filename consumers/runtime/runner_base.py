@@ -22,7 +22,16 @@ from consumers.runtime.types import (
 )
 from streams.clock import Clock
 from streams.envelopes import Event
-from streams.errors import ClaimsFound, CursorMoved, EnvelopeError, Fenced, PendingEffects
+from streams.errors import (
+    ClaimsFound,
+    CursorMoved,
+    EnvelopeError,
+    Fenced,
+    PendingEffects,
+    ServerRefused,
+    StatementsFailed,
+    Unreachable,
+)
 from streams.headers import ORIGIN_OFFSET
 from streams.topology import redelivery_origin, redelivery_partition
 
@@ -120,6 +129,9 @@ class PartitionState:
     # The offset this owner last committed to the group (-1: none yet); the cursor in the store
     # is what resumes work, and the two differ by the transaction markers past the cursor.
     group_offset: int = -1
+    # The SQL store's outages met in a row, for the backoff before the partition is read again
+    # (none counts as a failure of its events).
+    outages: int = 0
 
     def forget_states(self) -> None:
         self.states.clear()
@@ -291,14 +303,21 @@ class RunnerBase:
     ) -> list[Exception | None]:
         """:meth:`_store_commit` for every partition of a poll in one store call: per commit, in
         order, None if it applied, else what refused it (a refused one's partition is handled as
-        there; ClaimsFound is left to the caller, which looks up and processes again)."""
+        there; ClaimsFound and StatementsFailed are left to the caller, which looks up and
+        processes again)."""
         if not commits:
             return []
         for _ in commits:
             self.failpoint("runtime.before_store_commit")
-        refusals = self.store.commit_many([commit for _, commit in commits])
+        try:
+            refusals = self.store.commit_many([commit for _, commit in commits])
+        except (Unreachable, ServerRefused) as exc:
+            if self.processor.effect_kind != EffectKind.SQL:
+                raise
+            # The database's outage: the call's commits share one transaction, none was written.
+            refusals = [exc for _ in commits]
         for (part, _), refusal in zip(commits, refusals, strict=True):
-            if refusal is not None and not isinstance(refusal, ClaimsFound):
+            if refusal is not None and not isinstance(refusal, (ClaimsFound, StatementsFailed)):
                 self._refused(part, refusal)
         return refusals
 
@@ -310,11 +329,17 @@ class RunnerBase:
         except (Fenced, CursorMoved, PendingEffects) as exc:
             self._refused(part, exc)
             return False
+        except (Unreachable, ServerRefused) as exc:
+            if self.processor.effect_kind != EffectKind.SQL:
+                raise
+            self._refused(part, exc)
+            return False
         return True
 
     def _refused(self, part: PartitionState, refusal: Exception) -> None:
-        """A store commit of this partition was refused: fenced (the partition is dropped) or
-        the cursor moved under us (reloaded; pending effects recovered first)."""
+        """A store commit of this partition was refused: fenced (the partition is dropped), the
+        cursor moved under us (reloaded; pending effects recovered first), or the SQL store met
+        an outage (read again after a backoff)."""
         if isinstance(refusal, Fenced):
             self.stats.fenced += 1
             log.warning("%s: %s", self.processor.slug, refusal)
@@ -323,8 +348,28 @@ class RunnerBase:
             log.warning("%s: %s; reloading", self.processor.slug, refusal)
             self._reload(part)
             part.needs_recovery = part.progress.pending_effects
+        elif isinstance(refusal, (Unreachable, ServerRefused)):
+            # The SQL store's outage (a lost connection, a serialization failure, a deadlock):
+            # nothing was written and no event failed, so nothing is counted.
+            part.outages += 1
+            log.warning(
+                "%s: %s; %s is read again after a backoff", self.processor.slug, refusal, part.tp
+            )
+            self._schedule_retry(part, part.progress.acked_through + 1, part.outages)
         else:
             raise refusal
+
+    def _schedule_retry(
+        self, part: PartitionState, first_unapplied: int | None, attempts: int
+    ) -> None:
+        delay = min(
+            self.policy.retry_backoff_s * 2 ** max(attempts - 1, 0), self.policy.retry_backoff_max_s
+        )
+        part.retry_at = self.clock.monotonic() + delay
+        part.retry_from = first_unapplied
+        self.transport.pause([part.tp])
+        if first_unapplied is not None:
+            self.transport.seek(part.tp, first_unapplied)
 
     def _drop(self, part: PartitionState) -> None:
         """We were fenced: another process owns this partition now. Stop touching it; the group

@@ -1,11 +1,13 @@
 """Where a subscription keeps its progress, claims, fold and effects: the ``Store`` protocol and
 what every backend shares (the commit, the effect ops, the pending copy's encoding). Beside it:
 ``redis_store.RedisStore``, the real one, and ``memory_store.MemoryStore``, the twin the property
-tests run on; one shared test class (``tests/contracts/store.py``) runs against both.
+tests run on, and ``sql_store.SqlStore``, for SQL-effect processors, in their own PostgreSQL; one
+shared test class (``tests/contracts/store.py``) runs against all three.
 
-The heart is :meth:`Store.commit`: claims, Redis effects, fold state, pending Kafka effects and the
-new cursor, applied all-or-nothing, and only if the caller still owns the partition (its owner
-epoch is current) and the cursor is where the caller read it (compare-and-set).
+The heart is :meth:`Store.commit`: claims, Redis effects (or SQL statements), fold state, pending
+Kafka effects and the new cursor, applied all-or-nothing, and only if the caller still owns the
+partition (its owner epoch is current) and the cursor is where the caller read it
+(compare-and-set).
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from typing import Protocol
 
 import orjson
 
-from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
+from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp, SqlStatement
+
+
+@dataclass(frozen=True, slots=True)
+class EventStatements:
+    """One applied event's SQL effects, run in order and all-or-nothing (``sql_store``): a
+    failure of one fails that event, and holds back the later events of its project."""
+
+    event_id: str
+    project_id: str
+    statements: Sequence[SqlStatement]
 
 
 @dataclass
@@ -35,6 +47,7 @@ class Commit:
     # letter (one letter per event); only an operator's retry applies it.
     dead_claims: list[str] = field(default_factory=list)
     redis: list[RedisOp] = field(default_factory=list)
+    sql: list[EventStatements] = field(default_factory=list)  # in offset order (SqlStore only)
     states: dict[str, JSON | None] = field(default_factory=dict)  # None deletes
     # Set by the store as it writes them: each state's encoded size (the runner bounds the folds
     # it keeps in memory by these).
@@ -95,8 +108,10 @@ class Store(Protocol):
     def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
         """:meth:`commit` for several partitions at once (at most one commit per partition),
         each atomic on its own: per commit, in order, None if it applied or the Fenced,
-        CursorMoved, PendingEffects or ClaimsFound that refused it (having written nothing of it). One round
-        trip for every partition of a poll; an error reaching the store raises."""
+        CursorMoved, PendingEffects, ClaimsFound or StatementsFailed that refused it (having
+        written nothing of it). One round trip for every partition of a poll; an error reaching
+        the store raises (the SQL store's outage, Unreachable or ServerRefused, having
+        committed nothing of the call: its commits share one transaction)."""
 
     def pending(self, tp: TP) -> list[OutRecord]: ...
 

@@ -1,7 +1,12 @@
 """One contract for every Store (STYLE: shared test classes per interface). Subclasses provide
-``make_store``; the in-memory store runs it in unit tests, the Redis store against real Redis."""
+``make_store``; the in-memory store runs it in unit tests, the Redis store against real Redis, the
+SQL store against real PostgreSQL. An effect is written and read back through ``effect`` and
+``effect_of`` (a Redis key, or a row the SQL store's statements write); what only Redis effects
+have (their ops) is checked where ``redis_effects``."""
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 import pytest
 
@@ -16,8 +21,18 @@ EVT3 = "evt_" + "ef" * 16
 
 
 class StoreContract:
+    redis_effects: ClassVar[bool] = True  # the store applies RedisOp effects
+
     def make_store(self) -> Store:
         raise NotImplementedError
+
+    def effect(self, value: str, tp: TP = TPX) -> dict[str, Any]:
+        """A commit's fields (of ``tp``) that write one effect: ``value`` under its ``k``."""
+        return {"redis": [RedisOp("SET", "k", (value,))]}
+
+    def effect_of(self, store: Store, tp: TP) -> object:
+        """The partition's ``k`` as an effect wrote it; None when none did."""
+        return store.read(tp, "k")
 
     def test_epochs_fence_stale_owners(self) -> None:
         store = self.make_store()
@@ -78,9 +93,9 @@ class StoreContract:
                         1,
                         revision,
                         Progress(acked_through=5, cursor_revision=revision),
-                        redis=[RedisOp("SET", "k", ("v",))],
                         states={"p": {}},
                         looked=False,
+                        **self.effect("v"),
                         **claims,  # type: ignore[arg-type]
                     )
                 ]
@@ -88,7 +103,7 @@ class StoreContract:
             assert [type(r) for r in refused] == [ClaimsFound], (revision, claims)
             assert store.load(TPX).as_fields() == before.as_fields()
             assert store.decisions(TPX, revision, [new]) == (set(), set()), claims
-            assert store.read(TPX, "k") is None and store.states(TPX, ["p"]) == {"p": None}
+            assert self.effect_of(store, TPX) is None and store.states(TPX, ["p"]) == {"p": None}
 
     def test_a_commit_not_looked_up_without_claims_met_lands_whole(self) -> None:
         store = self.make_store()
@@ -104,18 +119,36 @@ class StoreContract:
                     Progress(acked_through=3),
                     claims=[EVT2],
                     unclaimed=[EVT3],  # checked, not claimed: it failed
-                    redis=[RedisOp("SET", "k", ("v",))],
                     looked=False,
+                    **self.effect("v"),
                 )
             ]
         )
         assert answers == [None]
         assert store.decisions(TPX, 0, [EVT, EVT2, EVT3]) == ({EVT, EVT2}, set())
-        assert store.read(TPX, "k") == "v" and store.load(TPX).acked_through == 3
+        assert self.effect_of(store, TPX) == "v" and store.load(TPX).acked_through == 3
 
     def test_effects_claims_state_and_cursor_land_together(self) -> None:
         store = self.make_store()
         epoch = store.acquire(TPX)
+        if not self.redis_effects:
+            first = Commit(
+                TPX,
+                epoch,
+                -1,
+                0,
+                Progress(acked_through=3),
+                claims=[EVT],
+                states={"p1": {"k": [1, 2]}, "p2": {"v": 1}},
+                **self.effect("x"),
+            )
+            store.commit(first)
+            assert first.state_bytes == {"p1": len(b'{"k":[1,2]}'), "p2": len(b'{"v":1}')}
+            assert self.effect_of(store, TPX) == "x" and store.claimed(TPX, 0, [EVT]) == {EVT}
+            assert store.states(TPX, ["p1", "p3"]) == {"p1": {"k": [1, 2]}, "p3": None}
+            store.commit(Commit(TPX, epoch, 3, 0, Progress(acked_through=5), states={"p2": None}))
+            assert store.all_states(TPX) == {"p1": {"k": [1, 2]}}
+            return
         ops = [
             RedisOp("HSET", "view", ("name", "x")),
             RedisOp("HINCRBY", "view", ("n", 2)),
@@ -168,6 +201,8 @@ class StoreContract:
         assert deleting.state_bytes == {}
 
     def test_slot_gaps_are_capped(self) -> None:
+        if not self.redis_effects:
+            pytest.skip("Redis effect ops only")
         store = self.make_store()
         epoch = store.acquire(TPX)
         store.commit(
@@ -196,11 +231,11 @@ class StoreContract:
                     0,
                     Progress(acked_through=3),
                     claims=[EVT],
-                    redis=[RedisOp("SET", "k", ("v",))],
                     states={"p": {}},
+                    **self.effect("v"),
                 )
             )
-        assert store.read(TPX, "k") is None and store.states(TPX, ["p"]) == {"p": None}
+        assert self.effect_of(store, TPX) is None and store.states(TPX, ["p"]) == {"p": None}
 
     def test_pending_effects_are_kept_until_cleared_and_never_replaced(self) -> None:
         store = self.make_store()
@@ -351,7 +386,7 @@ class StoreContract:
                     0,
                     Progress(acked_through=1),
                     claims=[EVT],
-                    redis=[RedisOp("SET", "k", ("a",))],
+                    **self.effect("a", a),
                     states={"p": {"n": 1}},
                 ),
                 Commit(
@@ -361,7 +396,7 @@ class StoreContract:
                     0,
                     Progress(acked_through=1),
                     claims=[EVT],
-                    redis=[RedisOp("SET", "k", ("b",))],
+                    **self.effect("b", b),
                     states={"p": {"n": 2}},
                 ),
                 Commit(
@@ -371,15 +406,16 @@ class StoreContract:
                     0,
                     Progress(acked_through=6),
                     dead_claims=[EVT2],
-                    redis=[RedisOp("SET", "k", ("c",))],
+                    **self.effect("c", c),
                 ),
             ]
         )
         assert answers[0] is None
         assert isinstance(answers[1], Fenced) and isinstance(answers[2], CursorMoved)
-        assert store.read(a, "k") == "a" and store.states(a, ["p"]) == {"p": {"n": 1}}
+        assert self.effect_of(store, a) == "a" and store.states(a, ["p"]) == {"p": {"n": 1}}
         for refused in (b, c):  # nothing of a refused commit was written
-            assert store.read(refused, "k") is None and store.states(refused, ["p"]) == {"p": None}
+            assert self.effect_of(store, refused) is None
+            assert store.states(refused, ["p"]) == {"p": None}
             assert store.load(refused).acked_through == -1
         assert store.decisions_many(
             [(a, 0, [EVT, EVT2]), (b, 0, [EVT]), (c, 0, [EVT2]), (a, 1, [EVT]), (c, 0, [])]
