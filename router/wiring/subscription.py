@@ -1,5 +1,6 @@
-"""Wiring a subscription from settings: the Kafka transport, the Redis store, the dead-letter
-store, the redelivery reader, the transactional output (for Kafka effects) and the controls."""
+"""Wiring a subscription from settings: the Kafka transport, the store (Redis; for SQL effects,
+the subscription's own PostgreSQL), the dead-letter store, the redelivery reader, the
+transactional output (for Kafka effects) and the controls."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from consumers.runtime.kafka_transport import (
 from consumers.runtime.producer_lease import ProducerLease
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.runner import Runner, RuntimePolicy
+from consumers.runtime.store import Store
 from consumers.runtime.types import TP, EffectKind, Processor
 from consumers.subscriptions.causal_router.processor import CausalRouter
 from router.settings import Settings
@@ -39,6 +41,7 @@ from streams.topology import (
     redelivery_topic,
     transactional_id,
 )
+from streams.urls import masked
 
 
 def processor_for(
@@ -104,6 +107,55 @@ def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Cloc
     )
 
 
+def store_for(
+    settings: Settings, processor: Processor, client: redis.Redis[bytes], clock: Clock
+) -> Store:
+    """The store a processor commits through: for SQL effects, a SqlStore on its own PostgreSQL
+    (``[subscriptions.<slug>] database``), checked to hold the store's tables; Redis for every
+    other effect kind."""
+    if processor.effect_kind != EffectKind.SQL:
+        return store(settings, client, processor.slug, clock)
+    # Imported here: psycopg is loaded only by the processes of SQL-effect subscriptions.
+    from consumers.runtime.sql_store import SqlStore
+
+    sql_store = SqlStore(
+        sql_database(settings, processor.slug),
+        env=settings.env,
+        slug=processor.slug,
+        clock=clock,
+        claim_ttl_ms=settings.claim_ttl_ms,
+        failure_ttl_s=settings.batch_failure_ttl_s,
+        connect_timeout_s=settings.connect_timeout_s,
+    )
+    sql_store.check()
+    return sql_store
+
+
+def sql_database(settings: Settings, slug: str) -> str:
+    """The PostgreSQL URL of a SQL-effect subscription, from its settings' table; a missing or
+    unusable one is one line naming where it goes."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    variable = f"RHUMBATRON_SUBSCRIPTIONS__{slug.upper().replace('-', '_')}__DATABASE"
+    where = f"[subscriptions.{slug}] database (or {variable})"
+    url = settings.subscriptions.get(slug, {}).get("database")
+    if not isinstance(url, str) or not url.strip():
+        got = "nothing" if url is None else repr(url)
+        raise ConfigurationError(
+            f"{where}: {slug} has SQL effects and needs the URL of its PostgreSQL there, e.g. "
+            f"postgresql://user:password@host:5432/database; got {got}"
+        )
+    try:
+        conninfo_to_dict(url)
+    except ProgrammingError as exc:
+        raise ConfigurationError(
+            f"{where} = {masked(url)!r} is not a PostgreSQL URL ({str(exc).strip()}); give one "
+            "like postgresql://user:password@host:5432/database"
+        ) from None
+    return url
+
+
 def redis_wait(settings: Settings) -> Wait | None:
     """The WAIT every store commit ends with, or None (``redis_wait_replicas`` 0)."""
     if settings.redis_wait_replicas == 0:
@@ -130,7 +182,7 @@ def controls(
 
     return Controls(
         processor,
-        store(settings, client, processor.slug, clock),
+        store_for(settings, processor, client, clock),
         KafkaReader(settings.kafka_config()),
         RedisAuditLog(client, env=settings.env, slug=processor.slug),
         dead_letters(settings, client),
@@ -263,7 +315,7 @@ def open_subscription(
     runner = Runner(
         processor,
         transport,
-        store(settings, client, processor.slug, clock),
+        store_for(settings, processor, client, clock),
         dead_letters(settings, client),
         policy(settings, processor.slug),
         clock,
@@ -274,6 +326,10 @@ def open_subscription(
     )
     runner.start(list(topology.subscription_reads(processor.slug).subscribed))
     subscription = Subscription(runner, client, lease)
+    for held in (runner.store, runner.controls.store if runner.controls else None):
+        close = getattr(held, "close", None)  # a SqlStore's connection
+        if close is not None:
+            subscription.closers.append(close)
     for companion in companions:
         companion.start()
         subscription.closers.append(companion.close)
