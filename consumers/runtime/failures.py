@@ -80,6 +80,8 @@ class FailureMixin(TracingMixin):
         acked = new.acked_through
         while acked + 1 in new.dead or acked + 1 in new.applied_beyond:
             acked += 1
+        if self.processor.reducer_version and new.reduced_through == new.acked_through:
+            new.reduced_through = acked  # the fold, current, stays so: dead offsets are left out
         new.acked_through = acked
         new.dead = [o for o in new.dead if o > acked]
         new.applied_beyond = [o for o in new.applied_beyond if o > acked]

@@ -48,7 +48,7 @@ from consumers.runtime.files import FilesMixin
 from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
-from consumers.runtime.store import Commit, EventStatements, Store
+from consumers.runtime.store import OPS, Commit, EventStatements, Store
 from consumers.runtime.tracing import BatchTraces
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
@@ -58,6 +58,7 @@ from consumers.runtime.types import (
     BaseProcessor,
     Delivery,
     EffectKind,
+    Effects,
     OutRecord,
     Phase,
     Processor,
@@ -123,7 +124,6 @@ class _Slice:
     # By event id: the error its SQL statements met when the slice was committed before; it is
     # judged failed without running (StatementsFailed).
     failed_statements: dict[str, BaseException] = field(default_factory=dict)
-
 
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
@@ -552,6 +552,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     raise ProcessorError("reduce", exc) from exc
                 try:
                     effects = proc.process(event, new_state, delivery)
+                    wrong = _wrong_effects(effects, proc.effect_kind)
+                    if wrong is not None:
+                        raise TypeError(wrong)
                 except Fenced:
                     raise  # not the event's failure: this process lost the partition
                 except Exception as exc:
@@ -560,6 +563,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 # Bad input, by the processor's own word: dead-lettered at once, done; its
                 # project goes on (a retry of the letter runs validate again).
                 done[i] = True
+                seen_ids.add(event.event_id)  # a later copy in this batch is its duplicate
                 if not redelivered:
                     rejected_ids.append(event.event_id)
                     rejected_offsets.append(record.offset)
@@ -857,6 +861,33 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             )
 
         return delivery
+
+
+# What each effect kind may return beside its own: Redis ops ride with every kind whose store is
+# Redis (committed with the claims and the cursor); a SQL processor's store is its database.
+_KIND_FIELDS = {
+    EffectKind.REDIS: ("redis",),
+    EffectKind.KAFKA: ("records", "redis"),
+    EffectKind.FILES: ("lines", "redis"),
+    EffectKind.SQL: ("sql",),
+    EffectKind.NONE: ("redis",),
+}
+
+
+def _wrong_effects(effects: object, kind: EffectKind) -> str | None:
+    """Why what ``process`` returned cannot be applied, or None: not an ``Effects``, effects a
+    processor of its kind cannot have, or a Redis op the stores do not have. Such an event
+    fails like one whose ``process`` raised (retried, then dead-lettered with this reason)."""
+    if not isinstance(effects, Effects):
+        return f"process must return Effects, got {type(effects).__name__}"
+    allowed = _KIND_FIELDS[kind]
+    for name in ("redis", "records", "lines", "sql"):
+        if name not in allowed and getattr(effects, name):
+            return f"a processor of effect kind {kind.value!r} returned {name} effects"
+    for op in effects.redis:
+        if not isinstance(op, RedisOp) or op.op not in OPS:
+            return f"not a Redis op of {', '.join(sorted(OPS))}: {op!r}"
+    return None
 
 
 def _validator(processor: Processor) -> Callable[[Event], None] | None:
