@@ -17,6 +17,7 @@ from router.wiring.provisioning import (
     compact_names,
     environment_specs,
     missing_topics,
+    provision_databases,
     provision_environment,
     require_topics,
 )
@@ -47,6 +48,8 @@ def provision(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  created {name}")
     for warning in report.warnings:
         print(f"  warning: {warning}")
+    for line in provision_databases(settings, args.subscription):
+        print(f"  database of {line}")
     return 0
 
 

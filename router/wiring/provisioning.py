@@ -13,10 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from consumers.runtime.types import EffectKind
 from router.settings import Settings
 from streams.admin import ProvisionReport, admin_client, ensure_reachable, provision
 from streams.errors import NotProvisioned
 from streams.topology import TopicSpec, Topology
+from streams.urls import masked
 
 
 def environment_specs(
@@ -54,6 +56,29 @@ def provision_environment(
         topology=settings.topology,
         timeout=settings.connect_timeout_s,
     )
+
+
+def provision_databases(settings: Settings, specs: Iterable[str] = ()) -> list[str]:
+    """The runtime's tables in the database of every SQL-effect subscription of the settings
+    (and of ``specs``, named by their path alone), made if missing (idempotent); returns what
+    it provisioned, one line each."""
+    from router.wiring.processors import effect_kinds, load
+    from router.wiring.subscription import sql_database
+
+    kinds = effect_kinds(settings)
+    for spec in specs:
+        processor = load(settings, spec).processor
+        kinds[processor.slug] = processor.effect_kind
+    done = []
+    for slug, kind in kinds.items():
+        if kind != EffectKind.SQL:
+            continue
+        from consumers.runtime.sql_store import provision_sql_store
+
+        url = sql_database(settings, slug)
+        provision_sql_store(url, connect_timeout_s=settings.connect_timeout_s)
+        done.append(f"{slug}: its tables in {masked(url)}")
+    return done
 
 
 def subscription_topics(topology: Topology, slug: str) -> list[str]:

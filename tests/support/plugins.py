@@ -14,6 +14,7 @@ from rhumbatron import (
     Event,
     Processor,
     RedisOp,
+    SqlStatement,
     SubscriptionSettings,
 )
 
@@ -89,3 +90,17 @@ def failing_factory(settings: SubscriptionSettings) -> Processor:
 
 
 LIST_NOT_A_FACTORY = [1, 2]
+
+
+class Notes(Processor):
+    """A SQL-effect subscription of your own: one row per event."""
+
+    slug: ClassVar[str] = "notes"
+    effect_kind: ClassVar[EffectKind] = EffectKind.SQL
+
+    def process(self, event: Event, state: Any, delivery: Delivery) -> Effects:
+        insert = SqlStatement(
+            "INSERT INTO notes (id, project) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING",
+            (event.event_id, event.project_id),
+        )
+        return Effects(sql=[insert])

@@ -83,3 +83,23 @@ def test_an_unprovisioned_database_says_to_run_provision() -> None:
             store_for(settings, TaskHistory(settings.env), CLIENT, ManualClock())
     finally:
         bare.drop()
+
+
+@pytest.mark.integration
+def test_provision_makes_the_tables_in_a_sql_subscriptions_database() -> None:
+    from router.wiring.provisioning import provision_databases
+
+    bare = FreshSchema(init=False)
+    try:
+        table = {"processor": "tests.support.plugins:Notes", "database": bare.url}
+        settings = make_settings(subscriptions={"notes": table})
+        [line] = provision_databases(settings)
+        assert line.startswith("notes: its tables in postgresql://") and "***" in line
+        assert provision_databases(settings) == [line]  # idempotent
+        from tests.support.plugins import Notes
+
+        store = store_for(settings, Notes(), CLIENT, ManualClock())
+        assert isinstance(store, SqlStore)
+        store.close()
+    finally:
+        bare.drop()
