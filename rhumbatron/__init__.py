@@ -26,7 +26,7 @@ Processors — subscriptions of your own, their effects applied exactly once (do
         consumes = frozenset({"task.completed"})
         effect_kind = EffectKind.REDIS
 
-        def process(self, event: Event, state: None, delivery: Delivery) -> Effects:
+        def process(self, event: Event, state: Any, delivery: Delivery) -> Effects:
             return Effects(redis=[RedisOp("HINCRBY", "done", (event.project_id, 1))])
 
 and ``rhumbatron consume --subscription your_package.module:TaskCounts``.

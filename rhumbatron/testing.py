@@ -1,11 +1,12 @@
 """Testing your code without a broker, a Redis or a database.
 
-Processors (docs/processors-testing.md): ``run`` runs one over a list of events in the in-memory
+Processors (docs/processors.md, "Testing your processor"): ``run`` runs one over a list of events in the in-memory
 world the project's own property tests use (a partitioned log, the store, dead letters, a clock
 that moves only when told) and returns what it left; ``assert_exactly_once`` replays the same
 events every way that must not matter (every split into polls, copies, a crash at every
 fail-point, an operator's re-reduce and reprocess) and fails naming the first that changed an
-effect or a fold; ``event`` builds valid events.
+effect or a fold; ``event`` builds valid events; ``subscription_settings`` what a factory (or a
+class made from its settings) is given.
 
 Handlers (docs/handlers.md): ``command`` and ``context`` build a command and the context a
 worker would hand it, and ``handle`` runs the handler as the worker runs it (a function, async or
@@ -25,8 +26,10 @@ from consumers.runtime.harness.check import CRASH_POINTS, EXHAUSTIVE_UP_TO, RAND
 from consumers.runtime.types import Processor, Record
 from router.settings import Settings
 from router.wiring.commands import new_command
+from router.wiring.processors import SubscriptionSettings
 from router.workers.handlers import as_handler
 from router.workers.model import Context
+from streams.clock import SystemClock
 from streams.envelopes import Command, Event, encode
 from streams.topology import QUEUE_PURPOSES
 
@@ -39,7 +42,21 @@ __all__ = [
     "event",
     "handle",
     "run",
+    "subscription_settings",
 ]
+
+
+def subscription_settings(
+    slug: str, *, queues: Sequence[str] = (), env: str = "test", **table: Any
+) -> SubscriptionSettings:
+    """What ``rhumbatron consume`` gives a factory for ``[subscriptions.<slug>]`` holding
+    ``table``, in settings of environment ``env`` that also have ``queues`` of your own."""
+    settings = Settings(
+        env=env, queues={name: {} for name in queues}, subscriptions={slug: dict(table)}
+    )
+    return SubscriptionSettings(
+        slug=slug, table=settings.subscriptions[slug], settings=settings, clock=SystemClock()
+    )
 
 
 def _default(name: str) -> Any:

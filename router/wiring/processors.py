@@ -115,17 +115,19 @@ class SubscriptionSettings:
         project_id: str,
         *,
         command_id: str,
+        now: datetime,
         payload: Mapping[str, Any] | None = None,
         queue: str | None = None,
         change_id: str | None = None,
         task_id: str | None = None,
         deadline_s: float | None = None,
-        now: datetime | None = None,
     ) -> OutRecord:
         """A command as a Kafka effect: the record on ``queue`` (default: its type's queue in
-        the catalog), keyed by project, its record id the command id. Give a ``command_id`` a
-        crash retry makes again and a reprocess makes anew: ``"cmd_" +
-        delivery.idempotency_key(...)``. A wrong field raises EnvelopeError naming it."""
+        the catalog), keyed by project, its record id the command id. Every try of an event
+        must make the same record: give a ``command_id`` a crash retry makes again and a
+        reprocess makes anew (``"cmd_" + delivery.idempotency_key(...)``) and the event's time
+        as ``now`` (the command's ``createdAt``; ``deadline_s`` counts from it). A wrong field
+        raises EnvelopeError naming it."""
         from router.wiring.commands import new_command, queue_of
         from streams.envelopes import encode
         from streams.producer import command_headers

@@ -12,6 +12,7 @@ Its time is the event's, so every try of an event builds the very same record.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,7 +41,9 @@ class FailureAlerts(Processor):
         self.queue = settings.options(AlertOptions).queue
         # One command built now: a queue the settings do not have is refused when the member
         # starts, naming the queues they have, instead of failing every task.failed.
-        settings.command_record(COMMAND_TYPE, "acme", command_id="cmd_check", queue=self.queue)
+        settings.command_record(
+            COMMAND_TYPE, "acme", command_id="cmd_check", now=datetime.now(UTC), queue=self.queue
+        )
 
     def validate(self, event: Event) -> None:
         if event.task_id is None:
