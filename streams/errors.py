@@ -42,6 +42,7 @@ swallows one.
     ├── RouterInputError            (ValueError) an event the causal router cannot fold
     ├── ProjectorInputError         (ValueError) an event lacks what the project view needs
     ├── PointError                  (ValueError) not a valid metric point (or query of points)
+    ├── EffectsDiverged             (AssertionError) rhumbatron.testing: a replay left other effects
     ├── ChangelogNotSent            the analytics rollup's table changes were not written in time
     ├── ViewNotFound                a project has no view in that environment (yet)
     ├── CommandExpired              a command's deadline passed before it ran (dead-lettered)
@@ -70,8 +71,13 @@ swallows one.
     ├── LetterBeingRetried          the dead-letter consumer asks to read a record again later
     ├── CommittedUnknown            the group's committed offsets cannot be known yet: ask later
     ├── StatementsFailed            a SQL effect's statements failed for some events: judge them failed
+    ├── PipelineBroken              the SQL store's pipelined statements met an event's error: one by one
+    ├── Rejected                    carries what a processor's validate raised: the event is refused
     ├── ClaimsFound                 a commit not looked up first met claims: look them up, again
     └── ProcessorError              carries a processor's exception (and its step) to the runner
+
+    SimulatedCrash                  (BaseException, under neither root) the in-memory harness's
+                                    stand-in for a process death: no ``except Exception`` stops it
 
 Library errors (librdkafka, redis-py, sqlite3, OSError of our own files, a settings value pydantic
 refused) are translated at the boundary into these, with the context a reader needs, and chained
@@ -84,7 +90,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # envelopes imports this module; the annotation needs no runtime import
     from streams.envelopes import Command, Event
@@ -640,3 +646,29 @@ class ProcessorError(InternalSignal):
         self.step = step
         self.cause = cause
         super().__init__(f"{step} raised {type(cause).__name__}: {cause}")
+
+
+class EffectsDiverged(RhumbatronError, AssertionError):
+    """``rhumbatron.testing.assert_exactly_once``: a replay (``trial``) left other effects or
+    folds than the clean run, or applied something twice; ``aspect`` names what differed."""
+
+    def __init__(self, message: str, trial: Any, aspect: str) -> None:
+        super().__init__(message)
+        self.trial = trial
+        self.aspect = aspect
+
+
+class PipelineBroken(InternalSignal):
+    """The SQL store's pipelined statements of one call met an error of an event's own: the
+    call starts again with the commit at ``index`` run one event at a time, each under a
+    savepoint, to find which events failed."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+class SimulatedCrash(BaseException):
+    """The in-memory harness's stand-in for a process dying at a fail-point. Deliberately under
+    neither root: it must pass every ``except Exception`` of the runtime, as a real death
+    would."""

@@ -51,6 +51,7 @@ from streams.errors import (
     CursorMoved,
     Fenced,
     PendingEffects,
+    PipelineBroken,
     StatementsFailed,
 )
 
@@ -328,7 +329,7 @@ class SqlStore:
                 cursor = self.db.cursor()
                 try:
                     return self._transaction(cursor, commits, careful)
-                except _EventsFailed as met:
+                except PipelineBroken as met:
                     self.db.abandon()
                     careful.add(met.index)
                 except psycopg.Error as exc:
@@ -358,7 +359,7 @@ class SqlStore:
     ) -> Exception | None:
         """One partition's commit inside the call's transaction, under a savepoint: None when it
         applied, else its refusal, with everything of it rolled back. Its statements go in one
-        pipeline with the rest; one that fails raises _EventsFailed (the call starts again,
+        pipeline with the rest; one that fails raises PipelineBroken (the call starts again,
         this commit ``careful``: an event at a time, to tell which failed)."""
         tp, progress = commit.tp, commit.progress
         pending = encode_pending(commit.pending) if commit.pending is not None else None
@@ -445,7 +446,7 @@ class SqlStore:
         except psycopg.Error as exc:
             if self.db.is_outage(exc) or not commit.sql:
                 raise
-            raise _EventsFailed(n) from exc
+            raise PipelineBroken(n) from exc
         return None
 
     def _one_by_one(
@@ -641,15 +642,6 @@ class SqlStore:
                 )
 
         self.db.write(f"clearing a failure count of {tp}", clear)
-
-
-class _EventsFailed(Exception):
-    """A commit's pipeline of statements met an error of an event's: start the call again with
-    that commit (its index in the call) careful."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__(index)
-        self.index = index
 
 
 _TAKEN_BACK: list[Query] = [

@@ -10,7 +10,7 @@ what a processor's author tests with (``rhumbatron.testing`` offers it).
 
 from __future__ import annotations
 
-from consumers.runtime.harness.check import EffectsDiverged, Trial, assert_exactly_once
+from consumers.runtime.harness.check import Trial, assert_exactly_once
 from consumers.runtime.harness.events import event
 from consumers.runtime.harness.result import (
     Applied,
@@ -32,6 +32,7 @@ from consumers.runtime.harness.world import (
     World,
     partition_of,
 )
+from streams.errors import EffectsDiverged
 
 __all__ = [
     "BOUNDARIES",

@@ -34,6 +34,7 @@ from consumers.runtime.harness.result import Result
 from consumers.runtime.harness.run import OPERATOR_MOVES, run
 from consumers.runtime.types import Processor
 from streams.envelopes import Event
+from streams.errors import EffectsDiverged
 
 EXHAUSTIVE_UP_TO = 6  # 2**5 = 32 splits of a log of six records
 RANDOM_SHAPES = 50
@@ -88,15 +89,6 @@ def _polls(shape: tuple[int, ...]) -> str:
     if len(shape) == 1:
         return f"polls of {shape[0]} record{'s' if shape[0] > 1 else ''}"
     return f"polls of {', '.join(map(str, shape))} records in turn"
-
-
-class EffectsDiverged(AssertionError):
-    """A trial left other effects or folds than the clean run, or applied something twice."""
-
-    def __init__(self, message: str, trial: Trial, aspect: str) -> None:
-        super().__init__(message)
-        self.trial = trial
-        self.aspect = aspect
 
 
 def assert_exactly_once(

@@ -30,6 +30,7 @@ from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import JSON, TP, EffectKind, OutRecord, Processor
 from streams.clock import ManualClock
 from streams.envelopes import Event, encode
+from streams.errors import SimulatedCrash
 
 STREAMS = ("s0", "s1")
 PARTITIONS = 2
@@ -56,8 +57,8 @@ def partition_of(project: str) -> TP:
     return TP(STREAMS[h % len(STREAMS)], (h // 7) % PARTITIONS)
 
 
-class Crash(BaseException):
-    """A simulated process death (BaseException so nothing in the runner swallows it)."""
+# A simulated process death (a BaseException: nothing in the runner swallows it).
+Crash = SimulatedCrash
 
 
 class OutputOnDemand(MemoryOutput):
