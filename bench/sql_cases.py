@@ -51,7 +51,7 @@ CREATE TABLE bench_projects (
 )
 """
 # A later event wins, an earlier one (a re-run, a copy) changes nothing: the upserts are
-# idempotent, as a SQL effect under reprocess_from must be (docs/processors-sql.md).
+# idempotent, as a SQL effect under reprocess_from must be (docs/processors.md, "SQL effects").
 _LATEST = (
     "INSERT INTO {table} ({key}, project_id, state, slot, updated_at) VALUES (%s, %s, %s, %s, %s) "
     "ON CONFLICT ({key}) DO UPDATE SET state = EXCLUDED.state, slot = EXCLUDED.slot, "
