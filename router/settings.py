@@ -1,4 +1,4 @@
-"""The one settings model. Every limit from DESIGN.md lives here with its default, and every field
+"""The one settings model. Every limit lives here with its default, and every field
 can be set from the environment as ``RHUMBATRON_<FIELD>`` (e.g. ``RHUMBATRON_ENV=prod``,
 ``RHUMBATRON_KAFKA_BOOTSTRAP=host:9092``). Every limit has its bounds here too, so a wrong value is
 refused when the settings load, naming its variable, not somewhere later by luck.
@@ -157,7 +157,7 @@ def webhook_keys(secrets: str, where: str) -> list[bytes]:
 
 
 class QueuePolicy(BaseModel):
-    """One command queue's delivery policy (DESIGN.md §9)."""
+    """One command queue's delivery policy (docs/queues.md)."""
 
     # A misspelt field would otherwise be dropped and its default used without a word.
     model_config = ConfigDict(extra="forbid")
@@ -270,7 +270,7 @@ class Settings(BaseSettings):
         env_prefix="RHUMBATRON_", env_nested_delimiter="__", extra="ignore", frozen=True
     )
 
-    # -- where things are --------------------------------------------------------------------
+    # -- where things are --------------------------------------------------------------------------
     env: str = "dev"
     state_dir: Path = Field(
         default_factory=_default_state_dir,
@@ -335,7 +335,7 @@ class Settings(BaseSettings):
         "within which the router's queues must be read to their end",
     )
 
-    # -- how Kafka is reached: security (docs/kafka-security.md) --------------------------------
+    # -- how Kafka is reached: security (docs/kafka-security.md) -----------------------------------
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="librdkafka's security.protocol"
     )
@@ -386,7 +386,7 @@ class Settings(BaseSettings):
         "kafka_* settings above, are refused. Values are kept as secrets (never shown)",
     )
 
-    # -- topology (DESIGN.md §4) -------------------------------------------------------------
+    # -- topology (docs/architecture.md) -----------------------------------------------------------
     streams: int = Field(
         8, ge=1, description="event streams per environment (part of the wire contract)"
     )
@@ -400,12 +400,12 @@ class Settings(BaseSettings):
     dead_letter_retention_ms: int = Field(30 * DAY_MS, ge=1)
     max_streams_per_env: int = Field(20, ge=1, le=100, description="stream indexes are 00-99")
 
-    # -- envelopes (DESIGN.md §3) ------------------------------------------------------------
+    # -- envelopes (docs/events.md) ----------------------------------------------------------------
     max_envelope_bytes: int = Field(
         256 * 1024, ge=1024, le=1_000_000_000, description="librdkafka's message.max.bytes cap"
     )
 
-    # -- outbox and publisher (DESIGN.md §5) -------------------------------------------------
+    # -- outbox and publisher (docs/outbox.md) -----------------------------------------------------
     outbox_rows_per_project_per_pass: int = Field(100, ge=1)
     outbox_max_row_attempts: int = Field(10, ge=1)
     outbox_backoff_initial_s: float = Field(1.0, gt=0)
@@ -515,7 +515,7 @@ class Settings(BaseSettings):
         "for its first partitions before Kafka is reported unreachable",
     )
 
-    # -- subscription runtime (DESIGN.md §7) -------------------------------------------------
+    # -- subscription runtime (docs/guarantees.md) -------------------------------------------------
     batch_size: int = Field(500, ge=1, description="records per poll of a subscription")
     batch_size_behind: int = Field(
         5_000,
@@ -622,7 +622,7 @@ class Settings(BaseSettings):
     )
     # slug -> "dead-letter" (default) or "block" (retry forever; skip_through the only escape)
     failure_policies: dict[str, Literal["dead-letter", "block"]] = Field(default_factory=dict)
-    # -- subscriptions of your own (docs/processors.md) ----------------------------------------
+    # -- subscriptions of your own (docs/processors.md) --------------------------------------------
     subscriptions: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="[subscriptions.<slug>]: one subscription's table — `processor` (a "
@@ -631,7 +631,7 @@ class Settings(BaseSettings):
         "model reads; RHUMBATRON_SUBSCRIPTIONS__<SLUG>__<KEY>",
     )
 
-    # -- the four subscriptions (DESIGN.md §8) -----------------------------------------------
+    # -- the four subscriptions (docs/router.md) ---------------------------------------------------
     project_feed_length: int = Field(50, ge=1)
     classifier_calls_per_day: int = Field(200, ge=0, description="0: the local heuristic only")
     classifier_threshold: float = Field(0.7, ge=0, le=1)
@@ -655,7 +655,7 @@ class Settings(BaseSettings):
     archive_retention_days_dev: int = Field(30, ge=1)
     archive_retention_days_prod: int = Field(365, ge=1)
 
-    # -- project-view-projector --
+    # -- project-view-projector --------------------------------------------------------------------
     project_view_missing_cap: int = Field(
         1000,
         ge=1,
@@ -663,7 +663,7 @@ class Settings(BaseSettings):
         "missingOverflow instead of growing",
     )
 
-    # -- audit-archiver --
+    # -- audit-archiver ----------------------------------------------------------------------------
     archive_store: Literal["local", "s3", "none"] = Field(
         "local",
         description="where archive parts go: a local directory (archive_dir/<env>), an "
@@ -687,7 +687,7 @@ class Settings(BaseSettings):
         10, ge=1, le=100, description="archive expire/verify print progress every this many %"
     )
 
-    # -- causal-router --
+    # -- causal-router -----------------------------------------------------------------------------
     command_ttl_s: float = Field(
         3600.0, gt=0, description="validity of a router command: deadline = created_at + this"
     )
@@ -726,7 +726,7 @@ class Settings(BaseSettings):
         3600, ge=1, description="how long a started tick keeps other processes from repeating it"
     )
 
-    # -- analytics --
+    # -- analytics ---------------------------------------------------------------------------------
     metrics_retention_ms: int = Field(
         30 * DAY_MS, ge=1, description="retention of the metric points topic (its own dataset)"
     )
@@ -759,7 +759,7 @@ class Settings(BaseSettings):
         30.0, gt=0, description="bound on reading the points topic to count its points"
     )
 
-    # -- command queues (DESIGN.md §9) -------------------------------------------------------
+    # -- command queues (docs/queues.md) -----------------------------------------------------------
     queues: dict[str, QueuePolicy] = Field(
         default_factory=_queue_policies,
         description="each queue's policy; what is given is merged onto the defaults (see the "
@@ -816,7 +816,7 @@ class Settings(BaseSettings):
         "are not used for it)",
     )
 
-    # -- command workers --
+    # -- command workers ---------------------------------------------------------------------------
     worker_poll_interval_s: float = Field(
         0.5, gt=0, description="longest a command worker waits in one poll when nothing is due"
     )
@@ -864,7 +864,7 @@ class Settings(BaseSettings):
         "writes when the command's payload names no tenantId (commands carry no tenant)",
     )
 
-    # -- feed pump (DESIGN.md §6) ------------------------------------------------------------
+    # -- feed pump (docs/pump.md) ------------------------------------------------------------------
     pump_batch_max_events: int = Field(
         100, ge=1, le=10_000, description="most events in one batch (one Kafka transaction)"
     )
@@ -901,7 +901,7 @@ class Settings(BaseSettings):
         "only with an attested corpus id and lineage: docs/pump.md)",
     )
 
-    # -- the fleet (rhumbatron fleet: docs/operations.md) -------------------------------------
+    # -- the fleet (rhumbatron fleet: docs/operations.md) ------------------------------------------
     fleet_subscriptions: dict[str, int] = Field(
         default_factory=lambda: {
             "project-view-projector": 1,
@@ -1022,7 +1022,7 @@ class Settings(BaseSettings):
         "client.id, so the group's members name their processes",
     )
 
-    # -- operator surface --------------------------------------------------------------------
+    # -- operator surface --------------------------------------------------------------------------
     operator_host: str = Field("127.0.0.1", min_length=1)
     operator_port: int = Field(8642, ge=0, le=65535, description="0: any free port")
     operator_token: SecretStr | None = Field(
@@ -1039,7 +1039,7 @@ class Settings(BaseSettings):
         "rebinding, as JSON: '[\"ops.internal\"]'. Empty: operator_host, localhost, 127.0.0.1, "
         "[::1]",
     )
-    # -- operator surface (issue 6) --
+    # -- operator surface (issue 6) ----------------------------------------------------------------
     operator_outboxes: list[str] = Field(
         default_factory=list,
         description="outboxes the operator surface reports (states, failed rows, held "
@@ -1073,7 +1073,7 @@ class Settings(BaseSettings):
     operator_text_max_chars: int = Field(
         2000, ge=1, description="longest operator name or reason an action accepts"
     )
-    # -- operator surface (issue 11): named operators, bulk actions --
+    # -- operator surface (issue 11): named operators, bulk actions --------------------------------
     operator_token_name: str = Field(
         "operator",
         description="the operator the audit log names for a change made with operator_token",
@@ -1087,7 +1087,7 @@ class Settings(BaseSettings):
     operator_bulk_limit: int = Field(
         1000, ge=1, description="most dead letters one bulk retry or dismiss acts on"
     )
-    # -- every long-running process --
+    # -- every long-running process ----------------------------------------------------------------
     gc_young_threshold: int = Field(
         50_000,
         ge=100,
@@ -1099,7 +1099,7 @@ class Settings(BaseSettings):
         "only cyclic garbage waits for a collection",
     )
     # -- observability (issue 13, docs/observability.md): exporters come from the standard
-    # -- OTEL_* variables; these are the parts OpenTelemetry has no variable for --
+    # -- OTEL_* variables; these are the parts OpenTelemetry has no variable for -------------------
     trace_sample_ratio: float = Field(
         1.0,
         ge=0,
@@ -1251,7 +1251,7 @@ class Settings(BaseSettings):
             return (init_settings, env_settings)
         return (init_settings, env_settings, ConfigFile(settings_cls, path))
 
-    # -- checks of a value's form, and across fields -------------------------------------------
+    # -- checks of a value's form, and across fields -----------------------------------------------
     @field_validator("env")
     @classmethod
     def _env_name(cls, value: str) -> str:
@@ -1567,7 +1567,7 @@ class Settings(BaseSettings):
         for name, value in super().__repr_args__():
             yield name, _masked_field(name, value)
 
-    # -- derived -----------------------------------------------------------------------------
+    # -- derived -----------------------------------------------------------------------------------
     def in_state_dir(self, path: str) -> Path:
         """``path`` as given when absolute, else under ``state_dir``; ``{env}`` in it stands for
         the environment's name. Every file a command keeps goes through here, so running it from

@@ -427,7 +427,7 @@ class RouterInputError(RhumbatronError, ValueError):
             shown = shown[:117] + "..."
         super().__init__(
             f"{event.event_type} {event.event_id}: {field} = {shown}: expected {expected} "
-            "(DESIGN.md §13); the event is not folded"
+            "(docs/router.md); the event is not folded"
         )
 
 

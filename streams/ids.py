@@ -9,7 +9,7 @@ Two kinds of event id, both ``evt_`` + 32 lowercase hex characters:
 - **random** (:func:`new_event_id`): for project-wide facts with no natural key, generated once
   inside the writer's transaction (two ``canonical.advanced`` events must not collide).
 
-Command ids are stable too, derived from what caused them (DESIGN.md §13), so a redelivered event
+Command ids are stable too, derived from what caused them, so a redelivered event
 can only ever re-emit the same command id.
 """
 

@@ -1,5 +1,5 @@
 """A synthetic but realistic workload: projects whose changes run a task graph through to
-promotion and release, in the event types of DESIGN.md §13.
+promotion and release, in the catalog's event types.
 
 Each project's events come out in its own causal order carrying ``slot`` 1, 2, 3 …; projects are
 interleaved round-robin as concurrent writers would interleave them. Ids are deterministic for a

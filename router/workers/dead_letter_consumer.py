@@ -171,7 +171,7 @@ class DeadLetterRecorder(QueueHandler):
 
     def _task_events(self, command: Command, record: Record, round_no: int) -> None:
         # Only a task's own work may block or fail it; a notification failing says nothing about
-        # the task it names (DESIGN.md §9).
+        # the task it names (docs/queues.md).
         if own_task(command) is None:
             return
         key = f"{command.command_id}#{round_no}"

@@ -2,7 +2,7 @@
 command is dead-lettered for (the headers it carries are in streams.headers).
 
 Attempts: a queue with ``retries = 3`` runs a command at most **1 + 3 = 4 times** ("3 retries,
-then dead-letter", DESIGN.md §9). The attempt number travels in the ``rh.retry.attempt`` header
+then dead-letter", docs/queues.md). The attempt number travels in the ``rh.retry.attempt`` header
 of the record (absent on a fresh command: attempt 1), so it survives restarts and rebalances.
 A handler asking for more work (:class:`MoreWork`) spends a delivery from the same count, bounded
 by ``max_command_deliveries``; its last delivery acknowledges instead of dead-lettering.

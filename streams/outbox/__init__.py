@@ -1,4 +1,4 @@
-"""The transactional outbox and its order-keeping publisher (DESIGN.md §5; docs/outbox.md).
+"""The transactional outbox and its order-keeping publisher (docs/outbox.md).
 
 - :mod:`~streams.outbox.store`: the storage contract (rows, states, the writer's unit of work).
 - :mod:`~streams.outbox.sqlite`: the embedded SQLite backend.

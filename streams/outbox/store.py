@@ -2,7 +2,7 @@
 to the publisher and to operators. The publisher and the operator commands talk only to
 :class:`OutboxStore`, so a new backend never touches them.
 
-Row lifecycle (DESIGN.md §5; transitions decided in :mod:`streams.outbox.states`)::
+Row lifecycle (transitions decided in :mod:`streams.outbox.states`)::
 
     pending ──► published                     acknowledged by Kafka
     pending ──► retry_wait ──► pending        a failed send, after backoff 1 s, 2 s, 4 s … cap

@@ -1,4 +1,4 @@
-"""The feed pump (DESIGN.md §6, docs/pump.md): an upstream NDJSON change feed into the streams.
+"""The feed pump (docs/pump.md): an upstream NDJSON change feed into the streams.
 
 - ``identity``: the corpus id and history lineage a feed answers with, and the version 1
   checkpoint bound to them;

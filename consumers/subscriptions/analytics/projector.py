@@ -1,7 +1,7 @@
 """``analytics-projector``: one metric point per fresh lifecycle event, on its own dataset — the
 topic ``rhumbatron_event_metrics_<env>``, kept apart from every other stream.
 
-The event types that carry a metric, and the metric's name, are the catalog's (DESIGN.md §13);
+The event types that carry a metric, and the metric's name, are the catalog's;
 every other type is filtered out by ``consumes`` before it is claimed, so it produces nothing.
 A point is the JSON object
 
@@ -28,7 +28,7 @@ from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, E
 from streams.envelopes import Event, format_time
 from streams.headers import METRIC
 
-# DESIGN.md §13, "analytics metric" column: event type -> metric name.
+# The catalog's metrics (docs/analytics.md): event type -> metric name.
 METRICS: MappingProxyType[str, str] = MappingProxyType(
     {
         "project.created": "project_created",

@@ -1,6 +1,6 @@
 """The causal router's commands: which queue each goes to, how its id is made, its record.
 
-Ids (DESIGN.md §13) are stable, derived from what caused the command, so a redelivered or retried
+Ids are stable, derived from what caused the command, so a redelivered or retried
 event can only re-emit the same id:
 
 - a rule's command: ``derived_command_id(cause event id, command type, target)`` — the target is

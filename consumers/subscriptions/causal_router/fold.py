@@ -32,7 +32,7 @@ An agent is *active* while it has a task in flight it started; its resources are
 resources plus what it declared (intent, challenge, changeset, claim) minus what it released.
 Resources declared by an agent with no task in flight are checked for overlap but not kept.
 
-Bad input: a consumed event whose payload does not fit the catalog (DESIGN.md §13) raises
+Bad input: a consumed event whose payload does not fit the catalog raises
 :class:`RouterInputError` naming the event, the field and the value. The runtime counts it as a
 failing event, retries it and dead-letters it after the fifth failure, so an operator sees the
 reason, and the graph is never built from a guess (the event is not folded).

@@ -1,4 +1,4 @@
-"""Reading the causal router's input: the catalog fields (DESIGN.md §13) an event must carry for
+"""Reading the causal router's input: the catalog fields an event must carry for
 the router to fold it, each checked, with :class:`RouterInputError` naming the event, the field,
 the value found and what was expected.
 """

@@ -1,4 +1,4 @@
-"""``causal-router``: decides, after each fresh event, which work to request (DESIGN.md §8).
+"""``causal-router``: decides, after each fresh event, which work to request (docs/router.md).
 
 The fold (``reduce``, :mod:`~consumers.subscriptions.causal_router.fold`) keeps each project's task graph,
 active agents, candidates and generation. ``process`` applies the rules, deterministic ones first:

@@ -5,7 +5,7 @@ The moves (:class:`Operator`, a thread beside the supervised pipeline):
 
 1. ``subscription skip-through`` past the ledger's drill event: the row runs the ledger under the
    ``block`` failure policy, so the event fails for ever and holds its partition's cursor until
-   an operator skips it (the escape DESIGN.md §7 gives that policy);
+   an operator skips it (the escape docs/processors.md gives that policy);
 2. ``subscription reprocess-from`` half-way back on another ledger partition, with the revision
    it read: the events from there on run their effects again at the next cursor revision;
 3. ``subscription re-reduce`` of a project-view-projector partition: its fold rebuilt while the

@@ -9,7 +9,7 @@ command of its project sent before it has run its last, and a failed attempt wai
 worker (its state in the group's offset metadata), never on the retry topic.
 
 A run whose transaction aborted (or whose worker crashed before the commit) may run again at the
-same attempt number: a handler's side effects are at least once (DESIGN.md §9, §10). Everything
+same attempt number: a handler's side effects are at least once (docs/handlers.md). Everything
 that committed is exact: attempts 1..k once each, no gap, one retry record per failed attempt,
 one further delivery per request for more work, one dead letter per command that ran out of
 attempts and none for the others."""
@@ -550,7 +550,7 @@ class Expected:
 
 
 def expected(script: tuple[str, ...], attempts: int, deliveries: int) -> Expected:
-    """The command's fate by the policy alone (DESIGN.md §9): a failure is retried until the
+    """The command's fate by the policy alone (docs/queues.md): a failure is retried until the
     last attempt, then dead-lettered; more work is delivered again until the last delivery,
     which acknowledges it; both spend the same count."""
     retried: list[int] = []

@@ -1,5 +1,5 @@
 """The pump's run over the reference feed (HTTP on 127.0.0.1) and the in-memory sink: every
-case of DESIGN.md §6 — a new installation, resume, another corpus or lineage, a malformed or
+case of docs/pump.md — a new installation, resume, another corpus or lineage, a malformed or
 missing identity, legacy sequences ambiguous and attested, a bad line, feed and commit failures
 mid-run — checked against the feed file itself: every event published once, in order, and the
 checkpoint at the last one published."""

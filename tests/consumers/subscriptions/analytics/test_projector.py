@@ -25,7 +25,7 @@ from tests.support.runtime_harness import Crash, World
 
 TOPIC = "rhumbatron_event_metrics_unit"
 
-# DESIGN.md §13, written out here independently of the module under test.
+# The catalog's metrics (docs/analytics.md), written out here independently of the module under test.
 CATALOG = {
     "project.created": "project_created",
     "change.created": "change_created",

@@ -1,4 +1,4 @@
-"""The causal router's rules (DESIGN.md §8), one table row per rule, plus the agent limit, the
+"""The causal router's rules (docs/router.md), one table row per rule, plus the agent limit, the
 per-change command cap, the candidate.stale events and the fold's refusal of bad input."""
 
 from __future__ import annotations
