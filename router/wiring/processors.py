@@ -26,7 +26,6 @@ before anything joins a group.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from consumers.runtime.types import BaseProcessor, EffectKind, OutRecord, Processor
+from router.imports import import_object
 from router.settings import Settings
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError, TopologyError
@@ -247,7 +247,7 @@ def slug_of(settings: Settings, spec: str) -> str:
     for found in known(settings).values():
         if found.path == spec:
             return found.slug
-    slug = getattr(_import(spec, f"subscription {spec!r}"), "slug", None)
+    slug = getattr(import_object(spec, f"subscription {spec!r}"), "slug", None)
     if isinstance(slug, str) and slug:
         return _slug(slug, spec)
     return load(settings, spec).found.slug
@@ -277,7 +277,7 @@ def load(
             "(or name one as package.module:attr: docs/processors.md)"
         )
     where = f"subscription {found.slug or spec!r} ({found.path}, {found.source})"
-    target = _import(found.path, where)
+    target = import_object(found.path, where)
     sub = SubscriptionSettings(
         slug=found.slug,
         table=settings.subscriptions.get(found.slug, {}) if found.slug else {},
@@ -415,27 +415,6 @@ def _path_of(named: str, found: Mapping[str, Found], source: str) -> str:
     )
 
 
-def _import(path: str, where: str) -> object:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"{where}: not of the form package.module:attr")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a module that fails while importing is as wrong as a missing one
-        raise ConfigurationError(
-            f"{where}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    target: object = module
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigurationError(
-                f"{where}: {module_name!r} has no attribute {attr!r}"
-            ) from None
-    return target
-
-
 def effect_kinds(settings: Settings) -> dict[str, EffectKind]:
     """Every subscription's effect kind, by slug, for what grants and plans by kind (acls): a
     class's own; a factory's ``effect_kind`` attribute when it declares one, else its
@@ -443,7 +422,7 @@ def effect_kinds(settings: Settings) -> dict[str, EffectKind]:
     kinds: dict[str, EffectKind] = {}
     for slug, found in known(settings).items():
         where = f"subscription {slug!r} ({found.path}, {found.source})"
-        target = _import(found.path, where)
+        target = import_object(found.path, where)
         kind = getattr(target, "effect_kind", None)
         if not isinstance(kind, EffectKind):
             kind = load(settings, slug).processor.effect_kind

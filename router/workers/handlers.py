@@ -12,12 +12,12 @@ failed attempt retried after a wait; ``raise Fail(reason)`` is permanent (dead-l
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
+from router.imports import import_object
 from router.workers.model import CommandHandler, Context, QueueHandler
 from streams.envelopes import Command
 from streams.errors import ConfigurationError, Fail
@@ -161,21 +161,5 @@ def load_handler(spec: str) -> CommandHandler:
         path = found[0].value
     else:
         path = spec
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"handler {spec!r}: not of the form package.module:attr")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a module that fails while importing is as wrong as a missing one
-        raise ConfigurationError(
-            f"handler {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    target: object = module
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigurationError(
-                f"handler {spec!r}: {module_name!r} has no attribute {attr!r}"
-            ) from None
+    target = import_object(path, f"handler {spec!r}")
     return as_handler(target, spec)
