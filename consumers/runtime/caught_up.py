@@ -121,10 +121,7 @@ class CaughtUpMixin(RunnerBase):
         self._caught_up_retry.pop(part.tp, None)
         new = Progress.from_fields(progress.as_fields())
         new.caught_up = caught_up_mark(progress)
-        new.pending_effects = bool(records)
-        if proc.effect_kind == EffectKind.KAFKA:
-            new.txn_seq = progress.txn_seq + 1
-            new.pending_since_ms = int(self.clock.now().timestamp() * 1000) if records else 0
+        self._next_transaction(new, progress, pending=bool(records))
         commit = Commit(
             tp=part.tp,
             epoch=part.epoch,

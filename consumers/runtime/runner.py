@@ -647,11 +647,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         new.reduced_through = acked if proc.reducer_version else new.reduced_through
         if caught_up_seen and first_unapplied is None:
             new.caught_up = caught_up_mark(new)  # no eventless call follows a caught-up event
-        new.pending_effects = bool(out)
-        if proc.effect_kind == EffectKind.KAFKA:
-            # Every batch of a Kafka-effects processor commits a transaction of its own.
-            new.txn_seq = progress.txn_seq + 1
-            new.pending_since_ms = int(self.clock.now().timestamp() * 1000) if out else 0
+        self._next_transaction(new, progress, pending=bool(out))
         commit = Commit(
             tp=part.tp,
             epoch=part.epoch,

@@ -176,6 +176,15 @@ class RunnerBase:
     def _writer(self) -> PartWriter:
         return cast(PartWriter, self.processor)
 
+    def _next_transaction(self, new: Progress, progress: Progress, *, pending: bool) -> None:
+        """``new``, the cursor a commit writes over ``progress``: whether it leaves Kafka
+        effects pending, and for a Kafka-effects processor the sequence of the transaction of
+        its own that every such commit is."""
+        new.pending_effects = pending
+        if self.processor.effect_kind == EffectKind.KAFKA:
+            new.txn_seq = progress.txn_seq + 1
+            new.pending_since_ms = int(self.clock.now().timestamp() * 1000) if pending else 0
+
     def _clear_pending(self, part: PartitionState) -> None:
         try:
             self.store.clear_pending(part.tp, part.epoch)
