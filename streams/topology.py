@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from streams.catalog import CATALOG
 from streams.errors import TopologyError
 
 FNV_OFFSET_BASIS = 0x811C9DC5
@@ -32,19 +33,7 @@ QUEUE_NAME_MAX = 40
 
 # The queue of every cataloged command type (docs/events.md): where a command goes when its
 # sender names no queue (the causal router, a handler's ctx.send, rhumbatron command send).
-COMMAND_QUEUES: dict[str, str] = {
-    "agent.wake": "agent-wakeups",
-    "change.dispatch": "integration",
-    "candidate.create": "integration",
-    "forks.sweep": "integration",
-    "project.provision": "integration",
-    "project.cleanup": "integration",
-    "fixture.publish": "integration",
-    "index.build": "indexing",
-    "index.purge": "indexing",
-    "verification.start": "verification",
-    "release.start": "release",
-}
+COMMAND_QUEUES: dict[str, str] = CATALOG.queues()
 
 _ENV = re.compile(r"^[A-Za-z0-9_]{1,40}$")
 _STREAM = re.compile(r"^[A-Za-z0-9_]+$")

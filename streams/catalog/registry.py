@@ -1,0 +1,353 @@
+"""The catalog: every event and command type the platform defines, who writes it, what its
+payload holds (its model, per version), what it causes and where a command goes.
+
+``CATALOG`` is the platform's; a ``Catalog`` is a value, so a test (or a team with its own
+types) can build another. Three questions are answered here and nowhere else:
+
+- what a (type, version)'s payload must hold: :meth:`Catalog.check_payload`;
+- the newest version of a type this code knows: :meth:`Catalog.latest`;
+- how an event of an older version reads as the newest: :meth:`Catalog.upcast`, the chain of
+  pure functions version n → n+1, applied on every path that decodes an event for a consumer.
+
+Types not in the catalog (a team's own) pass through untouched: no payload check, no upcast.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from streams.catalog import payloads as p
+from streams.envelopes import Event
+from streams.errors import EnvelopeError
+
+# Version n's payload (a JSON object) in, version n + 1's out. Pure: no input mutated, no clock,
+# no I/O; the same payload always gives the same result (tests/streams/test_catalog.py).
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    name: str
+    version: int
+    payload: type[p.Payload]
+    producer: str
+    meaning: str
+    # The commands the causal router sends for it (empty: informational for the router).
+    causes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    version: int
+    payload: type[p.Payload]
+    queue: str
+    producer: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    events: tuple[EventSpec, ...]
+    commands: tuple[CommandSpec, ...]
+    # (type, n) → the upcaster from version n to n + 1.
+    upcasters: Mapping[tuple[str, int], Upcaster] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind, specs in (("event", self.events), ("command", self.commands)):
+            seen: dict[str, list[int]] = {}
+            for spec in specs:
+                seen.setdefault(spec.name, []).append(spec.version)
+            for name, versions in seen.items():
+                if sorted(versions) != list(range(1, len(versions) + 1)):
+                    raise ValueError(
+                        f"{kind} type {name!r} has versions {sorted(versions)}: "
+                        "they must run 1, 2, 3 … without a gap or a repeat"
+                    )
+        for name, version in self.upcasters:
+            if self._event(name, version + 1) is None:
+                raise ValueError(f"an upcaster from {name}@{version}, but no {name}@{version + 1}")
+        for spec in self.events:
+            if spec.version > 1 and (spec.name, spec.version - 1) not in self.upcasters:
+                raise ValueError(
+                    f"{spec.name}@{spec.version} has no upcaster from the version before"
+                )
+
+    # -- lookups ---------------------------------------------------------------------------------
+    def _event(self, name: str, version: int) -> EventSpec | None:
+        return next((s for s in self.events if s.name == name and s.version == version), None)
+
+    def event(self, name: str, version: int | None = None) -> EventSpec | None:
+        """The spec of ``name`` at ``version`` (the newest when None); None when not cataloged."""
+        return self._event(name, self.latest(name) if version is None else version)
+
+    def command(self, name: str, version: int | None = None) -> CommandSpec | None:
+        specs = [s for s in self.commands if s.name == name]
+        if not specs:
+            return None
+        wanted = max(s.version for s in specs) if version is None else version
+        return next((s for s in specs if s.version == wanted), None)
+
+    def latest(self, name: str) -> int:
+        """The newest version of event type ``name`` this code knows; 0 when not cataloged."""
+        return max((s.version for s in self.events if s.name == name), default=0)
+
+    def event_types(self) -> list[str]:
+        return sorted({s.name for s in self.events})
+
+    def command_types(self) -> list[str]:
+        return sorted({s.name for s in self.commands})
+
+    def queues(self) -> dict[str, str]:
+        """Every cataloged command type's queue purpose."""
+        return {s.name: s.queue for s in self.commands}
+
+    # -- checks ------------------------------------------------------------------------------------
+    def check_payload(
+        self, kind: str, name: str, version: int, payload: Mapping[str, Any]
+    ) -> p.Payload | None:
+        """``payload`` read as the model of ``name``@``version`` (``kind`` is "Event" or
+        "Command"); None when the type is not cataloged. Raises EnvelopeError naming the
+        field (``payload.agentId``), the value and the rule."""
+        spec = self.event(name, version) if kind == "Event" else self.command(name, version)
+        if spec is None:
+            # Not cataloged, or a version newer than this code knows: a publisher or writer of
+            # an older release passes it on (consumers upgraded first read it; others park it).
+            return None
+        try:
+            return spec.payload.model_validate(payload)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"])
+            value = "<missing>" if error["type"] == "missing" else error.get("input")
+            reason = "required field is missing" if error["type"] == "missing" else error["msg"]
+            raise EnvelopeError(
+                kind, f"payload.{where}", value, f"{reason} ({name}@{spec.version})"
+            ) from exc
+
+    def upcast(self, event: Event) -> Event:
+        """``event`` as the newest version of its type this code knows; unchanged when it is
+        that already, not cataloged, or newer than this code knows (see :meth:`is_newer`)."""
+        latest = self.latest(event.event_type)
+        version = event.event_version
+        if not 0 < version < latest:
+            return event
+        payload: dict[str, Any] = copy.deepcopy(event.payload)
+        while version < latest:
+            payload = self.upcasters[(event.event_type, version)](payload)
+            version += 1
+        return event.model_copy(update={"payload": payload, "event_version": version})
+
+    def is_newer(self, event: Event) -> bool:
+        """Is ``event`` of a version of a cataloged type newer than this code knows?"""
+        latest = self.latest(event.event_type)
+        return 0 < latest < event.event_version
+
+
+def _events(
+    rows: Iterable[tuple[str, type[p.Payload], str, str, tuple[str, ...]]],
+) -> tuple[EventSpec, ...]:
+    return tuple(
+        EventSpec(t, 1, model, who, meaning, causes) for t, model, who, meaning, causes in rows
+    )
+
+
+_API = "project service"
+_AGENT = "agent runtime"
+_INTEGRATION = "integration service"
+_VERIFY = "verification service"
+_ROUTER = "causal router"
+_DEAD = "dead-letter consumer"
+
+CATALOG = Catalog(
+    events=_events(
+        [
+            ("project.created", p.ProjectCreated, _API, "a project exists", ()),
+            ("change.created", p.ChangeCreated, _API, "a unit of work is opened", ()),
+            (
+                "task.created",
+                p.TaskCreated,
+                _INTEGRATION,
+                "a task joins the change's work graph",
+                (),
+            ),
+            ("task.ready", p.TaskReady, _INTEGRATION, "a task's dependencies are done", ()),
+            ("task.started", p.TaskStarted, _AGENT, "an agent took the task", ()),
+            (
+                "task.completed",
+                p.TaskCompleted,
+                _AGENT,
+                "the task is done; its agent is free",
+                ("change.dispatch",),
+            ),
+            (
+                "task.failed",
+                p.TaskFailed,
+                f"{_AGENT}, {_DEAD}",
+                "the task failed; its agent is free",
+                ("change.dispatch",),
+            ),
+            ("task.blocked", p.TaskBlocked, _DEAD, "a limit stopped the task", ()),
+            (
+                "intent.declared",
+                p.Declared,
+                _AGENT,
+                "an agent will touch these paths",
+                ("agent.wake",),
+            ),
+            (
+                "challenge.raised",
+                p.Declared,
+                _AGENT,
+                "an agent contests these paths",
+                ("agent.wake",),
+            ),
+            (
+                "changeset.proposed",
+                p.Declared,
+                _AGENT,
+                "an agent proposes changes to these paths",
+                ("agent.wake",),
+            ),
+            ("claim.acquired", p.Declared, _AGENT, "an agent holds these paths", ("agent.wake",)),
+            ("claim.released", p.ClaimReleased, _AGENT, "an agent let these paths go", ()),
+            (
+                "verification.started",
+                p.VerificationStarted,
+                _VERIFY,
+                "a change's candidate is being verified",
+                ("candidate.create",),
+            ),
+            ("candidate.created", p.CandidateEvent, _VERIFY, "a candidate was composed", ()),
+            (
+                "candidate.verified",
+                p.CandidateEvent,
+                _VERIFY,
+                "a candidate passed verification",
+                (),
+            ),
+            (
+                "candidate.rejected",
+                p.CandidateEvent,
+                _VERIFY,
+                "a candidate failed verification",
+                (),
+            ),
+            (
+                "candidate.stale",
+                p.CandidateStale,
+                _ROUTER,
+                "a newer generation made a candidate stale",
+                (),
+            ),
+            (
+                "artifact.promoted",
+                p.ArtifactPromoted,
+                _INTEGRATION,
+                "a verified candidate was promoted",
+                ("index.build",),
+            ),
+            (
+                "canonical.advanced",
+                p.CanonicalAdvanced,
+                _INTEGRATION,
+                "the project's canonical generation moved",
+                ("agent.wake", "index.build"),
+            ),
+            (
+                "release.completed",
+                p.ReleaseCompleted,
+                "release service",
+                "a generation was released",
+                (),
+            ),
+            ("agent.woken", p.AgentWoken, _AGENT, "an agent was woken", ()),
+            ("model.routed", p.ModelRouted, _AGENT, "a model was chosen for a task", ()),
+        ]
+    ),
+    commands=(
+        CommandSpec(
+            "agent.wake",
+            1,
+            p.AgentWake,
+            "agent-wakeups",
+            f"{_ROUTER}, integration worker",
+            "wake an agent: work or a conflict waits for it",
+        ),
+        CommandSpec(
+            "change.dispatch",
+            1,
+            p.ChangeDispatch,
+            "integration",
+            _ROUTER,
+            "run a task whose dependencies are done",
+        ),
+        CommandSpec(
+            "candidate.create",
+            1,
+            p.CandidateCreate,
+            "integration",
+            _ROUTER,
+            "compose the change's candidate",
+        ),
+        CommandSpec(
+            "forks.sweep",
+            1,
+            p.ForksSweep,
+            "integration",
+            f"{_ROUTER} (maintenance)",
+            "remove the forks of finished changes",
+        ),
+        CommandSpec(
+            "project.provision",
+            1,
+            p.ProjectProvision,
+            "integration",
+            _API,
+            "set up a new project's resources",
+        ),
+        CommandSpec(
+            "project.cleanup",
+            1,
+            p.ProjectCleanup,
+            "integration",
+            f"{_ROUTER} (maintenance)",
+            "remove retired candidates",
+        ),
+        CommandSpec(
+            "fixture.publish", 1, p.FixturePublish, "integration", _API, "publish test fixtures"
+        ),
+        CommandSpec(
+            "index.build", 1, p.IndexBuild, "indexing", _ROUTER, "index a promoted generation"
+        ),
+        CommandSpec(
+            "index.purge",
+            1,
+            p.IndexPurge,
+            "indexing",
+            f"{_ROUTER} (maintenance)",
+            "drop indexes older than a generation",
+        ),
+        CommandSpec(
+            "verification.start",
+            1,
+            p.VerificationStart,
+            "verification",
+            _INTEGRATION,
+            "start verifying a candidate",
+        ),
+        CommandSpec(
+            "release.start",
+            1,
+            p.ReleaseStart,
+            "release",
+            _INTEGRATION,
+            "start releasing a generation",
+        ),
+    ),
+)
