@@ -20,6 +20,7 @@ from consumers.runtime.types import (
     Progress,
     Record,
 )
+from streams.catalog import CATALOG, Catalog
 from streams.clock import Clock
 from streams.envelopes import Event
 from streams.errors import (
@@ -64,6 +65,9 @@ class RuntimePolicy:
     # either is read back from the store.
     fold_cache_projects: int = 0
     fold_cache_bytes: int = 0
+    # The event types and versions this code knows: events are upcast to the newest version
+    # before a processor sees them, and one newer than it knows parks its project.
+    catalog: Catalog = CATALOG
 
     def behind_batch_size(self) -> int:
         return max(self.batch_size, self.batch_size_behind)
