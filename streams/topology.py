@@ -54,7 +54,7 @@ def stream_index(project_id: str, streams: int) -> int:
 
 
 def murmur2(data: bytes) -> int:
-    """The Java client's ``Utils.murmur2`` (seed 0x9747b28c), as an unsigned 32-bit value."""
+    """The Java client's ``Utils.murmur2`` (hash seed 0x9747b28c), as an unsigned 32-bit value."""
     m, r = 0x5BD1E995, 24
     length = len(data)
     h = (0x9747B28C ^ length) & 0xFFFFFFFF

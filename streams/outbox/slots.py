@@ -1,4 +1,4 @@
-"""Dense per-project slots (from seed 004): the rules every backend applies inside the append.
+"""Dense per-project slots: the rules every backend applies inside the append.
 
 The backend reads the project's counter ``head`` under its write lock (SQLite: the database lock
 taken by ``BEGIN IMMEDIATE``; PostgreSQL: the counter row's lock) and asks :func:`plan_append`

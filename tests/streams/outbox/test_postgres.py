@@ -1,5 +1,5 @@
 """What only the PostgreSQL outbox has: the schema as a contract for writers in any language (one
-plain INSERT; rhumbatron_append for bump-and-report and strict), the seed-004 trap (a duplicate
+plain INSERT; rhumbatron_append for bump-and-report and strict), the duplicate trap (a duplicate
 under ON CONFLICT DO NOTHING must not use a slot), writers on connections of their own, the
 advisory-lock lease and its loss, the wake-up by LISTEN/NOTIFY, and the refusals of bad input
 (an unreachable URL, no schema, another schema version)."""
@@ -87,7 +87,7 @@ def test_a_plain_insert_gets_the_next_slot_and_is_published_as_an_envelope(
 
 
 def test_a_duplicate_under_on_conflict_do_nothing_uses_no_slot(pg: OutboxBackend) -> None:
-    """Seed 004's trap: a trigger that bumped the counter before ON CONFLICT dropped the row
+    """The classic trap: a trigger that bumped the counter before ON CONFLICT dropped the row
     would leave slot 2 empty for ever."""
     taken = _id()
     with _conn(pg) as conn:
