@@ -53,6 +53,8 @@ check: venv
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	$(PY) -m streams.catalog.docs --check
+	$(PY) -m streams.partitioning --check
 
 bench: up
 	.venv/bin/rhumbatron bench
