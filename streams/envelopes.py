@@ -326,7 +326,9 @@ def decode_command(data: bytes | str | None, *, max_bytes: int) -> Command:
 
 @dataclass(frozen=True, slots=True)
 class Draft:
-    """An event before the outbox gives it a slot and a time: what a writer appends."""
+    """An event before the outbox gives it a slot (and, unless the writer says, a time): what a
+    writer appends. Every field a writer's SQL ``INSERT`` can set is here; ``occurred_at`` is the
+    envelope's ``timestamp`` (None: the time of the append)."""
 
     event_id: str
     event_type: str
@@ -337,12 +339,18 @@ class Draft:
     payload: dict[str, object]
     canonical_generation: int | None = None
     resource: str | None = None
+    event_version: int = 1
+    caused_by: str | None = None
+    correlation_id: str | None = None
+    occurred_at: datetime | None = None
 
     def to_event(self, *, tenant_id: str, timestamp: datetime, slot: int | None) -> Event:
+        """The event, stamped ``occurred_at`` if the draft has one, else ``timestamp``."""
         return build(
             Event,
             event_id=self.event_id,
             event_type=self.event_type,
+            event_version=self.event_version,
             tenant_id=tenant_id,
             project_id=self.project_id,
             change_id=self.change_id,
@@ -350,7 +358,26 @@ class Draft:
             actor=self.actor,
             resource=self.resource,
             canonical_generation=self.canonical_generation,
-            timestamp=timestamp,
+            caused_by=self.caused_by,
+            correlation_id=self.correlation_id,
+            timestamp=self._in_range(timestamp if self.occurred_at is None else self.occurred_at),
             payload=self.payload,
             slot=slot,
         )
+
+    @staticmethod
+    def _in_range(value: datetime) -> datetime:
+        # A time whose UTC instant falls outside years 1-9999 (year 1 at +01:00, say) cannot be
+        # written in the wire's form; datetime itself overflows converting it.
+        if value.tzinfo is not None:
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                raise EnvelopeError(
+                    "Event",
+                    "timestamp",
+                    value,
+                    "in UTC it falls outside the years 0001-9999 the form YYYY-MM-DDTHH:MM:SS.mmmZ "
+                    "can write",
+                ) from None
+        return value
