@@ -54,14 +54,12 @@ from consumers.subscriptions.causal_router.payload import (
     envelope_generation,
     event_ms,
     need_change,
-    need_flag,
     need_generation,
     need_task,
-    need_text,
-    optional_text,
+    read,
     resources,
-    task_ids,
 )
+from streams.catalog import payloads as p
 from streams.envelopes import Event
 from streams.errors import RouterInputError
 
@@ -249,15 +247,40 @@ def _dispatch_ready(
     change["waiting"] = waiting
 
 
+# -- payloads read by more than one folder or rule --------------------------------------------
+_CANDIDATE_MODELS: dict[str, type[p.VerificationStarted | p.CandidateEvent | p.CandidateStale]] = {
+    "verification.started": p.VerificationStarted,
+    "candidate.created": p.CandidateEvent,
+    "candidate.verified": p.CandidateEvent,
+    "candidate.rejected": p.CandidateEvent,
+    "candidate.stale": p.CandidateStale,
+}
+
+
+def candidate_id(event: Event) -> str:
+    """The candidate an event names; ``artifact.promoted``'s too."""
+    if event.event_type == "artifact.promoted":
+        return read(event, p.ArtifactPromoted).candidate_id
+    return read(event, _CANDIDATE_MODELS[event.event_type]).candidate_id
+
+
+def declared_by(event: Event, max_resources: int) -> tuple[str, list[str]]:
+    """The agent and the paths of a declaring event (intent, challenge, changeset, claim)."""
+    payload = read(event, p.Declared)
+    paths = resources(event, payload.resources, required=True, max_resources=max_resources)
+    return payload.agent_id, paths
+
+
 # -- folders, one per event type ---------------------------------------------------------------
 def _task_created(s: JSON, event: Event, limits: FoldLimits) -> None:
     change, name = need_change(event), need_task(event)
-    deps = task_ids(event, "dependsOn")
+    payload = read(event, p.TaskCreated)
+    deps = sorted(set(payload.depends_on))
     if name in deps:
         raise RouterInputError(
             event, "payload.dependsOn", deps, "a list not naming the task itself"
         )
-    paths = resources(event, required=False, max_resources=limits.max_resources)
+    paths = resources(event, payload.resources, required=False, max_resources=limits.max_resources)
     task = task_of(s, change, name)
     task["deps"], task["resources"] = deps, paths
 
@@ -272,7 +295,7 @@ def _task_ready(s: JSON, event: Event, limits: FoldLimits) -> None:
 
 def _task_started(s: JSON, event: Event, limits: FoldLimits) -> None:
     change, name = need_change(event), need_task(event)
-    agent = need_text(event, "agentId")
+    agent = read(event, p.TaskStarted).agent_id
     task = task_of(s, change, name)
     _unwait(change_of(s, change), name)
     if task["status"] in TASK_DONE:
@@ -288,10 +311,14 @@ def _task_started(s: JSON, event: Event, limits: FoldLimits) -> None:
 
 def _task_finished(s: JSON, event: Event, limits: FoldLimits) -> None:
     change, name = need_change(event), need_task(event)
-    named = optional_text(event, "agentId")
-    task = task_of(s, change, name)
     completed = event.event_type == "task.completed"
-    limit = None if completed else optional_text(event, "blockedLimit")
+    if completed:
+        named: str | None = read(event, p.TaskCompleted).agent_id
+        limit = None
+    else:
+        failed = read(event, p.TaskFailed)
+        named, limit = failed.agent_id, failed.blocked_limit
+    task = task_of(s, change, name)
     task["held"] = False  # a completion or a failure always frees the agent slot
     if completed:
         task["status"], task["blockedLimit"] = COMPLETED, None
@@ -326,27 +353,27 @@ def _task_blocked(s: JSON, event: Event, limits: FoldLimits) -> None:
         # task.failed the dead-letter path writes after it.
         task["held"] = holds_agent_slot(task)
         task["status"] = BLOCKED
-        task["blockedLimit"] = optional_text(event, "blockedLimit")
+        task["blockedLimit"] = read(event, p.TaskBlocked).blocked_limit
 
 
 def _declared(s: JSON, event: Event, limits: FoldLimits) -> None:
-    agent = need_text(event, "agentId")
-    paths = resources(event, required=True, max_resources=limits.max_resources)
+    agent, paths = declared_by(event, limits.max_resources)
     entry = s["agents"].get(agent)
     if entry is not None:
         entry["resources"] = sorted(set(entry["resources"]) | set(paths))
 
 
 def _released(s: JSON, event: Event, limits: FoldLimits) -> None:
-    agent = need_text(event, "agentId")
-    paths = resources(event, required=True, max_resources=limits.max_resources)
+    released = read(event, p.ClaimReleased)
+    agent = released.agent_id
+    paths = resources(event, released.resources, required=True, max_resources=limits.max_resources)
     entry = s["agents"].get(agent)
     if entry is not None:
         entry["resources"] = sorted(set(entry["resources"]) - set(paths))
 
 
 def _candidate(s: JSON, event: Event, status: str) -> JSON:
-    name = need_text(event, "candidateId")
+    name = candidate_id(event)
     found: JSON | None = s["candidates"].get(name)
     if found is None:
         generation = envelope_generation(event)
@@ -375,8 +402,7 @@ def _retire(s: JSON, event: Event, name: str, status: str) -> None:
 
 
 def _verification_started(s: JSON, event: Event, limits: FoldLimits) -> None:
-    need_flag(event, "workGraphCompleted")
-    _candidate(s, event, VERIFYING)
+    _candidate(s, event, VERIFYING)  # its candidateId and workGraphCompleted checked there
 
 
 def _candidate_event(s: JSON, event: Event, limits: FoldLimits) -> None:
@@ -389,14 +415,14 @@ def _candidate_event(s: JSON, event: Event, limits: FoldLimits) -> None:
     if status in (REJECTED, STALE):
         candidate = _candidate(s, event, VERIFYING)
         if candidate["status"] != PROMOTED:
-            _retire(s, event, need_text(event, "candidateId"), status)
+            _retire(s, event, candidate_id(event), status)
             _prune(s, event, limits.history)
     else:
         _candidate(s, event, status)
 
 
 def _artifact_promoted(s: JSON, event: Event, limits: FoldLimits) -> None:
-    need_generation(event)
+    need_generation(event, read(event, p.ArtifactPromoted).generation)
     candidate = _candidate(s, event, VERIFYING)
     candidate["status"] = PROMOTED
     change = candidate["change"] or event.change_id
@@ -411,7 +437,7 @@ def _artifact_promoted(s: JSON, event: Event, limits: FoldLimits) -> None:
 
 
 def _canonical_advanced(s: JSON, event: Event, limits: FoldLimits) -> None:
-    generation = need_generation(event)
+    generation = need_generation(event, read(event, p.CanonicalAdvanced).generation)
     if generation > s["generation"]:
         s["generation"], s["generationAt"] = generation, event_ms(event)
     for name in sorted(s["candidates"]):

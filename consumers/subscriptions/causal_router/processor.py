@@ -75,9 +75,11 @@ from consumers.subscriptions.causal_router.fold import (
     STALE,
     FoldLimits,
     active_agents,
+    declared_by,
     fold_event,
 )
-from consumers.subscriptions.causal_router.payload import need_generation, need_text, resources
+from consumers.subscriptions.causal_router.payload import need_generation, read
+from streams.catalog import payloads
 from streams.clock import Clock
 from streams.envelopes import Draft, Event
 from streams.ids import stable_event_id
@@ -200,8 +202,9 @@ class CausalRouter(BaseProcessor):
         if kind in ("task.completed", "task.failed"):
             yield from self._dispatches(event, state)
         elif kind == "verification.started":
-            if event.payload.get("workGraphCompleted") is True:
-                candidate = need_text(event, "candidateId")
+            started = read(event, payloads.VerificationStarted)
+            if started.work_graph_completed:
+                candidate = started.candidate_id
                 yield Planned(
                     CANDIDATE_CREATE,
                     candidate,
@@ -210,14 +213,17 @@ class CausalRouter(BaseProcessor):
                     {"candidateId": candidate, "causedBy": event.event_id},
                 )
         elif kind == "canonical.advanced":
-            generation = need_generation(event)
+            generation = need_generation(event, read(event, payloads.CanonicalAdvanced).generation)
             for agent in active_agents(state):
                 yield self._wake(
                     event, state, agent, "canonical-advanced", {"generation": generation}
                 )
             yield self._index_build(event, generation)
         elif kind == "artifact.promoted":
-            yield self._index_build(event, need_generation(event))
+            promoted = read(event, payloads.ArtifactPromoted)
+            yield self._index_build(
+                event, need_generation(event, promoted.generation), promoted.candidate_id
+            )
         elif kind in DECLARING:
             yield from self._overlaps(event, state, ops)
 
@@ -236,10 +242,10 @@ class CausalRouter(BaseProcessor):
                     {"taskId": name, "reason": task["why"], "causedBy": event.event_id},
                 )
 
-    def _index_build(self, event: Event, generation: int) -> Planned:
+    def _index_build(self, event: Event, generation: int, candidate: str | None = None) -> Planned:
         payload: dict[str, Any] = {"generation": generation, "causedBy": event.event_id}
-        if isinstance(event.payload.get("candidateId"), str):
-            payload["candidateId"] = event.payload["candidateId"]
+        if candidate is not None:
+            payload["candidateId"] = candidate
         return Planned(INDEX_BUILD, f"generation-{generation}", event.change_id, None, payload)
 
     def _wake(
@@ -250,8 +256,7 @@ class CausalRouter(BaseProcessor):
         return Planned(AGENT_WAKE, agent, change, task, payload)
 
     def _overlaps(self, event: Event, state: JSON, ops: list[RedisOp]) -> Iterator[Planned]:
-        declaring = need_text(event, "agentId")
-        declared = resources(event, required=True, max_resources=self.config.limits.max_resources)
+        declaring, declared = declared_by(event, self.config.limits.max_resources)
         for agent in active_agents(state):
             if agent == declaring:
                 continue
@@ -362,7 +367,7 @@ class CausalRouter(BaseProcessor):
     def _stale_drafts(self, event: Event, state: JSON) -> list[Draft]:
         if event.event_type != "canonical.advanced":
             return []
-        generation = need_generation(event)
+        generation = need_generation(event, read(event, payloads.CanonicalAdvanced).generation)
         drafts = []
         for name in sorted(state["candidates"]):
             candidate = state["candidates"][name]

@@ -130,7 +130,8 @@ def test_a_generation_beyond_what_a_state_can_store_is_refused_naming_the_field(
         before = copy.deepcopy(state)
         with pytest.raises(RouterInputError) as refused:
             fold_event(state, bad, LIMITS)
-        assert field in str(refused.value) and "2**64 - 1" in str(refused.value)
+        bound = "2**64 - 1" if field == "canonicalGeneration" else str(2**64 - 1)
+        assert field in str(refused.value) and bound in str(refused.value)
         assert state == before
         return
     raise AssertionError(f"no {event_type} in the history")
