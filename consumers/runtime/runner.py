@@ -66,6 +66,7 @@ from consumers.runtime.types import (
     Record,
     RedisOp,
 )
+from consumers.runtime.versions import upcast_for
 from streams import failpoints
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, decode_with_wire
@@ -117,6 +118,8 @@ class _Slice:
     wires: dict[int, bytes] = field(default_factory=dict)
     # By record index: what the processor's validate raised for the event (it is refused).
     rejected: dict[int, Exception] = field(default_factory=dict)
+    # By record index: what upcasting the event raised (it fails as if its reduce had).
+    upcast_failed: dict[int, Exception] = field(default_factory=dict)
     # Whether its claims are looked up before processing (else the commit checks them, and a
     # commit that meets one is refused and the slice processed again, looked up: ``again``).
     look: bool = True
@@ -447,6 +450,13 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 piece.poison.append((record, exc))
                 piece.events.append(None)
                 continue
+            if (consumes is None or event.event_type in consumes) and not keeps_wire:
+                # The version the processor's code knows (versions.py); a processor keeping
+                # the wire sees the event as written, which is what its bytes say.
+                try:
+                    event = upcast_for(self.policy, event)
+                except Exception as exc:
+                    piece.upcast_failed[len(piece.events)] = exc
             piece.events.append(event)
             if consumes is None or event.event_type in consumes:
                 piece.candidates.append((record, event))
@@ -540,6 +550,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     if event.project_id in changed
                     else part.states.get(event.project_id)
                 )
+                unreadable = piece.upcast_failed.get(i)
+                if unreadable is not None:
+                    raise ProcessorError("upcast", unreadable)
                 refusal = piece.rejected.get(i)
                 if refusal is not None:
                     raise Rejected(refusal)
