@@ -26,6 +26,7 @@ import redis
 
 from router.workers.model import Context, QueueHandler
 from router.workers.stores import prefix
+from streams.catalog import CATALOG
 from streams.envelopes import Command, format_time
 from streams.errors import CommandExpired
 
@@ -202,12 +203,11 @@ class WorkflowStartHandler(QueueHandler):
                 f"{', '.join(sorted(WORKFLOW_STARTS))}"
             )
         kind, field = WORKFLOW_STARTS[command.command_type]
-        instance_id = command.payload.get(field)
-        if not isinstance(instance_id, str) or not instance_id:
-            raise ValueError(
-                f"{command.command_id}: payload.{field} = {instance_id!r}: expected the "
-                f"{kind} workflow's idempotency key (a non-empty string)"
-            )
+        # The catalog's model checks the key (names the field when it is missing or blank).
+        payload = CATALOG.check_payload("Command", command.command_type, None, command.payload)
+        if payload is None:
+            raise ValueError(f"{command.command_type!r} is not in the catalog (docs/catalog.md)")
+        instance_id = str(payload.model_dump(by_alias=True)[field])
         mine = WorkflowInstance(kind, instance_id, command.command_id, STARTING, _at(ctx.now))
         found = self.registry.start(mine)
         if found.status == RUNNING or found.command_id != command.command_id:

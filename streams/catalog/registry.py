@@ -109,10 +109,10 @@ class Catalog:
 
     # -- checks ------------------------------------------------------------------------------------
     def check_payload(
-        self, kind: str, name: str, version: int, payload: Mapping[str, Any]
+        self, kind: str, name: str, version: int | None, payload: Mapping[str, Any]
     ) -> p.Payload | None:
-        """``payload`` read as the model of ``name``@``version`` (``kind`` is "Event" or
-        "Command"); None when the type is not cataloged. Raises EnvelopeError naming the
+        """``payload`` read as the model of ``name``@``version`` (the newest when None; ``kind``
+        is "Event" or "Command"); None when the type is not cataloged at that version. Raises EnvelopeError naming the
         field (``payload.agentId``), the value and the rule."""
         spec = self.event(name, version) if kind == "Event" else self.command(name, version)
         if spec is None:

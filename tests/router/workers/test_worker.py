@@ -248,6 +248,20 @@ def test_workflow_start_uses_the_idempotency_key_and_a_redelivery_finds_it_runni
     assert handler.handle(first, ctx) == "already_running"  # a redelivery of the first one
 
 
+@pytest.mark.parametrize("payload", [{}, {"candidateId": " "}, {"candidateId": 7}])
+def test_a_workflow_start_without_its_key_is_refused_naming_the_field(
+    payload: dict[str, object],
+) -> None:
+    world = World(policy("verification", batch=5))
+    handler = WorkflowStartHandler(MemoryWorkflowRegistry(), lambda instance, command: None)
+    bad = world.command("cmd_nokey_verify").model_copy(
+        update={"command_type": "verification.start", "payload": payload}
+    )
+    ctx = Context("verification", 1, 4, 4, None, world.clock.now())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"payload\.candidateId"):
+        handler.handle(bad, ctx)
+
+
 def test_stale_wakes_end_at_once_and_count_as_false_wakeups() -> None:
     world = World(policy())
     woken: list[str] = []
