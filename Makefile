@@ -55,6 +55,7 @@ check: venv
 	.venv/bin/mypy
 	$(PY) -m streams.catalog.docs --check
 	$(PY) -m streams.partitioning --check
+	$(PY) -m streams.catalog.schemas --check
 
 bench: up
 	.venv/bin/rhumbatron bench

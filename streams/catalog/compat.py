@@ -358,7 +358,7 @@ class _Reading:
             if keyword in r and w.get(keyword) != r[keyword]:
                 self.fail(
                     where,
-                    f"{keyword}: {self.w} has {_show(w.get(keyword))}, {self.r} "
+                    f"{keyword}: {self.w} has {_show(w[keyword]) if keyword in w else 'none'}, {self.r} "
                     f"{_show(r[keyword])}: the checker cannot prove the second accepts all the "
                     f"first does",
                 )
