@@ -17,16 +17,18 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from streams.catalog import payloads as p
-from streams.envelopes import Event
+from streams.envelopes import MISSING, Event
 from streams.errors import EnvelopeError
 
 # Version n's payload (a JSON object) in, version n + 1's out. Pure: no input mutated, no clock,
 # no I/O; the same payload always gives the same result (tests/streams/test_catalog.py).
+P = TypeVar("P", bound=p.Payload)
+
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -122,13 +124,23 @@ class Catalog:
         try:
             return spec.payload.model_validate(payload)
         except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in error["loc"])
-            value = "<missing>" if error["type"] == "missing" else error.get("input")
-            reason = "required field is missing" if error["type"] == "missing" else error["msg"]
-            raise EnvelopeError(
-                kind, f"payload.{where}", value, f"{reason} ({name}@{spec.version})"
-            ) from exc
+            raise _payload_error(kind, name, spec.version, exc) from exc
+
+    def read(self, event: Event, model: type[P]) -> P:
+        """``event``'s payload as ``model``, which must be the catalog's model of its type at its
+        version (consumers see events upcast to the newest version they know). Raises
+        EnvelopeError naming the field, the value and the rule."""
+        spec = self.event(event.event_type, event.event_version)
+        if spec is None or spec.payload is not model:
+            # A wiring mistake of ours, not bad input: the reader and the catalog disagree.
+            raise TypeError(
+                f"{event.event_type}@{event.event_version} payloads are not read as "
+                f"{model.__name__}"
+            )
+        try:
+            return model.model_validate(event.payload)
+        except ValidationError as exc:
+            raise _payload_error("Event", spec.name, spec.version, exc) from exc
 
     def upcast(self, event: Event) -> Event:
         """``event`` as the newest version of its type this code knows; unchanged when it is
@@ -147,6 +159,32 @@ class Catalog:
         """Is ``event`` of a version of a cataloged type newer than this code knows?"""
         latest = self.latest(event.event_type)
         return 0 < latest < event.event_version
+
+
+def _payload_error(kind: str, name: str, version: int, exc: ValidationError) -> EnvelopeError:
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(["payload", *(str(part) for part in error["loc"])])
+    if error["type"] == "missing":
+        return EnvelopeError(kind, where, MISSING, f"required field is missing ({name}@{version})")
+    return EnvelopeError(kind, where, error.get("input"), f"{_rule(error)} ({name}@{version})")
+
+
+def _rule(error: Any) -> str:
+    """pydantic's message, said as the rule the value broke."""
+    context = error.get("ctx", {})
+    kind = error["type"]
+    if kind == "string_pattern_mismatch" and context.get("pattern") == r"\S":
+        return "must not be blank"
+    if kind == "string_too_short":
+        return f"must have at least {context['min_length']} character(s)"
+    if kind == "string_too_long":
+        return f"must have at most {context['max_length']} characters"
+    if kind == "too_long":
+        return f"must have at most {context['max_length']} items"
+    message = str(error["msg"])
+    if message.startswith("Input should be "):
+        return "must be " + message.removeprefix("Input should be ")
+    return message[0].lower() + message[1:]
 
 
 def _events(

@@ -9,33 +9,24 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 from streams.catalog import CATALOG
 from streams.catalog.payloads import Payload
-from streams.envelopes import Event
-from streams.errors import RouterInputError
+from streams.envelopes import MISSING, Event
+from streams.errors import EnvelopeError, RouterInputError
 
 P = TypeVar("P", bound=Payload)
 
 
 def read(event: Event, model: type[P]) -> P:
-    """``event``'s payload as ``model``, the catalog's model of its type (events reach the
-    router upcast to the newest version it knows)."""
-    spec = CATALOG.event(event.event_type)
-    if spec is None or spec.payload is not model:
-        # A wiring mistake of ours, not bad input: the folder and the catalog disagree.
-        raise TypeError(f"{event.event_type} payloads are not read as {model.__name__}")
+    """``event``'s payload as ``model``, the catalog's model of its type."""
     try:
-        return model.model_validate(event.payload)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        field = ".".join(["payload", *(str(part) for part in error["loc"])])
-        if error["type"] == "missing":
-            raise RouterInputError(event, field, None, "a value (the field is required)") from exc
-        message = str(error["msg"]).removeprefix("Input should be ")
-        expected = message[0].lower() + message[1:]
-        raise RouterInputError(event, field, error.get("input"), expected) from exc
+        return CATALOG.read(event, model)
+    except EnvelopeError as exc:
+        if exc.value is MISSING:
+            raise RouterInputError(event, exc.field, None, f"a value: {exc.reason}") from exc
+        raise RouterInputError(
+            event, exc.field, exc.value, exc.reason.removeprefix("must be ")
+        ) from exc
 
 
 def event_ms(event: Event) -> int:
