@@ -69,13 +69,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import orjson
 
 from consumers.runtime.types import JSON, BaseProcessor, Delivery, EffectKind, Effects, RedisOp
+from streams.catalog import CATALOG, payloads
 from streams.envelopes import Event, format_time
-from streams.errors import ProjectorInputError
+from streams.errors import EnvelopeError, ProjectorInputError
+
+P = TypeVar("P", bound=payloads.Payload)
 
 SLUG = "project-view-projector"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -188,30 +191,30 @@ def feed_entry(event: Event) -> bytes:
     return orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
 
 
+def _payload(event: Event, model: type[P]) -> P:
+    """``event``'s payload as its type's catalog model (docs/catalog.md)."""
+    try:
+        return CATALOG.read(event, model)
+    except EnvelopeError as exc:
+        raise ProjectorInputError(event, exc.field, exc.value, exc.reason) from exc
+
+
 def _agent_id(event: Event) -> str | None:
     """The agent a task event names. ``task.failed`` may name none: the dead-letter path writes
     it for a task whose command never reached an agent (a dispatch), so no agent is freed."""
-    agent = event.payload.get("agentId")
-    if agent is None and event.event_type == "task.failed":
-        return None
-    if not isinstance(agent, str) or not agent:
-        raise ProjectorInputError(
-            event, "payload.agentId", agent, "must be a non-empty string (the task's agent)"
-        )
-    return agent
+    if event.event_type == "task.failed":
+        return _payload(event, payloads.TaskFailed).agent_id
+    if event.event_type == "task.started":
+        return _payload(event, payloads.TaskStarted).agent_id
+    return _payload(event, payloads.TaskCompleted).agent_id
 
 
 def blocked_limit(event: Event) -> str | None:
-    """The limit a blocking event names; None when it names none. Refuses one that is not a
-    non-empty string."""
-    limit = event.payload.get("blockedLimit")
-    if limit is None:
-        return None
-    if not isinstance(limit, str) or not limit:
-        raise ProjectorInputError(
-            event, "payload.blockedLimit", limit, "must be a non-empty string (why it is blocked)"
-        )
-    return limit
+    """The limit a blocking event (``task.blocked``, or ``task.failed``) names; None when it
+    names none."""
+    if event.event_type == "task.failed":
+        return _payload(event, payloads.TaskFailed).blocked_limit
+    return _payload(event, payloads.TaskBlocked).blocked_limit
 
 
 def task_state(event: Event) -> str:
@@ -235,13 +238,7 @@ def canonical_generation(event: Event) -> int | None:
     generation = event.canonical_generation
     if event.event_type != "canonical.advanced":
         return generation
-    payload_gen = event.payload.get("generation")
-    if payload_gen is not None and (
-        isinstance(payload_gen, bool) or not isinstance(payload_gen, int) or payload_gen < 0
-    ):
-        raise ProjectorInputError(
-            event, "payload.generation", payload_gen, "must be a whole number >= 0"
-        )
+    payload_gen = _payload(event, payloads.CanonicalAdvanced).generation
     if generation is not None and payload_gen is not None and generation != payload_gen:
         raise ProjectorInputError(
             event,
