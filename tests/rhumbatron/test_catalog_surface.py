@@ -22,8 +22,9 @@ def test_every_payload_model_is_public() -> None:
         if inspect.isclass(value) and issubclass(value, payloads.Payload)
     }
     assert models <= set(public.__all__)
-    for spec in [*public.CATALOG.events, *public.CATALOG.commands]:
-        assert getattr(public, spec.payload.__name__) is spec.payload
+    used = [s.payload for s in public.CATALOG.events] + [s.payload for s in public.CATALOG.commands]
+    for model in used:
+        assert getattr(public, model.__name__) is model
 
 
 def test_a_processor_reads_a_payload_through_its_model() -> None:
