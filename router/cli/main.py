@@ -28,6 +28,7 @@ from router.cli import (
     outbox_commands,
     project_commands,
     pump_commands,
+    schema_commands,
     serve_commands,
     stream_commands,
     subscription_commands,
@@ -62,6 +63,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     bench_commands.register,
     pump_commands.register,
     fleet_commands.register,
+    schema_commands.register,
 )
 
 
