@@ -12,7 +12,7 @@
 #   infra/local.sh cluster-up | cluster-down                              (brokers 1-3 on 9092-9094)
 #   infra/local.sh jars                                                   (resolve the jars only)
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
-#   infra/local.sh node                     (node 20+ and the TypeScript example's npm dependencies)
+#   infra/local.sh node                     (node 20+ and the TypeScript examples' npm dependencies)
 #   infra/local.sh prometheus-install       (Debian's prometheus and promtool, installed only)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
@@ -776,9 +776,9 @@ browser() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# The TypeScript example (examples/http-receiver) runs under node 20 or newer; Debian's node when
-# the machine has none, and the example's own dependencies (TypeScript, node's types) from the
-# npm registry by its lock file.
+# The TypeScript examples (examples/http-receiver, examples/ts-writer) run under node 20 or newer;
+# Debian's node when the machine has none, and each example's own dependencies (TypeScript, node's
+# types; pg and ajv for the writer) from the npm registry by its lock file.
 node_tools() {
   local have=""
   if command -v node >/dev/null; then have="$(node --version 2>/dev/null || true)"; fi
@@ -797,14 +797,17 @@ node_tools() {
       say "node installed: $(node --version)"
       ;;
   esac
-  local example="$ROOT/examples/http-receiver"
-  if [ ! -d "$example/node_modules" ] || [ "$example/package-lock.json" -nt "$example/node_modules" ]; then
-    say "installing the http-receiver example's dependencies (npm ci; log in $STATE/logs/npm.log)"
-    mkdir -p "$STATE/logs"
-    (cd "$example" && npm ci --no-audit --no-fund) >"$STATE/logs/npm.log" 2>&1 \
-      || fail "npm ci failed in $example; see $STATE/logs/npm.log"
-    touch "$example/node_modules"
-  fi
+  local example name
+  for name in http-receiver ts-writer; do
+    example="$ROOT/examples/$name"
+    if [ ! -d "$example/node_modules" ] || [ "$example/package-lock.json" -nt "$example/node_modules" ]; then
+      say "installing the $name example's dependencies (npm ci; log in $STATE/logs/npm-$name.log)"
+      mkdir -p "$STATE/logs"
+      (cd "$example" && npm ci --no-audit --no-fund --prefer-offline) >"$STATE/logs/npm-$name.log" 2>&1 \
+        || fail "npm ci failed in $example; see $STATE/logs/npm-$name.log"
+      touch "$example/node_modules"
+    fi
+  done
 }
 
 status() {
