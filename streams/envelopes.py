@@ -5,6 +5,14 @@ JSON written and read by orjson. The canonical encoding leaves out absent option
 writes times as ``YYYY-MM-DDTHH:MM:SS.mmmZ``, so ``encode(decode(b)) == b`` for every canonical
 ``b``. Anything invalid raises :class:`~streams.errors.EnvelopeError` naming the wire field and
 the value found there; an oversized envelope raises :class:`~streams.errors.EnvelopeTooLarge`.
+
+Forward compatible (docs/contract.md, "Versions and forward compatibility"): a top-level field
+this code does not know — one a newer writer added — is kept, not refused: it is read into the
+envelope's extras (``model_extra``), ignored by consumers, and written back by ``encode`` after
+the known fields in the order it came, so an envelope passes through (the archive, a
+redelivery) as it was written. Its name must be a camelCase identifier
+(:data:`EXTRA_FIELD_NAME`) and its value JSON; the nesting and size limits hold for it as for
+the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -70,18 +79,53 @@ EventId = Annotated[str, Field(pattern=r"^evt_[0-9a-f]{32}$")]
 EventType = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$", max_length=100)]
 CommandId = Annotated[str, Field(pattern=r"^cmd_[A-Za-z0-9_.:\-]{1,200}$")]
 Payload = dict[str, Any]
+# The name a field this code does not know must have to be kept: the wire's own camelCase form.
+EXTRA_FIELD_NAME = re.compile(r"^[a-z][A-Za-z0-9]{0,63}$")
 
 
 class _Envelope(BaseModel):
     model_config = ConfigDict(
         strict=True,
         frozen=True,
-        extra="forbid",
+        # A field a newer writer added is kept and ignored (see the module's docstring).
+        extra="allow",
         alias_generator=to_camel,
         populate_by_name=True,
         validate_by_alias=True,
         validate_by_name=True,
     )
+
+    @model_validator(mode="after")
+    def _extras_checked(self) -> _Envelope:
+        extra = self.__pydantic_extra__
+        if extra:
+            _check_extras(type(self).__name__, extra)
+        return self
+
+
+def _check_extras(kind: str, extra: dict[str, Any]) -> None:
+    """A field this code does not know is kept only under a camelCase name, with a JSON value
+    (what the wire can carry: an envelope built in Python could hold anything)."""
+    for name, value in extra.items():
+        if not EXTRA_FIELD_NAME.match(name):
+            raise EnvelopeError(
+                kind,
+                name or '""',  # an empty key is named as JSON writes it
+                value,
+                "unknown field, and not one a newer writer may add: a field this version does "
+                "not know is kept only under a camelCase name (letters and digits, starting "
+                "with a lowercase letter, at most 64); check the spelling against the schema",
+            )
+        try:
+            orjson.dumps(value, option=_PLAIN_JSON_ONLY)
+        except TypeError as exc:
+            raise EnvelopeError(
+                kind,
+                name,
+                value,
+                f"an unknown field's value must be plain JSON (objects with string keys, arrays, "
+                f"strings, numbers, booleans, null), nested at most {MAX_NESTING} deep ({exc})",
+            ) from exc
 
 
 class Event(_Envelope):
@@ -144,6 +188,9 @@ def _wire_name(model: type[_Envelope], loc: tuple[int | str, ...]) -> str:
 
 def _translate(model: type[E], exc: ValidationError) -> EnvelopeError:
     error = exc.errors(include_url=False)[0]
+    raised = error.get("ctx", {}).get("error")
+    if isinstance(raised, EnvelopeError):  # the extras' check names its field itself
+        return raised
     field = _wire_name(model, tuple(error["loc"]))
     reason = error["msg"]
     if error["type"] == "extra_forbidden":
@@ -183,23 +230,31 @@ def _wire_fields(model: type[_Envelope]) -> tuple[tuple[str, str], ...]:
 
 
 def encode(envelope: _Envelope, *, max_bytes: int) -> bytes:
-    """Canonical wire bytes. Raises EnvelopeTooLarge past ``max_bytes``.
+    """Canonical wire bytes: the known fields in the model's order, then the fields this code
+    does not know in the order they came (their nulls too: they are written back as they were
+    read). Raises EnvelopeTooLarge past ``max_bytes``.
 
     The wire object is built from the fields directly (pydantic's JSON-mode dump took two thirds
     of the time); a payload with anything but plain JSON values in it (a datetime, a dataclass,
     a subclass of str or int, a key that is not a string, an integer past 64 bits) is written
     by that dump, as before, so the bytes are the same either way."""
     values = envelope.__dict__
+    extra = envelope.__pydantic_extra__
     wire: dict[str, Any] = {}
     for name, alias in _wire_fields(type(envelope)):
         value = values[name]
         if value is not None:
             # The envelopes' only datetime fields are Timestamps; the payload is a dict.
             wire[alias] = format_time(value) if type(value) is datetime else value
+    if extra:
+        wire.update(extra)
     try:
         data = orjson.dumps(wire, option=_PLAIN_JSON_ONLY)
     except TypeError:
-        data = orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
+        known = envelope.model_dump(
+            mode="json", by_alias=True, exclude_none=True, exclude=set(extra) if extra else None
+        )
+        data = orjson.dumps({**known, **extra} if extra else known)
     if len(data) > max_bytes:
         raise EnvelopeTooLarge(type(envelope).__name__, len(data), max_bytes)
     return data
@@ -220,7 +275,8 @@ def decode_with_wire(
     strict (a wire value is the field's value, never coerced), so the bytes are canonical when
     their keys are the model's in order with none of a non-None default left out, no value is
     null, and orjson writes the parsed object back as the same bytes (no whitespace, escapes or
-    other number forms)."""
+    other number forms); the fields this code does not know, after the known ones, are written
+    back as they came."""
     raw, parsed = _parsed(model, data, max_bytes)
     envelope = _validated(model, parsed)
     return envelope, raw if _canonical(model, parsed, raw) else None
@@ -266,7 +322,7 @@ def _check_nesting(kind: str, parsed: dict[str, Any]) -> None:
         if deepest > MAX_NESTING:
             raise EnvelopeError(
                 kind,
-                key,
+                key or '""',  # an empty key is named as JSON writes it
                 "<nested>",
                 f"nested {deepest} levels deep; an envelope holds at most {MAX_NESTING}",
             )
@@ -283,26 +339,58 @@ def _validated(model: type[E], parsed: dict[str, Any]) -> E:
 
 # Per envelope model, the key sequences found to be canonical (the wire names in the model's
 # order, none missing that encode would write): at most one per set of optional fields present.
+# Sequences with unknown fields are judged each time, never kept: their names are the writers'
+# to choose, and a set of them would grow with every new name.
 _CANONICAL_KEYS: dict[type[_Envelope], set[tuple[str, ...]]] = {}
+# Per envelope model, its wire names and their positions in the model's order.
+_POSITIONS: dict[type[_Envelope], dict[str, int]] = {}
 
 
 def _canonical(model: type[_Envelope], parsed: dict[str, Any], raw: bytes) -> bool:
     keys = tuple(parsed)
     known = _CANONICAL_KEYS.setdefault(model, set())
-    if keys not in known:
-        if not _canonical_keys(model, keys):
+    if keys in known:
+        if None in parsed.values():
             return False
-        known.add(keys)
-    if None in parsed.values():
-        return False
+    else:
+        head = _known_head(model, keys)
+        if head is None or not _canonical_keys(model, keys[:head]):
+            return False
+        if head == len(keys):
+            known.add(keys)
+        # A known field's null is left out by encode; an unknown one's is written back.
+        if any(parsed[key] is None for key in keys[:head]):
+            return False
     return orjson.dumps(parsed) == raw
 
 
+def _positions(model: type[_Envelope]) -> dict[str, int]:
+    positions = _POSITIONS.get(model)
+    if positions is None:
+        positions = _POSITIONS[model] = {
+            alias: n for n, (_, alias) in enumerate(_wire_fields(model))
+        }
+    return positions
+
+
+def _known_head(model: type[_Envelope], keys: tuple[str, ...]) -> int | None:
+    """How many of ``keys`` are known wire names before the first unknown one; None when a
+    known one follows an unknown one (``encode`` writes the unknown ones last)."""
+    positions = _positions(model)
+    head = 0
+    while head < len(keys) and keys[head] in positions:
+        head += 1
+    if any(key in positions for key in keys[head:]):
+        return None
+    return head
+
+
 def _canonical_keys(model: type[_Envelope], keys: tuple[str, ...]) -> bool:
-    """Are ``keys`` the wire names ``encode`` writes, in its order, for some set of fields?"""
+    """Are ``keys`` the wire names ``encode`` writes, in its order, for some set of the model's
+    own fields? (Fields this code does not know come after them: :func:`_known_head`.)"""
     fields = model.model_fields
     wire = _wire_fields(model)
-    position = {alias: n for n, (_, alias) in enumerate(wire)}
+    position = _positions(model)
     found = [position.get(key, -1) for key in keys]
     if -1 in found or found != sorted(set(found)):
         return False

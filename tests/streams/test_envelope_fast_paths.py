@@ -2,7 +2,8 @@
 strftime for a UTC time, ``decode`` calling the model's validator directly, and ``encode``
 building the wire object from the fields rather than through pydantic's JSON-mode dump. Each property
 compares with the earlier form, written out here, so a fast path that wrote or refused anything
-differently would fail."""
+differently would fail. Fields the model does not know (a newer writer's) are among the inputs:
+kept under a camelCase name, written back after the known fields."""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ values = st.one_of(
 
 
 def mutated(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
-    names = sorted(base) + ["extraField", "event_id", "created_at"]
+    # Unknown fields too: camelCase ones are kept, any other name is refused.
+    names = sorted(base) + ["extraField", "traceState", "event_id", "created_at", "Odd", "x_y"]
     changes = st.dictionaries(st.sampled_from(names), st.one_of(st.just(...), values), max_size=3)
 
     def apply(edits: dict[str, Any]) -> dict[str, Any]:
@@ -201,8 +203,13 @@ def test_the_generated_envelopes_reach_both_outcomes() -> None:
 
 
 def dumped_form(envelope: _Envelope) -> bytes:
-    """``encode`` as it was first written: pydantic's JSON-mode dump, then orjson."""
-    return orjson.dumps(envelope.model_dump(mode="json", by_alias=True, exclude_none=True))
+    """``encode`` as it was first written: pydantic's JSON-mode dump, then orjson; the fields the
+    model does not know after it, as they are (their nulls too)."""
+    extra = envelope.model_extra or {}
+    known = envelope.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude=set(extra) or None
+    )
+    return orjson.dumps({**known, **extra})
 
 
 class Colour(enum.StrEnum):
@@ -249,14 +256,27 @@ def outcome_of_encoding(envelope: _Envelope, fn: Any) -> tuple[str, Any]:
         return "error", type(exc)
 
 
+# What a newer writer's unknown fields may hold: plain JSON, nulls included.
+plain_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+extras = st.dictionaries(st.sampled_from(["newField", "traceState", "zz9"]), plain_json, max_size=2)
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     st.sampled_from([Event, Command]),
     st.dictionaries(st.text(max_size=4), odd_values, max_size=4),
     st.booleans(),
+    extras,
 )
 def test_encode_writes_the_bytes_of_the_json_mode_dump(
-    model: type[_Envelope], payload: dict[Any, Any], without_optionals: bool
+    model: type[_Envelope],
+    payload: dict[Any, Any],
+    without_optionals: bool,
+    extra: dict[str, Any],
 ) -> None:
     base = BASE_EVENT if model is Event else BASE_COMMAND
     fields = dict(model.__pydantic_validator__.validate_python(base, by_alias=True).__dict__)
@@ -265,7 +285,8 @@ def test_encode_writes_the_bytes_of_the_json_mode_dump(
         for name in ("change_id", "task_id", "deadline", "slot"):
             if name in fields:
                 fields[name] = None
-    envelope = model.model_construct(**fields)
+    envelope = model.model_construct(**fields, **extra)
+    assert envelope.model_extra == extra
     assert outcome_of_encoding(envelope, lambda e: encode(e, max_bytes=1 << 20)) == (
         outcome_of_encoding(envelope, dumped_form)
     )
@@ -279,6 +300,10 @@ def test_encode_reaches_both_of_its_paths() -> None:
     odd = event.model_copy(update={"payload": {"at": moment, "colour": Colour.RED, "n": {1: (2,)}}})
     assert encode(odd, max_bytes=MAX_BYTES) == dumped_form(odd)
     assert b'"at":"2026-01-02T03:04:05Z"' in encode(odd, max_bytes=MAX_BYTES)
+    newer = decode_event(wire({**BASE_EVENT, "newField": None}), max_bytes=MAX_BYTES)
+    odd = newer.model_copy(update={"payload": {"at": moment}})
+    assert encode(odd, max_bytes=MAX_BYTES) == dumped_form(odd)
+    assert encode(odd, max_bytes=MAX_BYTES).endswith(b'"newField":null}')
 
 
 # The bytes of a decodable object in the forms a writer other than ours may use: orjson's (the
@@ -324,8 +349,13 @@ def test_decode_with_wire_reaches_both_answers() -> None:
             wire({k: v for k, v in base.items() if k != "payload"}),  # a default left out
             wire({**base, "changeId": None}),  # null for an absent optional field
             wire({**base, "payload": {"e": "\u00e9"}}).replace("\u00e9".encode(), b"\\u00e9"),
+            wire({"newField": 1, **base}),  # an unknown field before the known ones
+            wire({**base, "changeId": None, "newField": 1}),  # a known null, an unknown field
         ):
             envelope, kept = decode_with_wire(model, other, max_bytes=MAX_BYTES)
             assert kept is None and encode(envelope, max_bytes=MAX_BYTES) != other
+        # A newer writer's unknown fields, after the known ones (their nulls too): canonical.
+        newer = wire({**base, "newField": {"a": [1, None]}, "gone": None})
+        assert decode_with_wire(model, newer, max_bytes=MAX_BYTES)[1] == newer
     early = wire({**BASE_EVENT, "timestamp": "0999-03-01T12:00:00.123Z"})
     assert decode_with_wire(Event, early, max_bytes=MAX_BYTES)[1] == early

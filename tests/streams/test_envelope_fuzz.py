@@ -1,6 +1,6 @@
 """Envelopes decoded from bytes that nearly are one: a valid Event's or Command's wire bytes cut,
 with bytes changed, inserted or removed, a key given twice, a value nested deep, numbers past
-64 bits. Whatever the bytes, decoding either refuses them with an EnvelopeError that names a
+64 bits, a field the model does not know (a newer writer's, or one of no camelCase name). Whatever the bytes, decoding either refuses them with an EnvelopeError that names a
 field and a reason, or gives an envelope that encodes (with and without its wire bytes) and
 decodes back equal: nothing a reader accepts can fail later where it is written again.
 
@@ -65,6 +65,18 @@ COMMAND = orjson.dumps(
     }
 )
 BASES = {Event: EVENT, Command: COMMAND}
+# Unknown fields' names (camelCase ones are kept, others refused) and values.
+EXTRA_NAMES = [b"newField", b"traceState", b"a", b"x9Y", b"new_field", b"New", b"", b"\\u0041b"]
+EXTRA_VALUES = [
+    b"null",
+    b"1",
+    b"-0",
+    b"1e3",
+    b'"s"',
+    b"[1,[null]]",
+    b'{"k":{}}',
+    b"[" * 300 + b"]" * 300,
+]
 # Bytes that mean something in JSON, for insertions and replacements.
 TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"null", b"1e999", b"-0", b"\xff"]
 
@@ -73,7 +85,9 @@ TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"null", b"1e999", b"
 def mutations(draw: st.DrawFn, base: bytes) -> bytes:
     raw = base
     for _ in range(draw(st.integers(1, 3))):
-        how = draw(st.sampled_from(["cut", "change", "insert", "remove", "twice", "nest", "big"]))
+        how = draw(
+            st.sampled_from(["cut", "change", "insert", "remove", "twice", "nest", "big", "extra"])
+        )
         at = draw(st.integers(0, max(len(raw) - 1, 0)))
         if how == "cut":
             raw = raw[:at]
@@ -95,6 +109,17 @@ def mutations(draw: st.DrawFn, base: bytes) -> bytes:
             raw = (
                 raw[:-1] + b',"projectId":' + draw(st.sampled_from([b'"p2"', b"1", b"null"])) + b"}"
             )
+        elif how == "extra":  # an unknown field, last (as encode writes it) or first
+            field = (
+                b'"'
+                + draw(st.sampled_from(EXTRA_NAMES))
+                + b'":'
+                + draw(st.sampled_from(EXTRA_VALUES))
+            )
+            if draw(st.booleans()):
+                raw = raw[:-1] + b"," + field + b"}" if raw.endswith(b"}") else raw + field
+            else:
+                raw = b"{" + field + b"," + raw[1:]
         elif how == "nest":
             depth = draw(st.integers(MAX_NESTING - 4, 1100))
             raw = raw.replace(

@@ -172,11 +172,7 @@ def test_garbage_bytes_are_refused_not_crashing(raw: bytes) -> None:
     raise AssertionError("garbage decoded into an Event")  # pragma: no cover
 
 
-def test_unknown_and_missing_fields_are_named() -> None:
-    data = _valid_event_dict()
-    data["surprise"] = 1
-    with pytest.raises(EnvelopeError, match="'surprise'.*unknown field"):
-        decode_event(orjson.dumps(data), max_bytes=LIMIT)
+def test_missing_fields_and_unknown_fields_of_no_camelcase_name_are_named() -> None:
     data = _valid_event_dict()
     del data["projectId"]
     with pytest.raises(EnvelopeError, match="'projectId' = <missing>: required field is missing"):
@@ -186,6 +182,51 @@ def test_unknown_and_missing_fields_are_named() -> None:
     with pytest.raises(EnvelopeError, match="""field '""' = 3: unknown field""") as refused:
         decode_event(orjson.dumps(data), max_bytes=LIMIT)
     assert refused.value.field == '""'
+    for name in ("task_idd", "Surprise", "1st", "with-dash", "x" * 65, "caf\u00e9"):
+        data = {**_valid_event_dict(), name: 1}
+        with pytest.raises(EnvelopeError, match="unknown field.*camelCase name") as refused:
+            decode_event(orjson.dumps(data), max_bytes=LIMIT)
+        assert refused.value.field == name
+
+
+def test_an_unknown_camelcase_field_is_kept_and_written_back_after_the_known_ones() -> None:
+    # A writer one release ahead added an optional field: a reader of this release keeps it.
+    valid = _valid_event_dict()
+    data = {**valid, "surprise": 1, "traceState": {"a": [None, 2.5]}, "gone": None}
+    wire = orjson.dumps(data)
+    event = decode_event(wire, max_bytes=LIMIT)
+    assert event.model_extra == {"surprise": 1, "traceState": {"a": [None, 2.5]}, "gone": None}
+    assert encode(event, max_bytes=LIMIT) == wire
+    # Written by hand with the unknown field first: kept, and written back last.
+    first = {"surprise": 1, **valid}
+    again = decode_event(orjson.dumps(first), max_bytes=LIMIT)
+    assert encode(again, max_bytes=LIMIT) == orjson.dumps({**valid, "surprise": 1})
+
+
+def test_an_unknown_field_in_python_must_hold_json() -> None:
+    fields = decode_event(orjson.dumps(_valid_event_dict()), max_bytes=LIMIT).model_dump()
+    built = build(Event, **fields, newField=[1, {"k": None}])
+    assert built.model_extra == {"newField": [1, {"k": None}]}
+    with pytest.raises(EnvelopeError, match="'newField'.*must be plain JSON"):
+        build(Event, **fields, newField={1, 2})
+    with pytest.raises(EnvelopeError, match="'new_field'.*camelCase name"):
+        build(Event, **fields, new_field=1)
+
+
+extra_names = st.from_regex(r"\A[a-z][A-Za-z0-9]{0,20}\Z")
+
+
+@given(events(), st.dictionaries(extra_names, json_values, max_size=4))
+def test_events_with_unknown_fields_round_trip_byte_stable(
+    event: Event, extra: dict[str, object]
+) -> None:
+    aliases = {info.alias for info in Event.model_fields.values()}
+    unknown = {k: v for k, v in extra.items() if k not in aliases}
+    wire = orjson.dumps({**orjson.loads(encode(event, max_bytes=LIMIT)), **unknown})
+    back = decode_event(wire, max_bytes=LIMIT)
+    assert {name: getattr(back, name) for name in Event.model_fields} == dict(event)
+    assert back.model_extra == unknown
+    assert encode(back, max_bytes=LIMIT) == wire
 
 
 def test_oversized_envelope_is_refused_with_size_and_limit() -> None:
