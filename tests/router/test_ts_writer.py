@@ -85,7 +85,9 @@ def built() -> Path:
     """The example installed (``npm ci`` only when its lock file is newer than what is installed,
     as ``make node`` does: offline after the first run) and compiled, its own tests passed."""
     modules = EXAMPLE / "node_modules"
-    with (ROOT / ".local").joinpath("ts-writer-npm.lock").open("a") as lock:
+    lock_path = ROOT / ".local" / "ts-writer-npm.lock"
+    lock_path.parent.mkdir(exist_ok=True)
+    with lock_path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one install at a time, whichever worker comes first
         lock_file = EXAMPLE / "package-lock.json"
         if not modules.is_dir() or lock_file.stat().st_mtime > modules.stat().st_mtime:
