@@ -4,7 +4,7 @@ Schema checks); it writes a project's events through a PostgreSQL outbox made by
 outbox init``, by plain INSERTs and by ``rhumbatron_append`` (reading back the slots and the event
 another writer wrote meanwhile); a bad event is refused by its own schema check; our publisher
 sends the events to the stream and partition the writer computed; project-view-projector folds
-them, and ``rhumbatron view`` / ``feed`` show the project's events in slot order."""
+them, and ``rhumbatron view`` and the project's feed show its events in slot order."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from consumers.redis_conn import connect
 from consumers.runtime.types import TP
+from consumers.subscriptions.projector.view import read_feed
 from router.settings import Settings
 from streams.envelopes import Draft
 from streams.ids import stable_event_id
@@ -214,7 +216,7 @@ def test_a_typescript_service_writes_through_the_outbox_to_the_project_view(
     assert view == expected_view(PROJECT, tp, events)
     assert view["highSlot"] == 7 and view["missingSlots"] == [] and view["gapsRecorded"] == 0
     assert view["tasks"]["t1"]["state"] == view["tasks"]["t2"]["state"] == "completed"
-    feed = json.loads(cli(s, "feed", PROJECT, "--json").stdout)
+    feed = read_feed(connect(s.redis_url, timeout=5), s.env, tp, PROJECT)  # as `feed` shows it
     in_slot_order = [*expected_ids, missed_id, *second["eventIds"]]
     assert [e["slot"] for e in reversed(feed)] == list(range(1, 8))
     assert [e["eventId"] for e in reversed(feed)] == in_slot_order
