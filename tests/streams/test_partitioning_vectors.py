@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ def test_the_checked_in_file_is_what_the_generator_writes() -> None:
     assert VECTORS_FILE == ROOT / "schemas" / "partitioning.json"
 
 
-def test_check_mode_refuses_a_stale_file_and_writes_nothing(tmp_path: Any) -> None:
+def test_check_mode_refuses_a_stale_file_and_writes_nothing(tmp_path: Path) -> None:
     stale = tmp_path / "partitioning.json"
     stale.write_text(render().replace('"stream": 4', '"stream": 5', 1), encoding="utf-8")
     before = stale.read_text(encoding="utf-8")
