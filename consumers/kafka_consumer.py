@@ -1,6 +1,8 @@
 """The first consume loop (poll → decode → handle → commit), for reads that need no claims.
 
 Its consumer's config is built where every client's is, :func:`streams.kafka_config.client_config`.
+Each event reaches ``handle`` upcast to the newest version of its type ``catalog`` knows, as the
+subscription runtime hands it to a processor (``consumers.runtime.versions``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from streams.catalog import CATALOG, Catalog
 from streams.envelopes import Event, decode_event
 from streams.errors import EnvelopeError, Unreachable
 from streams.kafka_config import bootstrap_of, client_config
@@ -49,6 +52,7 @@ def drain(
     join_timeout_s: float,
     until: Callable[[], bool] = lambda: False,
     max_wait_s: float | None = None,
+    catalog: Catalog = CATALOG,
 ) -> LoopStats:
     """Consume ``topics`` as ``group_id`` until nothing arrives for ``until_idle_s`` (or ``until()``
     says stop). Offsets are committed after each batch is handled, so a crash re-delivers (never
@@ -99,7 +103,7 @@ def drain(
                     stats.rejected += 1
                     reject(message, exc)
                     continue
-                handle(event, message)
+                handle(catalog.upcast(event), message)
                 stats.handled += 1
                 consumer.store_offsets(message)
             for message in messages:  # rejected records are handed to `reject`: move past them too

@@ -6,7 +6,9 @@ that moves only when told) and returns what it left; ``assert_exactly_once`` rep
 events every way that must not matter (every split into polls, copies, a crash at every
 fail-point, an operator's re-reduce and reprocess) and fails naming the first that changed an
 effect or a fold; ``event`` builds valid events; ``subscription_settings`` what a factory (or a
-class made from its settings) is given.
+class made from its settings) is given. Events reach the processor as they would in production:
+upcast to the newest version of their type the catalog knows (``catalog``: the platform's by
+default; give your own to test your types' upcasters).
 
 Handlers (docs/handlers.md): ``command`` and ``context`` build a command and the context a
 worker would hand it, and ``handle`` runs the handler as the worker runs it (a function, async or
@@ -29,6 +31,7 @@ from router.wiring.commands import new_command
 from router.wiring.processors import SubscriptionSettings
 from router.workers.handlers import as_handler
 from router.workers.model import Context
+from streams.catalog import Catalog
 from streams.clock import SystemClock
 from streams.envelopes import Command, Event, encode
 from streams.topology import QUEUE_PURPOSES
@@ -86,6 +89,7 @@ def run(
     shape: Sequence[int] = (),
     crash_at: tuple[str, int] | None = None,
     operator_move: tuple[str, int] | None = None,
+    catalog: Catalog | None = None,
 ) -> Result:
     """Publish ``events`` (each on its project's partition; raw bytes are a record that is no
     event, on the partition of the event before it), run ``processor`` until nothing is left to
@@ -98,14 +102,15 @@ def run(
     (or a function making one) rather than an instance to have the new process start with a
     fresh one, as a real restart does. ``operator_move``: ``("re_reduce" | "reprocess", k)``: once
     the first k events are consumed, an operator re-reduces every partition, or reprocesses each
-    from the middle of what it acknowledged; then the rest are published."""
+    from the middle of what it acknowledged; then the rest are published. ``catalog``: the event
+    types and versions the processor's code knows (the platform's when None)."""
     return harness.run(
         _factory(processor),
         events,
         shape=shape,
         crash_at=crash_at,
         operator_move=operator_move,
-        policy=_policy(batch_size, max_batch_failures),
+        policy=_policy(batch_size, max_batch_failures, catalog),
     )
 
 
@@ -119,6 +124,7 @@ def assert_exactly_once(
     seed: int = 0,
     batch_size: int = _default("batch_size"),
     max_batch_failures: int = _default("max_batch_failures"),
+    catalog: Catalog | None = None,
 ) -> Result:
     """Replay ``events``, each time with a fresh processor from ``processor`` (its class, or a
     function making one): split into every sequence of polls when there are at most
@@ -127,7 +133,7 @@ def assert_exactly_once(
     ``random_shapes`` random splits (``seed``), some with copies of events published again.
     Each must leave the effects and folds of one clean run, every effect applied once; else
     :class:`EffectsDiverged` says which replay differed, where, and the ``run`` call that
-    replays it. Returns the clean run."""
+    replays it. ``catalog`` as for :func:`run`. Returns the clean run."""
     if not isinstance(processor, type) and hasattr(processor, "process"):
         raise TypeError(
             f"assert_exactly_once takes the processor's class or a function making one, not an "
@@ -141,7 +147,7 @@ def assert_exactly_once(
         random_shapes=random_shapes,
         crash_points=crash_points,
         seed=seed,
-        policy=_policy(batch_size, max_batch_failures),
+        policy=_policy(batch_size, max_batch_failures, catalog),
     )
 
 
@@ -153,8 +159,9 @@ def _factory(processor: Processor | ProcessorFactory) -> ProcessorFactory:
     return lambda: instance
 
 
-def _policy(batch_size: int, max_batch_failures: int) -> dict[str, Any]:
-    return {**_POLICY, "batch_size": batch_size, "max_batch_failures": max_batch_failures}
+def _policy(batch_size: int, max_batch_failures: int, catalog: Catalog | None) -> dict[str, Any]:
+    policy = {**_POLICY, "batch_size": batch_size, "max_batch_failures": max_batch_failures}
+    return policy if catalog is None else {**policy, "catalog": catalog}
 
 
 def command(

@@ -11,6 +11,10 @@ who, when and why:
 The stream keeps 7 days. A control that needs events the stream no longer holds refuses and says
 which offsets are missing (the archive, when present, fills them in first: ``ArchiveReader``).
 A running owner notices a moved cursor within a second and continues from it.
+
+A fold reads each event as the live path hands it to the processor: upcast to the newest version
+``catalog`` knows (``consumers.runtime.versions``), so a fold rebuilt from a log of mixed versions
+equals the one built live.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from consumers.runtime.dead_letters import (
 )
 from consumers.runtime.store import Store
 from consumers.runtime.types import JSON, TP, Processor, Progress, Record
+from consumers.runtime.versions import reads_as_written, upcast_for
+from streams.catalog import CATALOG, Catalog
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, format_time
 from streams.errors import ControlRefused, EnvelopeError
@@ -110,6 +116,8 @@ class Controls:
     clock: Clock
     max_envelope_bytes: int
     archive: ArchiveReader | None = None
+    # The event types and versions the processor's code knows (its RuntimePolicy's).
+    catalog: Catalog = CATALOG
 
     def _audit(self, action: str, tp: TP, who: str, why: str, **details: Any) -> None:
         self.audit.append(
@@ -155,6 +163,7 @@ class Controls:
         if not proc.reducer_version:
             return result
         dead, skipped = self._excluded(tp, progress)
+        as_written = reads_as_written(proc)
         wanted = set(progress.applied_beyond)
         last = max([through, *wanted]) if wanted else through
         states = result.states
@@ -175,6 +184,8 @@ class Controls:
             ) or event.event_id in result.seen:
                 continue
             try:
+                if not as_written:
+                    event = upcast_for(self, event)
                 new = proc.reduce(states.get(event.project_id), event)
             except Exception as exc:
                 result.refused.append((record, event, exc))

@@ -45,6 +45,7 @@ from consumers.runtime.types import (
     Processor,
     Progress,
 )
+from streams.catalog import CATALOG
 from streams.envelopes import Event
 from streams.headers import RECORD_ID
 
@@ -230,6 +231,8 @@ def run(
     world = World(
         store=_WitnessedStore(witness),
         instruments=RuntimeInstruments(NoOpMeter("rhumbatron.harness")),
+        # The operator's moves fold with the catalog the runners know.
+        catalog=(policy or {}).get("catalog", CATALOG),
     )
     first = len(events) if operator_move is None else operator_move[1]
     rounds = ROUNDS_FLOOR + ROUNDS_PER_RECORD * len(events)

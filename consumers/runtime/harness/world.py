@@ -28,6 +28,7 @@ from consumers.runtime.memory_transport import (
 from consumers.runtime.metrics import RuntimeInstruments
 from consumers.runtime.runner import Runner, RuntimePolicy
 from consumers.runtime.types import JSON, TP, EffectKind, OutRecord, Processor
+from streams.catalog import CATALOG, Catalog
 from streams.clock import ManualClock
 from streams.envelopes import Event, encode
 from streams.errors import SimulatedCrash
@@ -82,6 +83,8 @@ class World:
     outputs: list[MemoryOutput] = field(default_factory=list)
     # The runners' metrics: None reports to the process's own (the runtime's default).
     instruments: RuntimeInstruments | None = None
+    # The event types and versions the processors' code knows (their runners' and controls').
+    catalog: Catalog = CATALOG
 
     def __post_init__(self) -> None:
         for s in STREAMS:
@@ -118,13 +121,21 @@ class World:
             control_check_interval_s=0.0,
             streams=STREAMS,
             partitions_per_stream=PARTITIONS,
+            catalog=self.catalog,
         )
         values.update(kw)
         return RuntimePolicy(**values)
 
-    def controls(self, processor: Processor) -> Controls:
+    def controls(self, processor: Processor, catalog: Catalog | None = None) -> Controls:
         return Controls(
-            processor, self.store, MemoryReader(self.log), self.audit, self.dead, self.clock, LIMIT
+            processor,
+            self.store,
+            MemoryReader(self.log),
+            self.audit,
+            self.dead,
+            self.clock,
+            LIMIT,
+            catalog=self.catalog if catalog is None else catalog,
         )
 
     def runner(
@@ -143,17 +154,18 @@ class World:
         if processor.effect_kind == EffectKind.KAFKA:
             output = OutputOnDemand(self.log)
             self.outputs.append(output)
+        runtime = self.policy(**policy)
         runner = Runner(
             processor,
             transport,
             self.store,
             self.dead,
-            self.policy(**policy),
+            runtime,
             self.clock,
             output=output,
             output_log=MemoryOutputLog(self.log) if output is not None else None,
             redelivery=MemoryRedelivery(self.log, REDELIVERY),
-            controls=self.controls(processor),
+            controls=self.controls(processor, runtime.catalog),
             failpoint=failpoint,
             instruments=self.instruments,
         )
