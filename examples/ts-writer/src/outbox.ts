@@ -60,7 +60,7 @@ export async function appendEvents(
   );
   const now = events[0]?.timestamp ?? new Date().toISOString();
   const found = await refusing(() =>
-    client.query<{ result: Omit<AppendResult, "missed"> & { missed: WireEvent[] } }>(
+    client.query<{ result: AppendResult }>(
       "SELECT rhumbatron_append($1, $2, $3::jsonb, $4, $5, NULL, $6, $7) AS result",
       [
         projectId,
@@ -73,8 +73,8 @@ export async function appendEvents(
       ],
     ),
   );
-  const result = found.rows[0].result;
-  return { ...result, head: Number(result.head), slots: result.slots.map(Number) };
+  // jsonb comes back parsed: numbers are numbers already (slots fit in a double).
+  return found.rows[0].result;
 }
 
 export async function insertEvent(client: pg.ClientBase, event: WireEvent): Promise<number | null> {
