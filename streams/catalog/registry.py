@@ -59,6 +59,7 @@ class Catalog:
     commands: tuple[CommandSpec, ...]
     # (type, n) → the upcaster from version n to n + 1.
     upcasters: Mapping[tuple[str, int], Upcaster] = field(default_factory=dict)
+    _latest: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for kind, specs in (("event", self.events), ("command", self.commands)):
@@ -71,14 +72,26 @@ class Catalog:
                         f"{kind} type {name!r} has versions {sorted(versions)}: "
                         "they must run 1, 2, 3 … without a gap or a repeat"
                     )
-        for name, version in self.upcasters:
-            if self._event(name, version + 1) is None:
-                raise ValueError(f"an upcaster from {name}@{version}, but no {name}@{version + 1}")
+        for (name, version), upcaster in self.upcasters.items():
+            # Version 0 is no version: an upcaster from it would never run, yet looked valid.
+            if version < 1 or self._event(name, version + 1) is None:
+                raise ValueError(
+                    f"an upcaster from {name}@{version}, but no event type {name} at versions "
+                    f"{version} and {version + 1}: an upcaster goes from a cataloged version n "
+                    "(1 or more) to n + 1"
+                )
+            if not callable(upcaster):
+                raise ValueError(f"the upcaster from {name}@{version} is not a function")
         for spec in self.events:
             if spec.version > 1 and (spec.name, spec.version - 1) not in self.upcasters:
                 raise ValueError(
                     f"{spec.name}@{spec.version} has no upcaster from the version before"
                 )
+        # The newest version of each type, looked up for every event a consumer decodes.
+        latest: dict[str, int] = {}
+        for spec in self.events:
+            latest[spec.name] = max(latest.get(spec.name, 0), spec.version)
+        object.__setattr__(self, "_latest", latest)
 
     # -- lookups ---------------------------------------------------------------------------------
     def _event(self, name: str, version: int) -> EventSpec | None:
@@ -97,7 +110,7 @@ class Catalog:
 
     def latest(self, name: str) -> int:
         """The newest version of event type ``name`` this code knows; 0 when not cataloged."""
-        return max((s.version for s in self.events if s.name == name), default=0)
+        return self._latest.get(name, 0)
 
     def event_types(self) -> list[str]:
         return sorted({s.name for s in self.events})
