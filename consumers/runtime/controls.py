@@ -143,16 +143,22 @@ class Controls:
         return set(progress.dead) | self.store.excluded(tp), skipped
 
     def _records(self, tp: TP, through: int) -> Iterator[Record]:
+        return self.read(tp, 0, through, "the fold cannot be rebuilt without them")
+
+    def read(self, tp: TP, first: int, through: int, need: str) -> Iterator[Record]:
+        """The records of ``tp`` from ``first`` through ``through``, oldest first: from the
+        archive where the stream no longer holds them. Refuses (``need``: what they are for)
+        when neither holds them."""
         start = self.reader.log_start(tp)
-        if start > 0:
+        if start > first:
             if self.archive is None:
                 raise ControlRefused(
-                    f"{tp} no longer holds offsets 0..{start - 1} (past the stream's retention) and "
-                    "no archive reader is configured; the fold cannot be rebuilt without them"
+                    f"{tp} no longer holds offsets {first}..{start - 1} (past the stream's "
+                    f"retention) and no archive reader is configured; {need}"
                 )
-            yield from self.archive.read(tp, 0, min(start - 1, through))
+            yield from self.archive.read(tp, first, min(start - 1, through))
         if through >= start:
-            yield from self.reader.read(tp, start, through)
+            yield from self.reader.read(tp, max(start, first), through)
 
     def fold(self, tp: TP, progress: Progress, through: int) -> Fold:
         """The processor's fold of every event of ``tp`` up to ``through`` that counts. An
@@ -179,6 +185,8 @@ class Controls:
                 # duplicate of that decision.
                 result.seen.add(event.event_id)
                 continue
+            if progress.parks(event.project_id, record.offset):
+                continue  # its project is parked: not applied yet (consumers.runtime.parking)
             if (
                 proc.consumes is not None and event.event_type not in proc.consumes
             ) or event.event_id in result.seen:

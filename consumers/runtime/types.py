@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import orjson
 
@@ -268,6 +268,17 @@ class BaseProcessor:
         return records
 
 
+class Park(NamedTuple):
+    """Why a project waits in a partition (consumers.runtime.parking): its event at ``offset``
+    is ``event_type``@``version``, newer than the code that read it knows. Its events from
+    ``offset`` through the furthest offset the cursor counts handled are neither applied nor
+    claimed."""
+
+    offset: int
+    event_type: str
+    version: int
+
+
 @dataclass
 class Progress:
     """The two cursors of one (subscription, partition), stored with the state they describe.
@@ -311,6 +322,9 @@ class Progress:
     # "acked_through:cursor_revision" of the partition's last caught-up delivery (an event's, or
     # the eventless call's: consumers.runtime.caught_up), so a restart does not make it again.
     caught_up: str = ""
+    # Projects parked by an event newer than the code knows, by project id: one entry each,
+    # however many of its events wait (consumers.runtime.parking).
+    parked: dict[str, Park] = field(default_factory=dict)
 
     def as_fields(self) -> dict[str, str]:
         return {
@@ -329,6 +343,7 @@ class Progress:
             "rerun_through": str(self.rerun_through),
             "rerun_duplicates": orjson.dumps(self.rerun_duplicates).decode(),
             "caught_up": self.caught_up,
+            "parked": orjson.dumps({p: list(park) for p, park in self.parked.items()}).decode(),
         }
 
     @classmethod
@@ -355,6 +370,10 @@ class Progress:
             rerun_through=int(f.get("rerun_through", -1)),
             rerun_duplicates=list(orjson.loads(f.get("rerun_duplicates", "[]"))),
             caught_up=f.get("caught_up", ""),
+            parked={
+                p: Park(int(o), str(t), int(v))
+                for p, (o, t, v) in orjson.loads(f.get("parked", "{}")).items()
+            },
         )
 
     def has_cursor(self) -> bool:
@@ -366,6 +385,11 @@ class Progress:
     def txn_marker(self) -> str:
         """The offset-commit metadata of this partition's latest transaction."""
         return f"{TXN_MARKER_PREFIX}{self.txn_seq}"
+
+    def parks(self, project_id: str, offset: int) -> bool:
+        """Is the event of ``project_id`` at ``offset`` one its project's park holds back?"""
+        park = self.parked.get(project_id)
+        return park is not None and offset >= park.offset
 
     def is_done(self, offset: int) -> bool:
         """Already applied, dead-lettered or skipped: redelivery must not run it again."""
