@@ -564,6 +564,24 @@ class Settings(BaseSettings):
         "small prefetch idled between fetches)",
     )
     max_batch_failures: int = Field(5, ge=1, description="failures of a batch before dead-letter")
+    parked_projects_max: int = Field(
+        1_000,
+        ge=1,
+        le=1_000_000,
+        description="projects one partition of a subscription may hold parked (an event of "
+        "theirs is of a version newer than the subscription's code knows; each costs one small "
+        "entry in the partition's cursor, however many of its events wait): past it the "
+        "partition stops at the event that would park one more, retried after a backoff and "
+        "logged as an error, until the consumer is upgraded or this is raised",
+    )
+    parked_drain_records: int = Field(
+        50_000,
+        ge=1,
+        le=10_000_000,
+        description="records of a partition an upgraded consumer re-reads per loop turn to "
+        "apply the events its parked projects hold back (then it polls, and goes on the next "
+        "turn): bounds how long one turn keeps the consumer from polling",
+    )
     batch_retry_backoff_s: float = Field(1.0, gt=0)
     batch_retry_backoff_max_s: float = Field(60.0, gt=0)
     claim_retention_margin_ms: int = Field(

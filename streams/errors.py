@@ -34,6 +34,7 @@ swallows one.
     ├── ControlRefused              an operator control (reset, reprocess …) was refused
     │   └── ArchiveIncomplete       the archive cannot supply every offset a control needs
     ├── DeadLetterActionRefused     a retry or dismiss of a dead letter was refused
+    ├── NewerThanKnown              a redelivered event's version is newer than the consumer knows
     ├── ArchiveFormatError          (ValueError) a key, part or line not in the archive's format
     ├── ArchiveStoreError           the object store refused or failed an operation
     │   └── ObjectMissing           (KeyError) no object under that key
@@ -388,6 +389,25 @@ class ArchiveIncomplete(ControlRefused):
 
 class DeadLetterActionRefused(RhumbatronError):
     """A retry or dismiss of a dead letter was refused (unknown id, wrong status, no reason)."""
+
+
+class NewerThanKnown(RhumbatronError):
+    """An operator's retry of a dead letter brought an event of a version newer than the
+    subscription's code knows: it fails (and is dead-lettered again) rather than being read by
+    code written for an older version. A stream copy of such an event parks its project
+    instead (consumers.runtime.parking)."""
+
+    def __init__(self, event_id: str, event_type: str, version: int, known: int) -> None:
+        self.event_id, self.event_type, self.version, self.known = (
+            event_id,
+            event_type,
+            version,
+            known,
+        )
+        super().__init__(
+            f"event {event_id} is {event_type}@{version}, but this consumer knows "
+            f"{event_type} up to @{known}: upgrade the consumer, then retry the dead letter"
+        )
 
 
 # -- the subscriptions -----------------------------------------------------------------------------

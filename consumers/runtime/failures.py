@@ -38,7 +38,8 @@ class FailureMixin(TracingMixin):
         attempts = self.store.count_failure(part.tp, batch_key)
         # Where to read again: the first unapplied offset; for files, the committed cursor (the
         # open part's lines were discarded with it).
-        resume_at = outcome.first_unapplied
+        # A drain's failure is read again by the drain, from the park (consumers.runtime.parking).
+        resume_at = None if outcome.drained else outcome.first_unapplied
         if self.processor.effect_kind == EffectKind.FILES and resume_at is not None:
             resume_at = part.progress.acked_through + 1
         if self.policy.on_failure == "block" or attempts < self.policy.max_batch_failures:

@@ -14,6 +14,9 @@ the unit ``s``), each labelled by ``subscription``:
 - ``rhumbatron_dead_lettered_total{kind}``: ``poison`` (records that do not decode) and
   ``event-batch`` (a batch that failed up to the limit: one letter however many events);
 - ``rhumbatron_fenced_total``: writes refused because another process owns the partition now;
+- ``rhumbatron_parked_projects{topic, partition}``: a gauge, the projects parked in each partition
+  the process owns (an event of theirs is newer than the subscription's code knows:
+  consumers.runtime.parking), 0 for a partition with none;
 - ``rhumbatron_end_to_end_latency_seconds``: event timestamp to its effect committed.
 
 With no meter provider installed (telemetry off) the API's instruments do nothing.
@@ -28,6 +31,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from consumers.runtime.runner_base import Stats
+from consumers.runtime.types import TP
 
 # Seconds, from a local run's tens of milliseconds to a consumer that fell minutes behind.
 LATENCY_BUCKETS_S = (
@@ -50,6 +54,7 @@ class RuntimeInstruments:
     def __init__(self, meter: Meter) -> None:
         self._lock = threading.Lock()
         self._watched: list[tuple[str, Stats]] = []
+        self._parked: list[tuple[str, Callable[[], dict[TP, int]]]] = []
         for name, description, read in _COUNTERS:
             meter.create_observable_counter(
                 name, callbacks=[self._observer(read)], unit="", description=description
@@ -59,6 +64,13 @@ class RuntimeInstruments:
             callbacks=[self._dead_lettered],
             unit="",
             description="events dead-lettered, by kind (poison, event-batch)",
+        )
+        meter.create_observable_gauge(
+            "rhumbatron_parked_projects",
+            callbacks=[self._parked_projects],
+            unit="",
+            description="projects parked in a partition: an event of theirs is newer than the "
+            "subscription's code knows",
         )
         self._end_to_end = meter.create_histogram(
             "rhumbatron_end_to_end_latency",
@@ -73,6 +85,19 @@ class RuntimeInstruments:
         with self._lock:
             if not any(s is stats for _, s in self._watched):
                 self._watched.append((subscription, stats))
+
+    def watch_parked(self, subscription: str, counts: Callable[[], dict[TP, int]]) -> None:
+        """Report the parked projects ``counts`` gives per partition under ``subscription``."""
+        with self._lock:
+            self._parked.append((subscription, counts))
+
+    def _parked_projects(self, _: CallbackOptions) -> Iterator[Observation]:
+        with self._lock:
+            watched = list(self._parked)
+        for subscription, counts in watched:
+            for tp, n in counts().items():
+                labels = {"subscription": subscription, "topic": tp.topic}
+                yield Observation(n, {**labels, "partition": str(tp.partition)})
 
     def committed(self, subscription: str, event_times_ms: Iterable[int], now_s: float) -> None:
         """The effects of events stamped ``event_times_ms`` committed at ``now_s``."""

@@ -46,6 +46,7 @@ from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
 from consumers.runtime.files import FilesMixin
 from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
+from consumers.runtime.parking import Drain, ParkingMixin, Verdict
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
 from consumers.runtime.store import OPS, Commit, EventStatements, Store
@@ -127,12 +128,14 @@ class _Slice:
     # By event id: the error its SQL statements met when the slice was committed before; it is
     # judged failed without running (StatementsFailed).
     failed_statements: dict[str, BaseException] = field(default_factory=dict)
+    # Records re-read to apply parked projects' events (consumers.runtime.parking), or None.
+    drain: Drain | None = None
 
 
 _NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
 
 
-class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
+class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingMixin):
     def __init__(
         self,
         processor: Processor,
@@ -168,6 +171,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         self.stats = Stats()
         self.instruments = instruments or runtime_instruments()
         self.instruments.watch(processor.slug, self.stats)
+        self.instruments.watch_parked(processor.slug, self._parked_counts)
         self.parts: dict[TP, PartitionState] = {}
         self._last_control_check = 0.0
         self._behind = False  # the last poll brought a full batch: poll batch_size_behind
@@ -260,6 +264,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         self._check_controls()
         self._refold()
         self._recover_pending()
+        self._drain_parked()
         self._flush_due()
         records = self.transport.poll(self._poll_size(), timeout)
         # Behind: the poll brought at least a normal batch, so more is waiting.
@@ -313,6 +318,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         slices = [self._decoded(self.parts[tp], recs) for tp, recs in by_tp.items()]
         for piece in slices:
             piece.look = self._must_look(piece)
+        self._run_slices(slices)
+
+    def _apply_drain(self, part: PartitionState, records: list[Record], drain: Drain) -> None:
+        piece = self._decoded(part, records, drain)
+        piece.look = True  # re-read events: their claims say what is applied already
+        self._run_slices([piece])
+
+    def _run_slices(self, slices: list[_Slice]) -> None:
         met = self._process_and_commit(slices)
         while met:
             # Their commits met claims (duplicates, or events of an earlier revision), or SQL
@@ -393,6 +406,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             return False
         if any(tp in self.parts for tp in self._caught_up_retry):
             return False  # a caught-up call waits to be tried again
+        if self._drain_waiting():
+            return False  # a parked project's events wait to be applied
         return self.transport.caught_up(self.parts)
 
     def run(
@@ -414,7 +429,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     break
         return self.stats
 
-    def _decoded(self, part: PartitionState, records: list[Record]) -> _Slice:
+    def _decoded(
+        self, part: PartitionState, records: list[Record], drain: Drain | None = None
+    ) -> _Slice:
         """A partition's records of this poll decoded and sorted: done already per the cursor,
         poison (undecodable), or events, of which those the processor consumes are candidates."""
         consumes = self.processor.consumes
@@ -423,7 +440,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
         max_bytes = self.policy.max_envelope_bytes
         # With an open part, what it holds is done already, though not yet committed.
         progress = part.open_part.progress if part.open_part else part.progress
-        piece = _Slice(part, records, progress)
+        piece = _Slice(part, records, progress, drain=drain)
         redelivered_max = progress.redelivered_next
         for record in records:
             event: Event | None = None
@@ -436,7 +453,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     piece.poison.append((record, problem))
                     piece.events.append(None)
                     continue
-            elif progress.is_done(record.offset):
+            elif drain is None and progress.is_done(record.offset):
                 piece.events.append(None)
                 continue
             try:
@@ -489,7 +506,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             poison = []
         letters = [self._poison_letter(part.tp, r, exc) for r, exc in poison]
         self.stats.poison += len(poison)
-        counted = {"filtered": 0, "duplicates": 0, "redelivered": 0}
+        counted = {"filtered": 0, "duplicates": 0, "redelivered": 0, "parked": 0}
+        parking = self._batch_parking(progress, piece.drain)
         if traces is not None:
             for r, problem in poison:
                 offset = self._origin_offset(r)
@@ -541,6 +559,14 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             if event.project_id in held:
                 unclaimed.append(event.event_id)
                 continue
+            verdict = parking.judge(record.offset, event, redelivered)
+            if verdict is Verdict.PARKED:
+                done[i] = True  # its project waits for a consumer that knows its version
+                counted["parked"] += 1
+                continue
+            if verdict is Verdict.STOP:
+                unclaimed.append(event.event_id)
+                continue
             delivery = deliveries(record, redelivered, piece.wires.get(i))
             if traces is not None:  # current while the processor runs
                 traces.start(proc.slug, record, event, offset=delivery.offset)
@@ -553,6 +579,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 unreadable = piece.upcast_failed.get(i)
                 if unreadable is not None:
                     raise ProcessorError("upcast", unreadable)
+                if verdict is Verdict.NEWER:
+                    raise ProcessorError("version", parking.newer(event))
                 refusal = piece.rejected.get(i)
                 if refusal is not None:
                     raise Rejected(refusal)
@@ -652,8 +680,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                     beyond.add(record.offset)
             elif first_unapplied is None:
                 first_unapplied = record.offset
+        if piece.drain is not None:  # re-read records: the cursor is where it was
+            acked, beyond = progress.acked_through, set(progress.applied_beyond)
         new.acked_through = acked
         new.applied_beyond = sorted(o for o in beyond if o > acked)
+        new.parked = parking.finish(failed, new)
         new.dead = sorted(o for o in progress.dead if o > acked)
         if acked >= new.rerun_through:
             new.rerun_duplicates = []
@@ -672,7 +703,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             sql=statements,
             states=changed,
             pending=out if out else None,
-            cleared_failures=_passed_batches(progress, new),
+            cleared_failures=_passed_batches(progress, new) + parking.passed_batches(),
             excluded_add=rejected_offsets,
             excluded_remove=readmitted,
             dead_claims=rejected_ids,
@@ -680,7 +711,17 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
             unclaimed=[] if piece.look else unclaimed,
         )
         return Outcome(
-            commit, failed, first_unapplied, letters, lines, applied_ms, counted, rejections
+            commit,
+            failed,
+            first_unapplied,
+            letters,
+            lines,
+            applied_ms,
+            counted,
+            rejections,
+            stopped_at=parking.stopped_at,
+            stopped_by=parking.stopped_by,
+            drained=piece.drain is not None,
         )
 
     def _commit(self, outcomes: list[Outcome]) -> dict[TP, dict[str, BaseException]]:
@@ -756,8 +797,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin):
                 continue
             if outcome.failed:
                 self._handle_failure(part, outcome)
+            elif outcome.stopped_at is not None:
+                self._parking_stopped(part, outcome)
             elif outcome.first_unapplied is None and part.retry_from is not None:
                 part.retry_from = None
+            if outcome.stopped_at is None and not outcome.drained:
+                part.parking_stops = 0
         return met
 
     def _check_controls(self) -> None:

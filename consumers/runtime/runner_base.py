@@ -68,6 +68,10 @@ class RuntimePolicy:
     # The event types and versions this code knows: events are upcast to the newest version
     # before a processor sees them, and one newer than it knows parks its project.
     catalog: Catalog = CATALOG
+    # Projects one partition may hold parked before it stops; records a drain re-reads per loop
+    # turn (consumers.runtime.parking).
+    parked_projects_max: int = 1_000
+    parked_drain_records: int = 50_000
 
     def behind_batch_size(self) -> int:
         return max(self.batch_size, self.batch_size_behind)
@@ -98,6 +102,7 @@ class Stats:
     transactions: int = 0
     recovered: int = 0
     parts: int = 0
+    parked: int = 0  # events held back behind their project's park
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,10 @@ class PartitionState:
     # The SQL store's outages met in a row, for the backoff before the partition is read again
     # (none counts as a failure of its events).
     outages: int = 0
+    # Parked projects (consumers.runtime.parking): when a drain refused for want of the records
+    # may be tried again (monotonic seconds), and the stops for want of room met in a row.
+    drain_blocked_until: float = 0.0
+    parking_stops: int = 0
 
     def forget_states(self) -> None:
         self.states.clear()
@@ -157,6 +166,11 @@ class Outcome:
     # when the commit is refused with ClaimsFound and the slice is processed again.
     counted: dict[str, int] = field(default_factory=dict)
     rejected: int = 0  # of ``letters``: events validate refused (the rest are poison)
+    # The offset (and event) where the partition stopped for want of room to park one more
+    # project; and whether the batch re-read parked projects' events (consumers.runtime.parking).
+    stopped_at: int | None = None
+    stopped_by: Event | None = None
+    drained: bool = False
 
 
 class RunnerBase:

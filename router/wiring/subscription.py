@@ -65,6 +65,8 @@ def policy(settings: Settings, slug: str) -> RuntimePolicy:
         fold_cache_projects=settings.fold_cache_projects,
         fold_cache_bytes=settings.fold_cache_kbytes * 1024,
         max_batch_failures=settings.max_batch_failures,
+        parked_projects_max=settings.parked_projects_max,
+        parked_drain_records=settings.parked_drain_records,
         retry_backoff_s=settings.batch_retry_backoff_s,
         retry_backoff_max_s=settings.batch_retry_backoff_max_s,
         max_envelope_bytes=settings.max_envelope_bytes,
