@@ -49,6 +49,7 @@ PER_PROCESS = frozenset(
         "rhumbatron_batch_failures_total",
         "rhumbatron_dead_lettered_total",
         "rhumbatron_fenced_total",
+        "rhumbatron_parked_projects",
         "rhumbatron_end_to_end_latency_seconds",
         "rhumbatron_publish_latency_seconds",
         "rhumbatron_outbox_published_total",
@@ -76,7 +77,7 @@ FLEET = frozenset(
 METRICS_DASHBOARD = DASHBOARDS / "rhumbatron-metrics.json"
 TRACES_DASHBOARD = DASHBOARDS / "rhumbatron-traces.json"
 PROVISIONING = DASHBOARDS / "grafana" / "provisioning"
-ALERT_COUNT = 9
+ALERT_COUNT = 10
 # Grafana's variables as the live test sets them: every subscription, and a rate window of several
 # scrapes at the test's 1 s interval (Grafana's $__rate_interval is at least four scrapes).
 GRAFANA_VARIABLES = {"$__rate_interval": "15s", "$subscription": ".*"}
