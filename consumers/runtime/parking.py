@@ -8,20 +8,22 @@ and failing it would dead-letter it. So its project *parks* in that subscription
 - the cursor keeps one entry per parked project (``Progress.parked``: the offset of its first
   parked event, and the type and version that parked it), committed with the batch like the
   rest of the cursor, so a restart keeps it and its size does not grow with the events waiting;
-- the invariant: a parked project's events from that offset through ``acked_through`` are
-  neither applied nor claimed; the cursor passes them as it passes any handled record, and a
-  later event of the project is parked too (it must not overtake the parked ones), while
-  other projects of the partition flow and nothing counts as a failure;
+- the invariant: a parked project's events from that offset through the furthest offset the
+  cursor counts handled (``acked_through``, or one in ``applied_beyond``) are neither applied
+  nor claimed; the cursor passes them as it passes any handled record, and a later event of
+  the project is parked too (it must not overtake the parked ones), while other projects of
+  the partition flow and nothing counts as a failure;
 - past ``parked_projects_max`` parked projects in a partition, the event that would park one
   more stops the partition there (retried after a backoff, logged as an error): the cost of
   a park stays bounded;
 - a runner whose catalog knows the parked version (an upgraded consumer, on assignment or any
   turn of its loop after) *drains* the park: it re-reads the partition from the park's offset
-  through the cursor with the operator controls' reader (the stream, or the archive for what
-  the stream no longer holds), and applies only the parked projects' events, in order, through
-  the usual batch path (claims looked up first, so nothing is applied twice). Each batch moves
-  the park's offset on and the one that reaches the cursor clears it, in the same commit; a
-  new event of the project read meanwhile is parked behind, so it is applied after them.
+  through that furthest offset with the operator controls' reader (the stream, or the archive
+  for what the stream no longer holds), and applies only the parked projects' events, in
+  order, through the usual batch path (claims looked up first, so nothing is applied twice).
+  Each batch moves the park's offset on and the one that reaches that offset clears it, in the
+  same commit; a new event of the project read meanwhile is parked behind, so it is applied
+  after them.
 
 Processors that see events as written (``keeps_wire``, files: the archive) never park.
 """
