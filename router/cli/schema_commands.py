@@ -83,7 +83,8 @@ class BadLine:
 
 
 def check_line(line: bytes, *, max_bytes: int) -> tuple[str, str] | None:
-    """(field, reason) for an envelope line the router would refuse; None when it is good."""
+    """(field, reason) for an envelope line the router would refuse, or one holding a field the
+    envelope does not name (which the router keeps and ignores); None when it is good."""
     try:
         parsed = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -111,6 +112,14 @@ def check_line(line: bytes, *, max_bytes: int) -> tuple[str, str] | None:
             spec = CATALOG.command(envelope.command_type)
             version = spec.version if spec is not None else 1
             CATALOG.check_payload("Command", envelope.command_type, version, envelope.payload)
+        for name in envelope.model_extra or {}:
+            # A reader keeps and ignores it (a newer writer's field), so a misspelling is lost
+            # there without an error: the writer hears of it here.
+            return name, (
+                f"not a field of the {model.__name__} envelope: readers keep it and ignore it "
+                "(docs/contract.md, forward compatibility); check its spelling against "
+                f"`rhumbatron schema {model.__name__.lower()}`"
+            )
     except EnvelopeError as exc:
         if exc.value is MISSING or exc.field == "<envelope>":
             return exc.field, exc.reason

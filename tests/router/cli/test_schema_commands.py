@@ -199,3 +199,21 @@ def test_validate_a_missing_file_is_bad_input(
         assert code == 2
         assert err.startswith(f"rhumbatron: validate: cannot read {name!r}: "), err
         assert err.count("\n") == 1
+
+
+def test_validate_names_a_field_the_envelope_does_not_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The router keeps and ignores such a field (a newer writer's); a writer's misspelling would
+    # be lost there without an error, so validate names it.
+    path = _ndjson(tmp_path, {**EVENT, "corelationId": "req-1"}, {**COMMAND, "colour": "red"})
+    code, out, _ = run(["validate", str(path)], capsys)
+    assert code == 2
+    assert out.splitlines() == [
+        "line 1: corelationId: not a field of the Event envelope: readers keep it and ignore it "
+        "(docs/contract.md, forward compatibility); check its spelling against "
+        "`rhumbatron schema event`",
+        "line 2: colour: not a field of the Command envelope: readers keep it and ignore it "
+        "(docs/contract.md, forward compatibility); check its spelling against "
+        "`rhumbatron schema command`",
+    ]
