@@ -1,4 +1,4 @@
-"""The outbox's commands: ``publish``, ``outbox stats|retry|skip|purge``, and ``produce --outbox``
+"""The outbox's commands: ``publish``, ``outbox init|migrate|stats|retry|skip|purge``, and ``produce --outbox``
 (the synthetic workload written through the outbox by concurrent writers). The outbox and its
 publisher are built from settings in router/wiring/outbox.py."""
 
@@ -16,7 +16,12 @@ from router.cli.common import operator_name, parse_duration, print_json
 from router.cli.observed import observed
 from router.cli.progress import ProgressReporter, say, start_line
 from router.settings import Settings
-from router.wiring.outbox import build_publisher, init_postgres_outbox, open_outbox
+from router.wiring.outbox import (
+    build_publisher,
+    init_postgres_outbox,
+    migrate_postgres_outbox,
+    open_outbox,
+)
 from router.wiring.provisioning import compact_names, missing_topics
 from streams.errors import NotProvisioned, Unreachable
 from streams.outbox import ops
@@ -189,15 +194,34 @@ def stats(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def init(settings: Settings, args: argparse.Namespace) -> int:
-    """``rhumbatron outbox init --outbox URL``: apply the shipped PostgreSQL schema (nothing to do
-    when this version is there; another version is refused, naming both). A SQLite outbox is
-    made on first use; init makes it now."""
+    """``rhumbatron outbox init --outbox URL``: apply the shipped PostgreSQL schema (on this
+    version, only its limits and payload rules are written again; an older version is sent to
+    ``outbox migrate``, an unknown one refused, naming both). A SQLite outbox is made on first
+    use; init makes it now."""
     if is_postgres_url(args.outbox):
         print(init_postgres_outbox(settings, args.outbox))
         return 0
     store = open_outbox(settings, args.outbox, create=True)
     try:
         print(f"SQLite outbox {store.location} ready")
+    finally:
+        store.close()
+    return 0
+
+
+def migrate(settings: Settings, args: argparse.Namespace) -> int:
+    """``rhumbatron outbox migrate --outbox URL``: move a PostgreSQL outbox to this release's
+    schema version, online; idempotent. A SQLite outbox's checks are its writer's: nothing to
+    move."""
+    if is_postgres_url(args.outbox):
+        print(migrate_postgres_outbox(settings, args.outbox))
+        return 0
+    store = open_outbox(settings, args.outbox, create=False)
+    try:
+        print(
+            f"SQLite outbox {store.location}: nothing to migrate (its writer checks every event "
+            "before it stores it)"
+        )
     finally:
         store.close()
     return 0
@@ -258,6 +282,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("init", help="create the outbox's schema (PostgreSQL; idempotent)")
     p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.set_defaults(handler=init)
+
+    p = commands.add_parser(
+        "migrate", help="move a PostgreSQL outbox to this release's schema (online; idempotent)"
+    )
+    p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
+    p.set_defaults(handler=migrate)
 
     p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
     p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)

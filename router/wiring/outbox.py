@@ -73,6 +73,20 @@ def init_postgres_outbox(settings: Settings, url: str) -> str:
 
     return init_outbox(
         url,
+        max_envelope_bytes=settings.max_envelope_bytes,
+        connect_timeout_s=settings.connect_timeout_s,
+        keepalive_s=settings.outbox_postgres_keepalive_s,
+    )
+
+
+def migrate_postgres_outbox(settings: Settings, url: str) -> str:
+    """``rhumbatron outbox migrate --outbox URL``: move the schema to this release's version
+    online (limits written from the settings); the line to print."""
+    from streams.outbox.postgres import migrate_outbox
+
+    return migrate_outbox(
+        url,
+        max_envelope_bytes=settings.max_envelope_bytes,
         connect_timeout_s=settings.connect_timeout_s,
         keepalive_s=settings.outbox_postgres_keepalive_s,
     )

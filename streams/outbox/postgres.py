@@ -1,10 +1,12 @@
 """The PostgreSQL outbox backend (psycopg 3 and psycopg_pool), behind the same
 :class:`~streams.outbox.store.OutboxStore` contract as the SQLite one.
 
-- The schema is a versioned SQL file shipped beside this module (``postgres_schema_v1.sql``),
-  applied by :func:`init_outbox` (``rhumbatron outbox init``) into the first schema of the URL's
-  search_path and checked when a store opens: no schema says to run ``outbox init``; another
-  version refuses, naming both.
+- The schema is versioned SQL files shipped beside this module (``postgres_schema_v1.sql``,
+  and ``postgres_schema_v2.sql`` which moves version 1 to 2: the INSERT's checks), applied by
+  :func:`init_outbox` (``rhumbatron outbox init``) into the first schema of the URL's
+  search_path, moved on by :func:`migrate_outbox` (``rhumbatron outbox migrate``, online) and
+  checked when a store opens: no schema says to run ``outbox init``; a version this release
+  does not know refuses, naming both.
 - Slots come from the schema's trigger, under the project's counter row lock held until the
   writer commits, so they are dense under concurrent writers on any number of machines. Writers
   here go through ``rhumbatron_append`` (:mod:`streams.outbox.postgres_writer`).
@@ -39,7 +41,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from streams import tracing
 from streams.clock import Clock, SystemClock
-from streams.envelopes import decode_event, encode
 from streams.errors import (
     EnvelopeError,
     OutboxError,
@@ -48,7 +49,7 @@ from streams.errors import (
     ServerRefused,
     Unreachable,
 )
-from streams.outbox import stored
+from streams.outbox import postgres_checks, stored
 from streams.outbox.postgres_writer import PostgresUnitOfWork
 from streams.outbox.store import (
     AuditEntry,
@@ -62,8 +63,12 @@ from streams.urls import masked
 
 log = logging.getLogger("rhumbatron.outbox.postgres")
 
-SCHEMA_VERSION = 1
-SCHEMA_FILE = f"postgres_schema_v{SCHEMA_VERSION}.sql"
+# The schema's versions, each a file that moves the one before to it (version 1 makes the
+# outbox). `outbox init` applies them all; `outbox migrate` those above the installed one.
+SCHEMA_FILES = {1: "postgres_schema_v1.sql", 2: "postgres_schema_v2.sql"}
+SCHEMA_VERSION = max(SCHEMA_FILES)
+# The setting's default, for callers without settings (init_outbox's tests).
+DEFAULT_MAX_ENVELOPE_BYTES = 256 * 1024
 NOTIFY_CHANNEL = "rhumbatron_outbox"
 # The publisher lease: pg_try_advisory_lock(LEASE_CLASS, hashtext(schema)), the two-key form,
 # which never meets the one-key locks the slot trigger takes on event ids.
@@ -77,9 +82,13 @@ _COLUMNS = (
 )
 
 
-def schema_sql() -> str:
-    """The versioned schema file this release ships."""
-    return resources.files("streams.outbox").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+def schema_sql(version: int = SCHEMA_VERSION) -> str:
+    """The shipped file that moves the schema from ``version - 1`` to ``version``."""
+    return (
+        resources.files("streams.outbox")
+        .joinpath(SCHEMA_FILES[version])
+        .read_text(encoding="utf-8")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +188,17 @@ def _installed_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _unknown(url: str, schema: str, version: int) -> OutboxSchemaError:
+    return OutboxSchemaError(
+        f"PostgreSQL at {where(url)} holds outbox schema version {version} in schema {schema}, "
+        f"but this release knows versions 1 to {SCHEMA_VERSION}: a newer release made it; run "
+        f"that release (or a later one), never an older one, against it"
+    )
+
+
 def check_schema(conn: psycopg.Connection[Any], url: str) -> str:
-    """The outbox's schema name, after checking it holds this release's version."""
+    """The outbox's schema name, after checking it holds a version this release reads: this
+    one, or an older one being migrated (its writers and publishers keep working)."""
     schema = _current_schema(conn, url)
     version = _installed_version(conn)
     conn.rollback()
@@ -189,53 +207,122 @@ def check_schema(conn: psycopg.Connection[Any], url: str) -> str:
             f"PostgreSQL at {where(url)} holds no outbox in schema {schema}: run "
             "`rhumbatron outbox init --outbox URL` first"
         )
-    if version != SCHEMA_VERSION:
-        raise OutboxSchemaError(
-            f"PostgreSQL at {where(url)} holds outbox schema version {version} in schema "
-            f"{schema}, but this release uses version {SCHEMA_VERSION}: run the release that "
-            f"matches version {version}, or migrate the outbox"
+    if version not in SCHEMA_FILES:
+        raise _unknown(url, schema, version)
+    if version < SCHEMA_VERSION:
+        log.warning(
+            "outbox in schema %s at %s is at schema version %s; this release's is %s: run "
+            "`rhumbatron outbox migrate --outbox URL` (online; writers and publishers keep going)",
+            schema,
+            where(url),
+            version,
+            SCHEMA_VERSION,
         )
     return schema
 
 
-def init_outbox(url: str, *, connect_timeout_s: float = 10.0, keepalive_s: float = 10.0) -> str:
-    """Apply the shipped schema (one transaction) unless this version is already there; refuse
-    another version. Returns a line saying what was done."""
+@contextmanager
+def _schema_change(
+    url: str, *, doing: str, connect_timeout_s: float, keepalive_s: float
+) -> Iterator[tuple[psycopg.Connection[Any], str, int | None]]:
+    """One transaction for init or migrate: the outbox's schema, its installed version (None:
+    no outbox), under a lock that makes a second init or migrate wait for this one. Functions
+    pin the search_path they are made under: exactly the outbox's schema. Commits at the end."""
     with connect(
         url,
         timeout_s=connect_timeout_s,
         autocommit=False,
-        application_name="rhumbatron init",
+        application_name=f"rhumbatron {doing}",
         keepalive_s=keepalive_s,
     ) as conn:
         schema = _current_schema(conn, url)
-        # Two inits at once: the second waits, then finds the schema in place.
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LEASE_CLASS + 1, schema))
-        version = _installed_version(conn)
+        conn.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(schema)))
+        yield conn, schema, _installed_version(conn)
+        conn.commit()
+
+
+def _apply(
+    conn: psycopg.Connection[Any], url: str, schema: str, versions: range, max_envelope_bytes: int
+) -> None:
+    try:
+        for version in versions:
+            conn.execute(schema_sql(version).encode())
+        postgres_checks.write(conn, max_envelope_bytes=max_envelope_bytes)
+    except psycopg.Error as exc:
+        raise OutboxError(
+            f"applying the outbox schema to {where(url)} (schema {schema}) failed: "
+            f"{exc.diag.message_primary or exc}"
+        ) from exc
+
+
+def init_outbox(
+    url: str,
+    *,
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+    connect_timeout_s: float = 10.0,
+    keepalive_s: float = 10.0,
+) -> str:
+    """Apply the shipped schema, every version in order, in one transaction; on an outbox of
+    this version, write its limits (from the settings) and the catalog's payload rules again.
+    An older version is refused (``outbox migrate`` moves it), as is an unknown one. Returns a
+    line saying what was done."""
+    with _schema_change(
+        url, doing="init", connect_timeout_s=connect_timeout_s, keepalive_s=keepalive_s
+    ) as (conn, schema, version):
         if version == SCHEMA_VERSION:
-            return f"outbox schema version {version} already in schema {schema} at {where(url)}"
-        if version is not None:
+            _apply(conn, url, schema, range(0), max_envelope_bytes)
+            return (
+                f"outbox schema version {version} already in schema {schema} at {where(url)} "
+                f"(limits and payload rules written again)"
+            )
+        if version is not None and version in SCHEMA_FILES:
             raise OutboxSchemaError(
                 f"PostgreSQL at {where(url)} holds outbox schema version {version} in schema "
-                f"{schema}; this release ships version {SCHEMA_VERSION} and does not migrate"
+                f"{schema}; this release's is {SCHEMA_VERSION}: run `rhumbatron outbox migrate "
+                f"--outbox URL` to move it (online), not init"
             )
-        # Functions pin the search_path they were made under: exactly the outbox's schema.
-        conn.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(schema)))
-        try:
-            conn.execute(schema_sql().encode())
-        except psycopg.Error as exc:
-            raise OutboxError(
-                f"applying the outbox schema to {where(url)} (schema {schema}) failed: "
-                f"{exc.diag.message_primary or exc}"
-            ) from exc
-        conn.commit()
+        if version is not None:
+            raise _unknown(url, schema, version)
+        _apply(conn, url, schema, range(1, SCHEMA_VERSION + 1), max_envelope_bytes)
         return f"outbox schema version {SCHEMA_VERSION} created in schema {schema} at {where(url)}"
 
 
+def migrate_outbox(
+    url: str,
+    *,
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+    connect_timeout_s: float = 10.0,
+    keepalive_s: float = 10.0,
+) -> str:
+    """Move an outbox of an older version to this release's, online, in one transaction (the
+    steps add tables and functions; no row is touched). On this version it only writes the
+    limits and payload rules again, so it is safe to repeat. Returns a line saying what was
+    done."""
+    with _schema_change(
+        url, doing="migrate", connect_timeout_s=connect_timeout_s, keepalive_s=keepalive_s
+    ) as (conn, schema, version):
+        if version is None:
+            raise OutboxSchemaError(
+                f"PostgreSQL at {where(url)} holds no outbox in schema {schema} to migrate: run "
+                "`rhumbatron outbox init --outbox URL` to make one"
+            )
+        if version not in SCHEMA_FILES:
+            raise _unknown(url, schema, version)
+        _apply(conn, url, schema, range(version + 1, SCHEMA_VERSION + 1), max_envelope_bytes)
+        if version == SCHEMA_VERSION:
+            return (
+                f"outbox in schema {schema} at {where(url)} is already at schema version "
+                f"{version} (limits and payload rules written again)"
+            )
+        return (
+            f"outbox in schema {schema} at {where(url)} migrated from schema version {version} "
+            f"to {SCHEMA_VERSION}"
+        )
+
+
 def _canonical(text: str, max_bytes: int) -> bytes:
-    # The server's JSON spacing is wider than the canonical encoding: the limit is checked on
-    # the canonical bytes.
-    return encode(decode_event(text, max_bytes=max_bytes * 4), max_bytes=max_bytes)
+    return stored.stored_event_bytes(text, max_bytes=max_bytes)
 
 
 def _row(values: Sequence[Any], envelope: bytes) -> OutboxRow:

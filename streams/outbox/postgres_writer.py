@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 from streams.clock import Clock, SystemClock
 from streams.envelopes import Draft, Event, decode_event, encode
 from streams.errors import OutboxError, SlotConflict
+from streams.outbox import stored
 from streams.outbox.slots import check_drafts
 from streams.outbox.store import AppendResult
 
@@ -74,7 +75,8 @@ def append(
     wire: list[dict[str, Any]] = []
     for draft in items:
         event = draft.to_event(tenant_id=tenant_id, timestamp=timestamp, slot=None)
-        encode(event, max_bytes=max_envelope_bytes)  # refuses an invalid or oversized event
+        # Refuses an invalid or oversized event, or a cataloged payload not its model's.
+        stored.event_bytes(event, max_bytes=max_envelope_bytes)
         fields = event.model_dump(mode="json", by_alias=True, exclude_none=True)
         wire.append({k: v for k, v in fields.items() if k not in _OWN_FIELDS})
     carrier: dict[str, str] = {}

@@ -10,8 +10,9 @@ import orjson
 from opentelemetry import propagate
 
 from streams.clock import Clock
-from streams.envelopes import Draft, Event, decode_event, encode
+from streams.envelopes import Draft, Event, decode_event
 from streams.errors import SlotConflict
+from streams.outbox import stored
 from streams.outbox.slots import plan_append
 from streams.outbox.sqlite_schema import IN_CHUNK, SqliteOptions
 from streams.outbox.store import AppendResult
@@ -72,7 +73,7 @@ class SqliteUnitOfWork:
         rows: list[tuple[Any, ...]] = []
         for draft, slot in plan.new:
             event = draft.to_event(tenant_id=tenant_id, timestamp=timestamp, slot=slot)
-            envelope = encode(event, max_bytes=self._options.max_envelope_bytes)
+            envelope = stored.event_bytes(event, max_bytes=self._options.max_envelope_bytes)
             events.append(event)
             rows.append(
                 (

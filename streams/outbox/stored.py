@@ -9,6 +9,12 @@ project (as a row the broker refuses does), the others flow. PostgreSQL's rows a
 (the publisher builds their canonical bytes anyway); SQLite's, written by our writer from a
 validated event, are checked for shape (:func:`check_envelope`).
 
+The rule a row must meet to be sent is one, :func:`event_bytes`, whoever checks it: the writers
+before they store an event, the publisher as it reads a PostgreSQL row, and (generated from the
+same catalog) the PostgreSQL schema's INSERT trigger. A cataloged type's payload must be its
+model's (:meth:`streams.catalog.Catalog.check_payload`); an uncataloged type, or a version newer
+than the catalog knows, passes as the publisher of an older release passes it.
+
 A trace context that is not a JSON object of strings is not the event's fault: the event goes out
 without it.
 """
@@ -20,7 +26,22 @@ from typing import Any
 
 import orjson
 
-from streams.errors import StoredRowInvalid
+from streams.catalog import CATALOG
+from streams.envelopes import Event, decode_event, encode
+from streams.errors import EnvelopeError, StoredRowInvalid
+
+
+def event_bytes(event: Event, *, max_bytes: int) -> bytes:
+    """The event's canonical bytes if it may be sent: its payload is its cataloged model's and
+    its encoding within ``max_bytes``; else EnvelopeError (EnvelopeTooLarge) naming the field."""
+    CATALOG.check_payload("Event", event.event_type, event.event_version, event.payload)
+    return encode(event, max_bytes=max_bytes)
+
+
+def stored_event_bytes(text: str | bytes, *, max_bytes: int) -> bytes:
+    """:func:`event_bytes` of an envelope as a PostgreSQL row reads (the server's JSON text,
+    wider than the canonical encoding: the size limit is checked on the canonical bytes)."""
+    return event_bytes(decode_event(text, max_bytes=max_bytes * 4), max_bytes=max_bytes)
 
 
 def trace_context(raw: Any) -> dict[str, str]:
@@ -66,7 +87,8 @@ def check_envelope(
     the row's columns (the columns route the record and key it: an envelope of another project
     would land on that project's partition, out of its order).
 
-    Parsed, not validated field by field: that is the writer's work, and a full decode here cost
+    Parsed, not validated field by field (but a cataloged payload is checked against its model):
+    that is the writer's work, and a full decode here cost
     the publisher an eighth of its time per row. An object that agrees with its row and is still
     no valid event (a bad timestamp, say) reaches the subscriptions, which dead-letter it as
     poison naming the field."""
@@ -92,3 +114,11 @@ def check_envelope(
             raise StoredRowInvalid(
                 f"the stored event's {name} {value!r} is not the row's {column} {stored!r}"
             )
+    version, payload = parsed.get("eventVersion", 1), parsed.get("payload", {})
+    if type(version) is int and isinstance(payload, dict):
+        # The one field-level check made here: a cataloged payload must be its model's, as the
+        # writers and the PostgreSQL schema require (about a microsecond for a small payload).
+        try:
+            CATALOG.check_payload("Event", event_type, version, payload)
+        except EnvelopeError as exc:
+            raise StoredRowInvalid(f"the stored event's {exc.field} is invalid: {exc}") from exc

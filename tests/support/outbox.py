@@ -82,7 +82,8 @@ def outbox_for(settings: Settings, path: Path) -> SqliteOutbox:
 
 
 def drafts(project_id: str, count: int, *, tag: str = "") -> list[Draft]:
-    """``count`` events of one project with unique ids."""
+    """``count`` events of one project with unique ids (task.completed: its payload names the
+    agent, as the catalog requires)."""
     tag = tag or secrets.token_hex(3)
     return [
         Draft(
@@ -92,7 +93,7 @@ def drafts(project_id: str, count: int, *, tag: str = "") -> list[Draft]:
             change_id=f"chg-{tag}",
             task_id=f"t{n}",
             actor="service:test",
-            payload={"n": n},
+            payload={"agentId": "agent-test", "n": n},
         )
         for n in range(count)
     ]

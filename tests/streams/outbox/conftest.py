@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.streams.outbox.schema_v1 import install_v1
 from tests.support.outbox import OutboxBackend
 
 BACKENDS = [
@@ -27,5 +28,20 @@ def outbox_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[O
 def pg(tmp_path: Path) -> Iterator[OutboxBackend]:
     """A fresh PostgreSQL outbox schema, for the tests that are about PostgreSQL alone."""
     backend = OutboxBackend("postgres", tmp_path)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def pg_v1(tmp_path: Path) -> Iterator[OutboxBackend]:
+    """A fresh PostgreSQL outbox of schema version 1 (the release before's): its INSERT checks
+    only what version 1 did."""
+    from tests.support.postgres import FreshSchema
+
+    backend = OutboxBackend("postgres", tmp_path)
+    assert backend.schema is not None
+    backend.schema.drop()
+    backend.schema = FreshSchema(init=False)
+    install_v1(backend.schema.url)
     yield backend
     backend.close()

@@ -317,7 +317,7 @@ def _good_pg(project: str) -> dict[str, Any]:
         "tenant_id": "t",
         "project_id": project,
         "actor": "service:hand",
-        "payload": "{}",
+        "payload": '{"agentId": "a"}',
         "occurred_at": "2026-01-01 00:00:00+00",
         "trace_context": None,
         **{k: None for k in ("change_id", "task_id", "resource", "caused_by", "correlation_id")},

@@ -120,7 +120,7 @@ def test_a_record_the_broker_rejects_fails_alone_and_holds_only_its_project(
     big = dataclasses.replace(
         # Random bytes: compression cannot bring it under the limit.
         drafts("proj-big", 1)[0],
-        payload={"blob": base64.b64encode(os.urandom(30_000)).decode()},
+        payload={"agentId": "agent-test", "blob": base64.b64encode(os.urandom(30_000)).decode()},
     )
     items = {
         "proj-big": [*drafts("proj-big", 3), big, *drafts("proj-big", 3)],

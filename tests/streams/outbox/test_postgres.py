@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 INSERT = (
     "INSERT INTO outbox (event_id, event_type, project_id, tenant_id, actor, payload) "
-    "VALUES (%s, 'task.completed', %s, 'tenant-t', 'service:other', '{\"n\": 1}')"
+    "VALUES (%s, 'task.completed', %s, 'tenant-t', 'service:other', '{\"agentId\": \"a\", \"n\": 1}')"
 )
 
 
@@ -76,7 +76,7 @@ def test_a_plain_insert_gets_the_next_slot_and_is_published_as_an_envelope(
         1,
         "proj-a",
         "tenant-t",
-        {"n": 1},
+        {"agentId": "a", "n": 1},
     )
     with pytest.raises(psycopg.errors.CheckViolation, match="only the outbox assigns slots"):
         _conn(pg).execute(
@@ -362,19 +362,21 @@ def test_a_database_without_the_schema_or_with_another_version_is_refused() -> N
         _open(bare.url).close()
         with bare.connect() as conn:
             conn.execute("UPDATE outbox_schema_version SET version = 7")
-        with pytest.raises(OutboxSchemaError, match="schema version 7 .* uses version 1"):
+        with pytest.raises(OutboxSchemaError, match="schema version 7 .* knows versions 1 to 2"):
             _open(bare.url)
-        with pytest.raises(OutboxSchemaError, match="version 7 .* ships version 1"):
+        with pytest.raises(OutboxSchemaError, match="version 7 .* knows versions 1 to 2"):
             init_outbox(bare.url)
     finally:
         bare.drop()
 
 
 def test_a_stored_row_that_is_no_envelope_fails_and_holds_only_its_project(
-    pg: OutboxBackend,
+    pg_v1: OutboxBackend,
 ) -> None:
-    """SQL can write what the schema's checks let through but the envelope refuses (a control
-    character in a name): the publisher fails that row with the reason, and its project waits."""
+    """SQL could write into a version 1 outbox what its checks let through but the envelope
+    refuses (a control character in a name; version 2 refuses it at INSERT): the publisher fails
+    that row with the reason, and its project waits."""
+    pg = pg_v1
     bad, after, other = _id(), _id(), _id()
     with _conn(pg) as conn:
         conn.execute(

@@ -113,12 +113,12 @@ def test_outbox_init_creates_the_schema_once_and_refuses_another_version(
         made = _cli(settings, "outbox", "init", "--outbox", schema.url)
         assert made.returncode == 0, made.stderr
         assert made.stdout.strip() == (
-            f"outbox schema version 1 created in schema {schema.name} at host 127.0.0.1 "
+            f"outbox schema version 2 created in schema {schema.name} at host 127.0.0.1 "
             "port 5432 database rhumbatron"
         )
         again = _cli(settings, "outbox", "init", "--outbox", schema.url)
         assert again.returncode == 0, again.stderr
-        assert again.stdout.startswith(f"outbox schema version 1 already in schema {schema.name}")
+        assert again.stdout.startswith(f"outbox schema version 2 already in schema {schema.name}")
         stats = _cli(settings, "outbox", "stats", "--outbox", schema.url, "--json")
         assert stats.returncode == 0 and json.loads(stats.stdout)["total"] == 0, stats.stderr
         with schema.connect() as conn:
@@ -127,7 +127,7 @@ def test_outbox_init_creates_the_schema_once_and_refuses_another_version(
         assert refused.returncode == 2
         line = refused.stderr.strip()
         assert line.startswith("rhumbatron: ") and len(line.splitlines()) == 1, line
-        assert "version 7" in line and "version 1" in line
+        assert "version 7" in line and "versions 1 to 2" in line
         password = str(psycopg.conninfo.conninfo_to_dict(schema.url)["password"])
         for shown in (made, again, refused):
             assert password not in shown.stdout + shown.stderr

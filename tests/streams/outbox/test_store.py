@@ -57,7 +57,9 @@ def test_invalid_events_are_refused_and_nothing_is_written(outbox_backend: Outbo
     bad_type = dataclasses.replace(drafts("proj-a", 1)[0], event_type="Not A Type")
     with pytest.raises(EnvelopeError, match="eventType"), store.transaction() as unit:
         unit.append("proj-a", [*drafts("proj-a", 1), bad_type], tenant_id="t")
-    huge = dataclasses.replace(drafts("proj-a", 1)[0], payload={"blob": "x" * 300_000})
+    huge = dataclasses.replace(
+        drafts("proj-a", 1)[0], payload={"agentId": "a", "blob": "x" * 300_000}
+    )
     with (
         pytest.raises(EnvelopeTooLarge, match="over the 262144-byte limit"),
         store.transaction() as unit,
