@@ -30,6 +30,10 @@ Processors — subscriptions of your own, their effects applied exactly once (do
             return Effects(redis=[RedisOp("HINCRBY", "done", (event.project_id, 1))])
 
 and ``rhumbatron consume --subscription your_package.module:TaskCounts``.
+
+Events from your own service, in its own transaction, through the outbox (docs/outbox.md): a
+``Draft`` per event; a refused one raises ``EnvelopeError`` (naming the field) or
+``OutboxError``, and nothing of the transaction is written.
 """
 
 from __future__ import annotations
@@ -50,21 +54,24 @@ from router.wiring.commands import CommandSender
 from router.wiring.processors import SubscriptionSettings
 from router.workers.handlers import Handlers
 from router.workers.model import Context, QueueHandler
-from streams.envelopes import Command, Event
-from streams.errors import Fail, MoreWork, Retry
+from streams.envelopes import Command, Draft, Event
+from streams.errors import EnvelopeError, Fail, MoreWork, OutboxError, Retry
 
 __all__ = [
     "Command",
     "CommandSender",
     "Context",
     "Delivery",
+    "Draft",
     "EffectKind",
     "Effects",
+    "EnvelopeError",
     "Event",
     "Fail",
     "Handlers",
     "MoreWork",
     "OutRecord",
+    "OutboxError",
     "Phase",
     "Processor",
     "QueueHandler",
