@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import sqlite3
 from collections.abc import Iterator
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta, timezone
@@ -39,7 +40,16 @@ from streams.errors import EnvelopeError, OutboxError
 from streams.outbox import stored
 from streams.outbox.postgres import DEFAULT_MAX_ENVELOPE_BYTES
 from streams.outbox.postgres_checks import payload_rules
-from tests.support.outbox import OutboxBackend, sqlite_outbox
+from streams.outbox.publisher import Publisher
+from streams.outbox.store import RowState
+from tests.support.outbox import (
+    OutboxBackend,
+    SimulatedKafka,
+    append_all,
+    drafts,
+    policy,
+    sqlite_outbox,
+)
 
 LIMIT = DEFAULT_MAX_ENVELOPE_BYTES  # the outbox_limits row init writes; the stores' limit
 VERDICT = settings(
@@ -555,3 +565,65 @@ def test_the_sqlite_append_names_the_field(
         unit.append("proj-a", [bad], tenant_id="t")
     assert refused.value.field == field
     assert sqlite_store.last_slot("proj-a") == 0
+
+
+# -- the publisher's side ---------------------------------------------------------------------------
+def _bad_payload_envelope(event_id: str, project: str, slot: int) -> bytes:
+    return orjson.dumps(
+        {
+            "eventId": event_id,
+            "eventType": "task.completed",
+            "tenantId": "t",
+            "projectId": project,
+            "actor": "agent:a",
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "slot": slot,
+            "payload": {"agentId": " "},
+        }
+    )
+
+
+def test_the_sqlite_publisher_fails_a_stored_row_whose_cataloged_payload_is_not_its_models(
+    sqlite_store: Any, tmp_path: Path
+) -> None:
+    """A row put into the file by another program: the publisher checks its payload against the
+    catalog as it reads it, fails it naming the field, and holds only its project."""
+    event_id = "evt_" + secrets.token_hex(16)
+    conn = sqlite3.connect(tmp_path / "outbox.db")
+    with conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, project_id, slot, event_type, envelope, created_at) "
+            "VALUES (?, 'proj-hand', 1, 'task.completed', ?, 0)",
+            (event_id, _bad_payload_envelope(event_id, "proj-hand", 1)),
+        )
+    conn.close()
+    _publish_and_check(sqlite_store, event_id)
+
+
+@pytest.mark.integration
+def test_the_postgres_publisher_fails_a_v1_row_whose_cataloged_payload_is_not_its_models(
+    pg_v1: OutboxBackend,
+) -> None:
+    """Version 1 took any object as the payload; the publisher refuses it, naming the field."""
+    assert pg_v1.schema is not None
+    event_id = "evt_" + secrets.token_hex(16)
+    with pg_v1.schema.connect() as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, event_type, project_id, tenant_id, actor, payload) "
+            "VALUES (%s, 'task.completed', 'proj-hand', 't', 'agent:a', '{\"agentId\": \" \"}')",
+            (event_id,),
+        )
+    _publish_and_check(pg_v1.store(), event_id)
+
+
+def _publish_and_check(store: Any, event_id: str) -> None:
+    append_all(store, drafts("proj-good", 2))
+    kafka = SimulatedKafka()
+    with Publisher(store, lambda: kafka, stream_for=lambda p: "s", policy=policy()) as publisher:
+        publisher.run_pass()
+        publisher.run_pass()
+    row = store.get(event_id)
+    assert row is not None and row.state is RowState.FAILED
+    assert "payload.agentId" in (row.last_error or "")
+    assert [h.project_id for h in store.held_projects(10)] == ["proj-hand"]
+    assert store.counts()[RowState.PUBLISHED] == 2
