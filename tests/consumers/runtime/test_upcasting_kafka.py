@@ -1,7 +1,8 @@
 """A rolling upgrade on the real broker and Redis: events from a newer writer (a field this code
 does not know in the envelope and in the payload) go through a subscription process as before
 and are archived with those fields; a fold of notes written at versions 1, 2 and 3 is rebuilt
-from the archive, past the stream's log start, reading the newest version."""
+from the archive, past the stream's log start, reading the newest version; the plain consume loop
+(consumers.kafka_consumer) hands its handler the newest version too."""
 
 from __future__ import annotations
 
@@ -117,3 +118,30 @@ def test_a_newer_writers_events_pass_through_and_a_mixed_version_fold_rebuilds_f
         progress = ctl.store.load(tp)
         states.update(ctl.fold(tp, progress, _end(rs, tp) - 1).states)
     assert states == expected_folds(notes)
+
+
+def test_the_plain_consume_loop_hands_each_event_upcast(rs: Settings) -> None:
+    from consumers.kafka_consumer import drain
+
+    notes = [note("loop-notes", n, 1 + n % 3) for n in range(1, 7)]
+    cli(rs, "provision")
+    publish(rs, notes)
+    seen: list[Event] = []
+    drain(
+        rs.kafka_config(),
+        group_id=f"upcasting-loop-{rs.env}",
+        topics=rs.topology.stream_names(),
+        handle=lambda event, message: seen.append(event),
+        reject=lambda message, error: pytest.fail(f"rejected: {error}"),
+        protocol=rs.group_protocol,
+        session_timeout_ms=rs.session_timeout_ms,
+        max_envelope_bytes=rs.max_envelope_bytes,
+        batch_size=rs.batch_size,
+        until_idle_s=2.0,
+        join_timeout_s=rs.group_join_timeout_s,
+        until=lambda: len(seen) >= len(notes),
+        catalog=VERSIONED,
+    )
+    assert [e.event_id for e in seen] == [e.event_id for e in notes]
+    assert {e.event_version for e in seen} == {3}
+    assert [e.payload["title"] for e in seen] == [f"n{n}" for n in range(1, 7)]
