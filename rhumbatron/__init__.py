@@ -31,9 +31,10 @@ Processors — subscriptions of your own, their effects applied exactly once (do
 
 and ``rhumbatron consume --subscription your_package.module:TaskCounts``.
 
-Events from your own service, in its own transaction, through the outbox (docs/outbox.md): a
-``Draft`` per event; a refused one raises ``EnvelopeError`` (naming the field) or
-``OutboxError``, and nothing of the transaction is written.
+Events from your own service, in its own PostgreSQL transaction, through the outbox
+(docs/outbox.md): ``append(conn, Draft(...), tenant_id=...)``; a refused event raises
+``EnvelopeError`` (naming the field) or ``OutboxError``, and nothing of it is written. The
+catalog of event types and their payload models: ``rhumbatron.catalog`` (docs/catalog.md).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from consumers.runtime.types import (
     SqlStatement,
 )
 from rhumbatron.commands import send_command
+from rhumbatron.outbox import append
 from rhumbatron.workers import run_worker
 from router.wiring.commands import CommandSender
 from router.wiring.processors import SubscriptionSettings
@@ -56,8 +58,10 @@ from router.workers.handlers import Handlers
 from router.workers.model import Context, QueueHandler
 from streams.envelopes import Command, Draft, Event
 from streams.errors import EnvelopeError, Fail, MoreWork, OutboxError, Retry
+from streams.outbox.store import AppendResult
 
 __all__ = [
+    "AppendResult",
     "Command",
     "CommandSender",
     "Context",
@@ -79,6 +83,7 @@ __all__ = [
     "Retry",
     "SqlStatement",
     "SubscriptionSettings",
+    "append",
     "run_worker",
     "send_command",
 ]
