@@ -30,6 +30,8 @@ READ_COMMANDS = {
     ("analytics-points",),
     ("archive", "count"),
     ("archive", "verify"),
+    ("schema",),
+    ("validate",),
 }
 
 # reStructuredText that reads as noise in a terminal: ``literals`` and :roles:.
