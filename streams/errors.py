@@ -40,6 +40,7 @@ swallows one.
     │   └── ObjectMissing           (KeyError) no object under that key
     ├── ClassifierError             the overlap classifier gave no usable answer
     │   └── ClassifierTimeout       the overlap classifier did not answer in time
+    ├── UpcastFailed                an upcaster raised reading an event as a newer version
     ├── RouterInputError            (ValueError) an event the causal router cannot fold
     ├── ProjectorInputError         (ValueError) an event lacks what the project view needs
     ├── PointError                  (ValueError) not a valid metric point (or query of points)
@@ -436,6 +437,19 @@ class ClassifierError(RhumbatronError):
 
 class ClassifierTimeout(ClassifierError):
     """The classifier did not answer within its timeout."""
+
+
+class UpcastFailed(RhumbatronError):
+    """An upcaster raised: the event cannot be read as the version the code knows."""
+
+    def __init__(self, event_type: str, event_id: str, version: int, cause: Exception) -> None:
+        self.event_type = event_type
+        self.version = version
+        super().__init__(
+            f"{event_type} {event_id}: the upcaster from version {version} to {version + 1} "
+            f"raised {type(cause).__name__}: {cause}; fix the upcaster (docs/contract.md), "
+            "then retry the event's dead letter"
+        )
 
 
 class RouterInputError(RhumbatronError, ValueError):

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from streams.catalog import payloads as p
 from streams.envelopes import MISSING, Event
-from streams.errors import EnvelopeError
+from streams.errors import EnvelopeError, UpcastFailed
 
 # Version n's payload (a JSON object) in, version n + 1's out. Pure: no input mutated, no clock,
 # no I/O; the same payload always gives the same result (tests/streams/test_catalog.py).
@@ -164,7 +164,10 @@ class Catalog:
             return event
         payload: dict[str, Any] = copy.deepcopy(event.payload)
         while version < latest:
-            payload = self.upcasters[(event.event_type, version)](payload)
+            try:
+                payload = self.upcasters[(event.event_type, version)](payload)
+            except Exception as exc:
+                raise UpcastFailed(event.event_type, event.event_id, version, exc) from exc
             version += 1
         return event.model_copy(update={"payload": payload, "event_version": version})
 

@@ -330,7 +330,8 @@ def test_an_upcaster_that_raises_fails_its_event_and_only_its_project() -> None:
     drain(world, NoteFold())
     (letter,) = world.dead.list()
     assert letter.entries[0].event_id == alpha[1].event_id
-    assert "KeyError" in letter.error and "priority source" in letter.error
+    assert "UpcastFailed" in letter.error and "KeyError" in letter.error
+    assert "from version 2 to 3" in letter.error and "priority source" in letter.error
     states = world.states()
     assert states["gamma"] == {"notes": [["n4", 0, 3]]}
     # Dead-lettered after its tries, then its project moved on.
