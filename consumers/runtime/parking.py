@@ -43,10 +43,10 @@ from streams.errors import ControlRefused, EnvelopeError, NewerThanKnown
 
 log = logging.getLogger("rhumbatron.runtime")
 
-__all__ = ["BatchParking", "Drain", "ParkingMixin", "Verdict"]
+__all__ = ["BatchParking", "Drain", "ParkingMixin", "ParkVerdict"]
 
 
-class Verdict(Enum):
+class ParkVerdict(Enum):
     APPLY = "apply"  # judged as usual
     PARKED = "parked"  # handled for the cursor, not applied: its project waits
     STOP = "stop"  # the partition stops here: no room for one more parked project
@@ -91,21 +91,21 @@ class BatchParking:
         self.stopped_at: int | None = None  # the offset whose event found no room to park
         self.stopped_by: Event | None = None
 
-    def judge(self, offset: int, event: Event, redelivered: bool) -> Verdict:
+    def judge(self, offset: int, event: Event, redelivered: bool) -> ParkVerdict:
         if not self.active:
-            return Verdict.APPLY
+            return ParkVerdict.APPLY
         if redelivered:  # an operator's retry, out of the stream's order anyway: never parked
-            return Verdict.NEWER if self.catalog.is_newer(event) else Verdict.APPLY
+            return ParkVerdict.NEWER if self.catalog.is_newer(event) else ParkVerdict.APPLY
         if self.stopped_at is not None:
-            return Verdict.STOP
+            return ParkVerdict.STOP
         project = event.project_id
         park = self.parks.get(project)
         if park is not None and offset >= park.offset and project not in self.draining:
-            return Verdict.PARKED
+            return ParkVerdict.PARKED
         if self.catalog.is_newer(event):
             if park is None and len(self.parks) >= self.limit:
                 self.stopped_at, self.stopped_by = offset, event
-                return Verdict.STOP
+                return ParkVerdict.STOP
             # Parked here (or again, further on, by a still newer event while it drains).
             self.parks[project] = Park(offset, event.event_type, event.event_version)
             log.warning(
@@ -122,8 +122,8 @@ class BatchParking:
                 event.event_version,
             )
             self.draining.discard(project)
-            return Verdict.PARKED
-        return Verdict.APPLY
+            return ParkVerdict.PARKED
+        return ParkVerdict.APPLY
 
     def newer(self, event: Event) -> NewerThanKnown:
         known = self.catalog.latest(event.event_type)

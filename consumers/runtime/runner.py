@@ -46,7 +46,7 @@ from consumers.runtime.dead_letters import DeadLetterStore
 from consumers.runtime.failures import FailureMixin
 from consumers.runtime.files import FilesMixin
 from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
-from consumers.runtime.parking import Drain, ParkingMixin, Verdict
+from consumers.runtime.parking import Drain, ParkingMixin, ParkVerdict
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
 from consumers.runtime.store import OPS, Commit, EventStatements, Store
@@ -560,11 +560,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
                 unclaimed.append(event.event_id)
                 continue
             verdict = parking.judge(record.offset, event, redelivered)
-            if verdict is Verdict.PARKED:
+            if verdict is ParkVerdict.PARKED:
                 done[i] = True  # its project waits for a consumer that knows its version
                 counted["parked"] += 1
                 continue
-            if verdict is Verdict.STOP:
+            if verdict is ParkVerdict.STOP:
                 unclaimed.append(event.event_id)
                 continue
             delivery = deliveries(record, redelivered, piece.wires.get(i))
@@ -579,7 +579,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
                 unreadable = piece.upcast_failed.get(i)
                 if unreadable is not None:
                     raise ProcessorError("upcast", unreadable)
-                if verdict is Verdict.NEWER:
+                if verdict is ParkVerdict.NEWER:
                     raise ProcessorError("version", parking.newer(event))
                 refusal = piece.rejected.get(i)
                 if refusal is not None:
