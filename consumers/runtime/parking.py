@@ -43,7 +43,7 @@ from streams.errors import ControlRefused, EnvelopeError, NewerThanKnown
 
 log = logging.getLogger("rhumbatron.runtime")
 
-__all__ = ["BatchParking", "Drain", "ParkingMixin", "ParkVerdict"]
+__all__ = ["BatchParking", "Drain", "ParkVerdict", "ParkingMixin"]
 
 
 class ParkVerdict(Enum):
