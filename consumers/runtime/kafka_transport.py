@@ -25,6 +25,11 @@ from streams.producer import Producer
 
 log = logging.getLogger("rhumbatron.transport")
 
+# A reader of a range gives up after this many empty polls in a row (10 s): the broker holds the
+# range (its watermarks said so), so that long without a record is a broker not answering.
+READ_POLL_S = 0.5
+READ_IDLE_POLLS = 20
+
 # Bound on broker round trips the loop makes itself (watermarks, committed offsets): long enough
 # for a loaded broker, short enough that a dead one surfaces instead of hanging the loop.
 BROKER_CALL_TIMEOUT_S = 10.0
@@ -537,8 +542,8 @@ class KafkaReader:
             part = TopicPartition(tp.topic, tp.partition, start)
             consumer.assign([part])
             idle = 0
-            while idle < 20:
-                batch = consumer.consume(1000, timeout=0.5)
+            while idle < READ_IDLE_POLLS:
+                batch = consumer.consume(1000, timeout=READ_POLL_S)
                 idle = 0 if batch else idle + 1
                 for message in batch:
                     if message.error() is not None:
@@ -550,5 +555,14 @@ class KafkaReader:
                 # Transaction markers take offsets but are never delivered: go by position.
                 if consumer.position([part])[0].offset > last:
                     return
+            # A short read must never pass for the whole range: a refold or a park's drain
+            # would take the missing records for records that are not there.
+            reached = consumer.position([part])[0].offset
+            raise Unreachable(
+                "Kafka",
+                bootstrap_of(self.base),
+                f"reading {tp} offsets {start}..{last}: nothing more came for "
+                f"{READ_IDLE_POLLS * READ_POLL_S:.0f} s at position {reached}",
+            )
         finally:
             consumer.close()

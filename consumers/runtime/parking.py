@@ -39,7 +39,7 @@ from consumers.runtime.runner_base import Outcome, PartitionState, RunnerBase
 from consumers.runtime.types import TP, EffectKind, Park, Progress, Record
 from streams.catalog import Catalog
 from streams.envelopes import Event, decode_event
-from streams.errors import ControlRefused, EnvelopeError, NewerThanKnown
+from streams.errors import ControlRefused, EnvelopeError, NewerThanKnown, Unreachable
 
 log = logging.getLogger("rhumbatron.runtime")
 
@@ -240,7 +240,7 @@ class ParkingMixin(RunnerBase):
         records = self.controls.read(part.tp, first, through, need)
         try:
             self._drain_from(part, records, through)
-        except ControlRefused as exc:
+        except (ControlRefused, Unreachable) as exc:
             self._drain_blocked(part, parks, str(exc))
         finally:
             close = getattr(records, "close", None)

@@ -5,7 +5,7 @@ events in order, then everything after them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,13 +16,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoi
 
 from consumers.runtime.memory_transport import MemoryReader, cuts_from
 from consumers.runtime.metrics import RuntimeInstruments
-from consumers.runtime.types import TP, Park
+from consumers.runtime.types import TP, Park, Record
 from consumers.subscriptions.ledger import Ledger
 from streams.catalog import Catalog
 from streams.catalog import payloads as p
 from streams.catalog.registry import EventSpec
 from streams.envelopes import Event, build
-from streams.errors import NewerThanKnown
+from streams.errors import NewerThanKnown, Unreachable
 from streams.ids import stable_event_id
 from tests.support.runtime_harness import PROJECTS_SHARING, Counter, World
 
@@ -200,6 +200,41 @@ def test_parked_events_the_stream_lost_are_read_from_the_archive() -> None:
     world.clock.advance(runner.policy.retry_backoff_max_s)
     world.drain(runner)
     assert world.ledger() == {"alpha": [1, 2]}
+
+
+class _CutShort(MemoryReader):
+    """A stream that stops answering after ``keep`` records of a range."""
+
+    def __init__(self, log: Any, keep: int) -> None:
+        super().__init__(log)
+        self.keep = keep
+
+    def read(self, tp: TP, start: int, end: int) -> Iterator[Record]:
+        for n, record in enumerate(super().read(tp, start, end)):
+            if n == self.keep:
+                raise Unreachable("Kafka", "memory", f"reading {tp}: nothing more came")
+            yield record
+
+
+def test_a_read_cut_short_leaves_the_rest_of_the_park_for_the_next_try() -> None:
+    world = World()
+    for n in range(1, 5):
+        world.publish(done("alpha", n, version=2 if n == 1 else 1))
+    old = world.runner(Ledger(), catalog=OLD)
+    world.drain(old)
+    old.close()
+    tp = world.tp_of("alpha")
+    runner = world.runner(Ledger(), catalog=NEW, batch_size=1)
+    assert runner.controls is not None
+    runner.controls.reader = _CutShort(world.log, keep=2)
+    world.drain(runner)  # two applied, then the stream stopped answering: the rest stays parked
+    assert world.ledger() == {"alpha": [1, 2]}
+    assert list(world.store.load(tp).parked) == ["alpha"]
+    runner.controls.reader = MemoryReader(world.log)
+    world.clock.advance(runner.policy.retry_backoff_max_s)
+    world.drain(runner)
+    assert world.ledger() == {"alpha": [1, 2, 3, 4]}
+    assert not world.store.load(tp).parked
 
 
 def test_a_redelivered_event_newer_than_the_consumer_fails_with_what_to_do() -> None:
