@@ -206,7 +206,11 @@ class Controls:
         return result
 
     def _ids_in(self, tp: TP, start: int, end: int) -> set[str]:
-        ids: set[str] = set()
+        return set(self._ids_by_offset(tp, start, end).values())
+
+    def _ids_by_offset(self, tp: TP, start: int, end: int) -> dict[int, str]:
+        """The event id at each offset of ``start..end`` that holds an event."""
+        ids: dict[int, str] = {}
         if end < start:
             return ids
         records = (
@@ -218,9 +222,10 @@ class Controls:
             if record.offset < start:
                 continue
             try:
-                ids.add(decode_event(record.value, max_bytes=self.max_envelope_bytes).event_id)
+                event = decode_event(record.value, max_bytes=self.max_envelope_bytes)
             except EnvelopeError:
                 continue
+            ids[record.offset] = event.event_id
         return ids
 
     def _dead_letter_refused(self, tp: TP, fold: Fold, why: str) -> list[int]:
@@ -389,13 +394,17 @@ class Controls:
                 "events that have not arrived cannot be skipped"
             )
         new = Progress.from_fields(progress.as_fields())
-        # Events applied past a held-back one (applied_beyond) were not skipped: they stay in
-        # the fold, so they stay out of the skipped ranges.
-        ranges = _ranges_without(progress.acked_through + 1, offset, set(progress.applied_beyond))
+        # Events applied already at this revision were not skipped: past a held-back one
+        # (applied_beyond), or through a retry of their dead letter. They stay in the fold, so
+        # they stay out of the skipped ranges.
+        ids = self._ids_by_offset(tp, progress.acked_through + 1, offset)
+        applied = self.store.claimed(tp, progress.cursor_revision, sorted(set(ids.values())))
+        holes = set(progress.applied_beyond) | {o for o, e in ids.items() if e in applied}
+        ranges = _ranges_without(progress.acked_through + 1, offset, holes)
         new.skipped = [*progress.skipped, *ranges]
         # A skipped event is handled (without effect), as a dead-lettered one is: a later copy
         # of it is a duplicate for the live path, as it is for a fold (which saw its id).
-        skipped_ids = set().union(*(self._ids_in(tp, a, b) for a, b in ranges))
+        skipped_ids = {e for o, e in ids.items() if o not in holes}
         new.acked_through = offset
         new.applied_beyond = [o for o in progress.applied_beyond if o > offset]
         new.dead = [o for o in progress.dead if o > offset]

@@ -686,6 +686,11 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         new.applied_beyond = sorted(o for o in beyond if o > acked)
         new.parked = parking.finish(failed, new)
         new.dead = sorted(o for o in progress.dead if o > acked)
+        if readmitted:
+            # A retried dead letter applied now is in the fold, so a rebuild must fold it too:
+            # its offset leaves the skipped ranges (a skip_through after a reprocess_from can
+            # have passed it) as it leaves the excluded set.
+            new.skipped = _ranges_less(new.skipped, set(readmitted))
         if acked >= new.rerun_through:
             new.rerun_duplicates = []
         new.reduced_through = acked if proc.reducer_version else new.reduced_through
@@ -962,3 +967,17 @@ def _passed_batches(old: Progress, new: Progress) -> list[str]:
     if new.redelivered_next > old.redelivered_next:
         keys.append(f"redelivery-{old.redelivered_next}")
     return keys
+
+
+def _ranges_less(ranges: list[list[int]], offsets: set[int]) -> list[list[int]]:
+    """[first, last] ranges (a cursor's skipped ones) without ``offsets``."""
+    out: list[list[int]] = []
+    for first, last in ranges:
+        start = first
+        for offset in sorted(o for o in offsets if first <= o <= last):
+            if offset > start:
+                out.append([start, offset - 1])
+            start = offset + 1
+        if start <= last:
+            out.append([start, last])
+    return out
