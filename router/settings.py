@@ -470,6 +470,14 @@ class Settings(BaseSettings):
         description="PostgreSQL outbox: how often the publisher's LISTEN thread looks up from "
         "its wait for commits (to check the lease and to stop)",
     )
+    publisher_standby_poll_s: float = Field(
+        2.0,
+        ge=0.05,
+        le=300,
+        description="a `rhumbatron publish` that finds its outbox's publisher lease held stands "
+        "by (ready, not publishing) and tries the lease again this often; it takes over within "
+        "about this long of the holder going (docs/outbox.md)",
+    )
     progress_interval_s: float = Field(
         5.0,
         gt=0,
@@ -718,6 +726,12 @@ class Settings(BaseSettings):
         "environment's name; a relative path is under state_dir. Default: "
         "the environment's outbox, which the demo's writers use too, so each project's slots "
         "stay one dense sequence (slots are allocated per outbox)",
+    )
+    router_publish_outbox: bool = Field(
+        True,
+        description="the causal router's consume process publishes its outbox "
+        "(router_outbox_path); the fleet turns it off when a publisher member publishes the "
+        "same outbox (the maintenance tick runs either way)",
     )
     router_fold_history: int = Field(
         50, ge=1, description="finished changes and retired candidates one project's fold keeps"
