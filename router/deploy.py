@@ -18,7 +18,9 @@ archive) is a ConfigurationError naming it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +33,51 @@ APP = "rhumbatron"
 CONFIG_DIR = "/etc/rhumbatron"
 STATE_DIR = "/var/lib/rhumbatron"
 PROBE_PORT = 9400
+# The environment a member's plan gives that a pod sets otherwise: its name and static id come
+# from the pod's own name, its probe port is PROBE_PORT, and a secret comes from the Secret.
+POD_SETS = frozenset(
+    {
+        "RHUMBATRON_PROCESS_NAME",
+        "RHUMBATRON_GROUP_INSTANCE_ID",
+        "RHUMBATRON_METRICS_PORT",
+        "RHUMBATRON_HTTP_HANDLER_SECRETS",
+    }
+)
+
+
+# The probes, stated whole: Kubernetes gives readiness no deadline, so a pod that is not ready
+# within what its liveness probe allows (initialDelaySeconds + failureThreshold x periodSeconds)
+# is one a test holds as failed (tests/router/test_pods_as_processes.py).
+@dataclass(frozen=True)
+class Probe:
+    """An HTTP probe of the ``probes`` port."""
+
+    path: str
+    initial_delay_s: int
+    period_s: int
+    failures: int
+    timeout_s: int = 3
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": self.path, "port": "probes"},
+            "initialDelaySeconds": self.initial_delay_s,
+            "periodSeconds": self.period_s,
+            "failureThreshold": self.failures,
+            "timeoutSeconds": self.timeout_s,
+        }
+
+
+LIVENESS = Probe("/healthz", initial_delay_s=10, period_s=10, failures=3)
+READINESS = Probe("/readyz", initial_delay_s=5, period_s=5, failures=2)
+# Where every pod's /metrics is: plain annotations, and the Prometheus Operator's PodMonitor.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(PROBE_PORT),
+    "prometheus.io/path": "/metrics",
+}
+SCRAPE_INTERVAL = "30s"
+OPERATOR_NAME = "operator-server"
 # The settings a deployment keeps in its Secret: each is a key of the Secret, read as the
 # environment variable of the same name. (Everything else goes in the ConfigMap's TOML file.)
 SECRET_KEYS = (
@@ -89,11 +136,14 @@ def manifests(
             out.append(_headless_service(name, meta))
         if member.subscription is not None:
             out.append(_disruption_budget(name, meta))
+        if member.subscription is not None and settings.fleet_keda:
             out.append(_scaled_object(settings, name, member, len(replicas), partitions, meta))
         if member.argv[0] == "serve":
             out.append(_service(settings, name, meta))
     if settings.kafka_sasl_mechanism is not None and any(m["kind"] == "ScaledObject" for m in out):
         out.append(_trigger_authentication(settings, meta))
+    if settings.fleet_pod_monitor:
+        out.append(_pod_monitor(meta))
     return out
 
 
@@ -115,7 +165,9 @@ def _labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": name}
 
 
-def _container(settings: Settings, name: str, member: Member, static: bool, image: str) -> Any:
+def _container(
+    settings: Settings, name: str, member: Member, static: bool, image: str, namespace: str
+) -> Any:
     env: list[dict[str, Any]] = [
         {"name": "RHUMBATRON_CONFIG", "value": f"{CONFIG_DIR}/config.toml"},
         {"name": "RHUMBATRON_STATE_DIR", "value": STATE_DIR},
@@ -127,22 +179,38 @@ def _container(settings: Settings, name: str, member: Member, static: bool, imag
     ]
     if static:
         env.append({"name": "RHUMBATRON_GROUP_INSTANCE_ID", "valueFrom": _pod_name()})
+    env += [{"name": k, "value": v} for k, v in member.env.items() if k not in POD_SETS]
+    args = list(member.argv)
     ports = [{"name": "probes", "containerPort": PROBE_PORT}]
     if member.argv[0] == "serve":
+        # Reached through its Service: bound on every address (the double opt-in: the address
+        # and --allow-remote), answering the Service's DNS names besides the configured ones.
+        args.append("--allow-remote")
+        hosts = [*settings.operator_allowed_hosts, *_service_names(name, namespace)]
+        hosts += ["localhost", "127.0.0.1"]
         env.append({"name": "RHUMBATRON_OPERATOR_HOST", "value": "0.0.0.0"})
+        env.append(
+            {
+                "name": "RHUMBATRON_OPERATOR_ALLOWED_HOSTS",
+                "value": json.dumps(list(dict.fromkeys(hosts)), separators=(",", ":")),
+            }
+        )
         ports.append({"name": "http", "containerPort": settings.operator_port})
     return {
         "name": name,
         "image": image,
-        "args": list(member.argv),
+        "args": args,
         "env": env,
         "envFrom": [{"secretRef": {"name": f"{APP}-secrets", "optional": True}}],
         "ports": ports,
-        "livenessProbe": _probe("/healthz", period_s=10, failures=3),
-        "readinessProbe": _probe("/readyz", period_s=5, failures=2),
+        "livenessProbe": LIVENESS.manifest(),
+        "readinessProbe": READINESS.manifest(),
         "resources": {
-            "requests": {"cpu": "500m", "memory": "256Mi"},
-            "limits": {"memory": "512Mi"},
+            "requests": {
+                "cpu": settings.fleet_pod_cpu_request,
+                "memory": settings.fleet_pod_memory_request,
+            },
+            "limits": {"memory": settings.fleet_pod_memory_limit},
         },
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -162,13 +230,14 @@ def _pod_name() -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def _probe(path: str, *, period_s: int, failures: int) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": path, "port": "probes"},
-        "periodSeconds": period_s,
-        "failureThreshold": failures,
-        "timeoutSeconds": 3,
-    }
+def _service_names(name: str, namespace: str) -> list[str]:
+    """The names a Service ``name`` is reached by in the cluster."""
+    return [
+        name,
+        f"{name}.{namespace}",
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}.svc.cluster.local",
+    ]
 
 
 def _workload(
@@ -191,7 +260,7 @@ def _workload(
     if not keeps_tables:
         volumes.append({"name": "state", "emptyDir": {}})
     pod = {
-        "metadata": {"labels": labels},
+        "metadata": {"labels": labels, "annotations": dict(SCRAPE_ANNOTATIONS)},
         "spec": {
             # The members' own graceful stop (finish the batch, commit, close the archive parts,
             # leave the group) within fleet_stop_timeout_s, then a margin.
@@ -202,7 +271,7 @@ def _workload(
                 "fsGroup": 10001,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
-            "containers": [_container(settings, name, member, static, image)],
+            "containers": [_container(settings, name, member, static, image, meta["namespace"])],
             "volumes": volumes,
         },
     }
@@ -224,8 +293,9 @@ def _workload(
                     },
                 }
             ]
-    elif member.subscription is None and replicas == 1:
-        # One at a time: a publisher holds its outbox's lock, a pump fences the one before.
+    elif member.argv[0] == "pump":
+        # One at a time: a pump fences the one before. (A publisher needs no such care: a new
+        # one waits as a standby until the old one lets its outbox's lock go.)
         spec["strategy"] = {"type": "Recreate"}
     return {
         "apiVersion": "apps/v1",
@@ -327,4 +397,20 @@ def _trigger_authentication(settings: Settings, meta: dict[str, str]) -> Manifes
         "kind": "TriggerAuthentication",
         "metadata": {"name": f"{APP}-kafka", **meta},
         "spec": {"secretTargetRef": refs},
+    }
+
+
+def _pod_monitor(meta: dict[str, str]) -> Manifest:
+    """The Prometheus Operator's scrape of every pod's /metrics (the probes port): each process's
+    own counters, and the operator server's fleet-wide gauges (lag, dead letters, outboxes)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": APP, **meta},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+            "podMetricsEndpoints": [
+                {"port": "probes", "path": "/metrics", "interval": SCRAPE_INTERVAL}
+            ],
+        },
     }

@@ -81,10 +81,16 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
                 f"RHUMBATRON_FLEET_SUBSCRIPTIONS: {slug}={count}: must be 0 to {partitions} "
                 "(its partitions; a process past them would own none)"
             )
+        # One member publishes an outbox: when a publisher member publishes the causal router's
+        # outbox, the router's processes leave it to that member (router_publish_outbox).
+        publishes = {m.argv[2] for m in members if m.argv[0] == "publish"}
+        env = (
+            {"RHUMBATRON_ROUTER_PUBLISH_OUTBOX": "false"}
+            if slug == "causal-router" and settings.router_outbox_path in publishes
+            else {}
+        )
         for n in range(1, count + 1):
-            members.append(
-                Member(f"{slug}-{n}", ("consume", "--subscription", slug), subscription=slug)
-            )
+            members.append(Member(f"{slug}-{n}", ("consume", "--subscription", slug), env, slug))
     for purpose, value in settings.fleet_workers.items():
         if purpose not in settings.topology.queues:
             unknown = unknown_queue(purpose, settings.topology.queues)

@@ -87,6 +87,8 @@ def _reveal(value: Any) -> Any:
 _BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
 _TIME_OF_DAY = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+# A Kubernetes resource quantity: "500m", "0.5", "256Mi", "1G".
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # URLs that may carry a password (an outbox address may be a postgresql:// URL; a list field
 # is masked item by item).
 _URL_FIELDS = ("redis_url", "classifier_url", "router_outbox_path", "operator_outboxes")
@@ -1036,6 +1038,29 @@ class Settings(BaseSettings):
         ge=1,
         description="rhumbatron fleet manifests: the consumer-group lag per process at which "
         "a subscription's KEDA ScaledObject adds one (up to its partitions)",
+    )
+    fleet_keda: bool = Field(
+        True,
+        description="rhumbatron fleet manifests: a KEDA ScaledObject per subscription (and the "
+        "TriggerAuthentication it logs in with); off: the replicas stay as fleet_subscriptions says",
+    )
+    fleet_pod_monitor: bool = Field(
+        True,
+        description="rhumbatron fleet manifests: a PodMonitor for the Prometheus Operator "
+        "scraping every pod's /metrics (the pods carry prometheus.io/* annotations either way)",
+    )
+    fleet_pod_cpu_request: str = Field(
+        "500m", pattern=_QUANTITY, description="rhumbatron fleet manifests: each pod's CPU request"
+    )
+    fleet_pod_memory_request: str = Field(
+        "256Mi",
+        pattern=_QUANTITY,
+        description="rhumbatron fleet manifests: each pod's memory request",
+    )
+    fleet_pod_memory_limit: str = Field(
+        "512Mi",
+        pattern=_QUANTITY,
+        description="rhumbatron fleet manifests: each pod's memory limit",
     )
     group_instance_id: str | None = Field(
         None,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from router.cli.common import non_negative_int
 from router.cli.observed import observed
+from router.operator.metrics import FleetCollector
 from router.operator.pid_file import PidFile
 from router.operator.service import OperatorService
 from router.settings import Settings
@@ -43,8 +44,15 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         try:
             sock = bind(settings.operator_host, port, allow_remote=args.allow_remote)
             try:
-                with observed(settings, "operator") as health:
-                    return _serve_on(settings, sock, tls, stop, health)
+                service = OperatorService(settings)
+                try:
+                    # The fleet-wide gauges on the process's /metrics too: where a cluster's
+                    # Prometheus scrapes every pod (the operator port's /metrics checks Host).
+                    fleet = FleetCollector(service)
+                    with observed(settings, "operator", collectors=[fleet]) as health:
+                        return _serve_on(settings, service, sock, tls, stop, health)
+                finally:
+                    service.close()
             finally:
                 sock.close()
         finally:
@@ -71,31 +79,32 @@ class _Stop:
 
 
 def _serve_on(
-    settings: Settings, sock: socket.socket, tls: Tls | None, stop: _Stop, health: ProcessHealth
+    settings: Settings,
+    service: OperatorService,
+    sock: socket.socket,
+    tls: Tls | None,
+    stop: _Stop,
+    health: ProcessHealth,
 ) -> int:
     from router.operator.server import address_of, listens_remotely, server
 
-    service = OperatorService(settings)
-    try:
+    print(
+        f"operator page at {address_of(sock, tls)} (API under /api, OpenAPI at "
+        f"/openapi.json); environment {settings.env!r}" + _access_note(settings),
+        flush=True,
+    )
+    if tls is None and listens_remotely(sock):
         print(
-            f"operator page at {address_of(sock, tls)} (API under /api, OpenAPI at "
-            f"/openapi.json); environment {settings.env!r}" + _access_note(settings),
+            f"rhumbatron: warning: the operator API listens on {settings.operator_host} "
+            "without TLS, so its tokens and dead letters cross the network in clear: put a "
+            "TLS-terminating proxy in front, or pass --tls-cert and --tls-key",
+            file=sys.stderr,
             flush=True,
         )
-        if tls is None and listens_remotely(sock):
-            print(
-                f"rhumbatron: warning: the operator API listens on {settings.operator_host} "
-                "without TLS, so its tokens and dead letters cross the network in clear: put a "
-                "TLS-terminating proxy in front, or pass --tls-cert and --tls-key",
-                file=sys.stderr,
-                flush=True,
-            )
-        stop.server = server(service, tls)
-        stop.server.should_exit = stop.requested
-        _beat_on_ticks(stop.server, health)
-        stop.server.run(sockets=[sock])
-    finally:
-        service.close()
+    stop.server = server(service, tls)
+    stop.server.should_exit = stop.requested
+    _beat_on_ticks(stop.server, health)
+    stop.server.run(sockets=[sock])
     return 0
 
 
