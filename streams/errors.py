@@ -262,8 +262,9 @@ class PublisherLocked(OutboxError):
         self.outbox = outbox
         self.holder_pid = holder_pid
         holder = f"process {holder_pid}" if holder_pid else "another process"
+        self.held_by = f"{holder} holds {lock_path}"
         super().__init__(
-            f"outbox {outbox} already has a publisher ({holder} holds {lock_path}); only one "
+            f"outbox {outbox} already has a publisher ({self.held_by}); only one "
             "publisher may run per outbox: stop that one first, or publish a different outbox"
         )
 
@@ -276,9 +277,10 @@ class PublisherLeaseHeld(PublisherLocked):
         self.outbox = outbox
         self.holder_pid = None
         self.holder = holder
+        self.held_by = f"{holder} holds {lock}"
         OutboxError.__init__(
             self,
-            f"outbox {outbox} already has a publisher ({holder} holds {lock}); only one "
+            f"outbox {outbox} already has a publisher ({self.held_by}); only one "
             "publisher may run per outbox: stop that one first, or publish a different outbox",
         )
 
