@@ -5,6 +5,7 @@ publisher are built from settings in router/wiring/outbox.py."""
 from __future__ import annotations
 
 import argparse
+import logging
 import secrets
 import signal
 import sys
@@ -23,13 +24,16 @@ from router.wiring.outbox import (
     open_outbox,
 )
 from router.wiring.provisioning import compact_names, missing_topics
-from streams.errors import NotProvisioned, Unreachable
+from streams.errors import NotProvisioned, PublisherLocked, Unreachable
 from streams.outbox import ops
-from streams.outbox.publisher import PublisherTotals
+from streams.outbox.publisher import Publisher, PublisherTotals
+from streams.outbox.standby import PublisherRole, Tick, take_over
 from streams.outbox.store import OutboxStore, RowState, is_postgres_url
 from streams.workload import workload, write_workload
 
 TENANT = "tenant-demo"
+
+log = logging.getLogger("rhumbatron.outbox.publisher")
 
 
 def produce_to_outbox(settings: Settings, args: argparse.Namespace) -> int:
@@ -94,50 +98,118 @@ def _progress_line(store: OutboxStore, totals: PublisherTotals) -> str:
     )
 
 
+class _Term:
+    """One term of this process as the outbox's publisher (from taking the lease until it stops
+    or loses it): its progress lines, and the start line said once per process."""
+
+    def __init__(self, settings: Settings, store: OutboxStore, missing: list[str]) -> None:
+        self.settings = settings
+        self.store = store
+        self.missing = missing
+        self.started = False
+
+    def run(
+        self, publisher: Publisher, *, until_empty: bool, stop: threading.Event, beat: Tick
+    ) -> PublisherTotals:
+        settings = self.settings
+        if not self.started:
+            # Said once the outbox's lock is held: a refusal before stays the one line it is.
+            start_line(
+                f"publish {self.store.location}", settings, topics=settings.topology.stream_names()
+            )
+            if self.missing:
+                say(
+                    f"publish: warning: {compact_names(self.missing)} missing; rows of its "
+                    "projects fail until `rhumbatron provision` makes it and they are retried"
+                )
+            self.started = True
+        last: list[tuple[int, int, int]] = []
+        reporter = ProgressReporter(None, settings.progress_interval_s)
+
+        def progress(totals: PublisherTotals) -> None:
+            # A line when something moved since the last one: an idle publisher stays quiet.
+            now = (totals.published, totals.retries, totals.failed)
+            if last and last[0] == now:
+                return
+            last[:] = [now]
+            reporter.show(_progress_line(self.store, totals))
+
+        with reporter:
+            return publisher.run(
+                until_empty=until_empty,
+                stop=stop,
+                progress=progress,
+                progress_interval_s=settings.progress_interval_s,
+                tick=beat,
+            )
+
+
 def publish(settings: Settings, args: argparse.Namespace) -> int:
+    """``rhumbatron publish --outbox ADDRESS``: send the outbox's rows until stopped. One
+    publisher per outbox publishes (it holds the outbox's publisher lease); one started while
+    another holds the lease stands by, ready, and takes over once the holder goes. A one-shot
+    publish (``--until-empty``), or ``--no-standby``, refuses at once instead (PublisherLocked,
+    exit 2): waiting for the lease would hang a script."""
     store = open_outbox(settings, args.outbox, create=False)
     missing = _check_streams(settings)
     stop = threading.Event()
+    stands_by = not (args.until_empty or args.no_standby)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    last: list[tuple[int, int, int]] = []
-
-    reporter = ProgressReporter(None, settings.progress_interval_s)
-
-    def progress(totals: PublisherTotals) -> None:
-        # A line when something moved since the last one: an idle publisher stays quiet.
-        now = (totals.published, totals.retries, totals.failed)
-        if last and last[0] == now:
-            return
-        last[:] = [now]
-        reporter.show(_progress_line(store, totals))
-
+    totals = PublisherTotals()
+    term = _Term(settings, store, missing)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with (
             observed(settings, "publisher", needs=("kafka",)) as health,
-            build_publisher(settings, store) as publisher,
+            PublisherRole(store.location) as role,
         ):
-            health.ready = True  # the outbox's lock is held: this is the one publisher
-            # Said once the outbox's lock is held: a refusal before stays the one line it is.
-            start_line(
-                f"publish {store.location}", settings, topics=settings.topology.stream_names()
-            )
-            if missing:
-                say(
-                    f"publish: warning: {compact_names(missing)} missing; rows of its projects "
-                    "fail until `rhumbatron provision` makes it and they are retried"
+
+            def standing_by(exc: PublisherLocked) -> None:
+                role.standby()
+                health.ready = True  # standing by is this process's work until the lease frees
+                log.warning(
+                    "publish %s: standing by: %s; trying the lease again every %gs "
+                    "(publisher_standby_poll_s)",
+                    store.location,
+                    exc.held_by,
+                    settings.publisher_standby_poll_s,
                 )
-            with reporter:
-                totals = publisher.run(
-                    until_empty=args.until_empty,
-                    stop=stop,
-                    progress=progress,
-                    progress_interval_s=settings.progress_interval_s,
-                    tick=health.beat,
+
+            while not stop.is_set():
+                publisher = (
+                    take_over(
+                        lambda: build_publisher(settings, store),
+                        poll_s=settings.publisher_standby_poll_s,
+                        stop=stop,
+                        beat_s=settings.health_stale_s / 4,
+                        tick=health.beat,
+                        held=standing_by,
+                    )
+                    if stands_by
+                    else build_publisher(settings, store)
                 )
+                if publisher is None:
+                    break  # stopped while standing by
+                with publisher:
+                    role.active()
+                    health.ready = True  # the outbox's lock is held: this is the one publisher
+                    try:
+                        totals = term.run(
+                            publisher, until_empty=args.until_empty, stop=stop, beat=health.beat
+                        )
+                    except PublisherLocked as exc:
+                        # A PostgreSQL lease lost with its connection, and taken meanwhile by
+                        # another publisher: this one stands by again.
+                        if not stands_by:
+                            raise
+                        log.warning(
+                            "publish %s: lost the publisher lease (%s)", store.location, exc.held_by
+                        )
+                        continue
+                break
         stuck = ops.stats(store, now=time.time(), row_limit=settings.outbox_stats_row_limit)
     finally:
         for sig, handler in previous.items():
@@ -270,9 +342,28 @@ _OUTBOX = "the outbox: a SQLite file, or a postgresql:// URL"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("publish", help="send outbox rows to the streams, in order per project")
+    p = sub.add_parser(
+        "publish",
+        help="send outbox rows to the streams, in order per project",
+        description="Send the outbox's rows to the streams, in order per project. One publisher "
+        "per outbox publishes (it holds the outbox's publisher lease); one started while another "
+        "holds the lease stands by (ready, not publishing), tries the lease again every "
+        "publisher_standby_poll_s and takes over once the holder goes. SIGTERM or SIGINT stops "
+        "it (exit 0), publishing or standing by.",
+    )
     p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
-    p.add_argument("--until-empty", action="store_true", help="exit once nothing is left to send")
+    p.add_argument(
+        "--until-empty",
+        action="store_true",
+        help="exit once nothing is left to send; one-shot, so it never stands by: if another "
+        "publisher holds the outbox it exits 2 at once, naming the holder",
+    )
+    p.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="exit 2 at once, naming the holder, if another publisher holds the outbox "
+        "(instead of standing by)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=publish)
 

@@ -9,8 +9,10 @@ the processor is built and stopped when the loop ends:
   outbox ``<state_dir>/outbox-{env}.sqlite``, or the writers' PostgreSQL outbox by its URL): it
   sends the events the router decided (``candidate.stale``) to the streams. Router processes
   share the outbox; its publisher lease lets one of them publish at a time (a kernel lock, or
-  PostgreSQL's advisory lock, freed however its holder dies) and the others try again every ``outbox_poll_interval_s``, so a row left by a
-  crashed process is published by whichever process holds the lease next;
+  PostgreSQL's advisory lock, freed however its holder dies) and the others try again every
+  ``outbox_poll_interval_s``, so a row left by a crashed process is published by whichever
+  process holds the lease next. With ``router_publish_outbox`` off there is no such thread: a
+  ``rhumbatron publish`` of the same outbox (the fleet's publisher member) sends the rows;
 - the **maintenance tick** (``maintenance_at_utc``, checked every ``maintenance_check_interval_s``;
   one process a day does it, see :mod:`consumers.subscriptions.causal_router.maintenance`).
 
@@ -50,6 +52,7 @@ from streams.envelopes import Command
 from streams.errors import PublisherLocked
 from streams.files import private_dir
 from streams.outbox.sqlite import SqliteOutbox
+from streams.outbox.standby import PublisherRole
 from streams.outbox.store import OutboxStore, is_postgres_url
 from streams.producer import Producer
 
@@ -206,7 +209,9 @@ class RouterCompanion:
         self._producer: Producer | None = None
 
     def start(self) -> None:
-        targets = [("publisher", self._publish)]
+        targets = []
+        if self.settings.router_publish_outbox:
+            targets.append(("publisher", self._publish))
         if self.settings.maintenance_enabled:
             targets.append(("maintenance", self._maintain))
         for name, target in targets:
@@ -225,22 +230,28 @@ class RouterCompanion:
 
     def _publish(self) -> None:
         settings = self.settings
-        while not self.stop.is_set():
-            try:
-                publisher = build_publisher(settings, self.outbox)
-            except PublisherLocked as exc:
-                log.debug("%s; trying again in %gs", exc, settings.outbox_poll_interval_s)
-                self.stop.wait(settings.outbox_poll_interval_s)
-                continue
-            self.publishing.set()
-            try:
-                publisher.run(stop=self.stop)
-            except Exception:
-                log.exception("%s: the outbox publisher failed; restarting it", SLUG)
-                self.stop.wait(settings.outbox_backoff_initial_s)
-            finally:
-                self.publishing.clear()
-                publisher.close()
+        with PublisherRole(self.outbox.location) as role:
+            while not self.stop.is_set():
+                try:
+                    publisher = build_publisher(settings, self.outbox)
+                except PublisherLocked as exc:
+                    role.standby()
+                    log.debug("%s; trying again in %gs", exc, settings.outbox_poll_interval_s)
+                    self.stop.wait(settings.outbox_poll_interval_s)
+                    continue
+                self.publishing.set()
+                role.active()
+                try:
+                    publisher.run(stop=self.stop)
+                except PublisherLocked as exc:
+                    role.standby()
+                    log.warning("%s: lost the outbox's publisher lease (%s)", SLUG, exc.held_by)
+                except Exception:
+                    log.exception("%s: the outbox publisher failed; restarting it", SLUG)
+                    self.stop.wait(settings.outbox_backoff_initial_s)
+                finally:
+                    self.publishing.clear()
+                    publisher.close()
 
     def _maintain(self) -> None:
         self._producer = Producer(self.settings.kafka_config())

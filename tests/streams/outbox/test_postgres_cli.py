@@ -1,5 +1,6 @@
-"""The command line on a PostgreSQL outbox (``--outbox postgresql://…``): a second publisher,
-as from another machine, is refused in one line naming the holder; ``outbox stats`` reads it;
+"""The command line on a PostgreSQL outbox (``--outbox postgresql://…``): a second publisher
+asked not to stand by, as from another machine, is refused in one line naming the holder (one
+that stands by: test_publish_standby.py); ``outbox stats`` reads it;
 a URL that cannot connect is one line naming host, port and database, never the password."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _cli(s: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
     return run_cli(s, *argv, env=cli_env(s), timeout=300)
 
 
-def test_a_second_publisher_is_refused_naming_the_holder(
+def test_a_second_publisher_without_standby_is_refused_naming_the_holder(
     settings: Settings, pg: OutboxBackend
 ) -> None:
     base = settings.kafka_config()
@@ -47,7 +48,7 @@ def test_a_second_publisher_is_refused_naming_the_holder(
             assert first.poll() is None, first.stderr.read() if first.stderr else ""
             assert time.monotonic() < deadline, "the first publisher never took the lease"
             time.sleep(0.05)
-        second = _cli(settings, "publish", "--outbox", pg.address, "--until-empty")
+        second = _cli(settings, "publish", "--outbox", pg.address, "--no-standby")
         assert second.returncode == 2
         assert "already has a publisher (rhumbatron publisher pid " in second.stderr
         assert f"pid {first.pid} on " in second.stderr and "PostgreSQL backend" in second.stderr

@@ -1,5 +1,6 @@
-"""``rhumbatron publish`` against the real broker: end to end through the CLI, a second publisher
-refused, streams that do not exist, and the writer's trace continued by the publish."""
+"""``rhumbatron publish`` against the real broker: end to end through the CLI, a one-shot second
+publisher refused (a long-running one stands by: test_publish_standby.py), streams that do not
+exist, and the writer's trace continued by the publish."""
 
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ def test_produce_then_publish_through_the_cli(settings: Settings, tmp_path: Path
     assert set(headers) >= {"event_type", "event_id", "content_type"}
 
 
-def test_a_second_publisher_is_refused(settings: Settings, tmp_path: Path) -> None:
+def test_a_one_shot_second_publisher_is_refused(settings: Settings, tmp_path: Path) -> None:
+    """``--until-empty`` never stands by (it would hang a script): it exits 2 at once, naming
+    the holder, and the one publisher keeps the outbox."""
     _provision(settings)
     path = tmp_path / "outbox.db"
     outbox_for(settings, path).close()
