@@ -261,7 +261,12 @@ class KafkaTransport:
         if not parts:
             return
         for p in parts:
-            self._asked[TP(p.topic, p.partition)] = p.offset
+            tp = TP(p.topic, p.partition)
+            self._asked[tp] = p.offset
+            # A refusal already known is superseded: asked again at the next poll, it would
+            # land after this offset and move the group back behind it, where a quiet
+            # partition's lag would stay (nothing asks for this offset again: it was asked).
+            self._refused.pop(tp, None)
         try:
             self.consumer.commit(offsets=parts, asynchronous=True)
         except KafkaException as exc:
