@@ -196,10 +196,10 @@ class RefusedProject:
 
 @dataclass(frozen=True, slots=True)
 class SecondPublisher:
-    """A second publisher started on the same outbox while the first runs, restarted each time
-    it exits as a supervisor would: every start is refused (the outbox's publisher lease) until,
-    ``standby_s`` later, the first is stopped (SIGTERM: it finishes its pass and lets go) and the
-    second takes over."""
+    """A second publisher started on the same outbox while the first runs (supervised: restarted
+    if it exits): it finds the outbox's publisher lease held and stands by, without exiting,
+    until, ``standby_s`` later, the first is stopped (SIGTERM: it finishes its pass and lets go)
+    and the second takes over."""
 
     standby_s: float
 
@@ -428,8 +428,8 @@ _ROWS = (
         waves=8,
         wave_gap_s=2.0,
         proves=(
-            "a second publisher started on a SQLite outbox that has one is refused on every "
-            "start (the lock file); when the first is stopped it takes over: no row is sent "
+            "a second publisher started on a SQLite outbox that has one stands by (the lock "
+            "file), never exiting; when the first is stopped it takes over: no row is sent "
             "twice (nothing crashed, so the streams hold no copy), order is kept per project"
         ),
     ),
@@ -442,8 +442,9 @@ _ROWS = (
         waves=8,
         wave_gap_s=2.0,
         proves=(
-            "the same on a PostgreSQL outbox (the advisory lock): refused while the first holds "
-            "the lock, taking over once it is stopped, no row sent twice, order kept per project"
+            "the same on a PostgreSQL outbox (the advisory lock): standing by while the first "
+            "holds the lock, taking over once it is stopped, no row sent twice, order kept per "
+            "project"
         ),
     ),
     Scenario(
