@@ -786,6 +786,14 @@ class Settings(BaseSettings):
         description="the rollup worker's data directory, one per env below it (relative: under "
         "state_dir)",
     )
+    analytics_rollup_producer_buffer: int = Field(
+        2000,
+        ge=100,
+        le=100_000,
+        description="table changes the rollup may hold for its producer before it stops handing "
+        "points to its agent until they are sent (faust's producer buffer, 100 in faust; "
+        "docs/analytics.md)",
+    )
     analytics_query_timeout_s: float = Field(
         5.0, gt=0, description="bound on one request of `rhumbatron analytics` to the rollup"
     )
