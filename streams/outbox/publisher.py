@@ -149,7 +149,8 @@ def select_windows(rows: list[OutboxRow], stream_for: Callable[[str], str]) -> l
 
 class Publisher:
     """The one publisher of an outbox. Holds the store's publisher lease from construction until
-    :meth:`close`, so a second one refuses to start (PublisherLocked)."""
+    :meth:`close`, so constructing a second one raises PublisherLocked (a long-running one then
+    stands by for the lease: :mod:`streams.outbox.standby`)."""
 
     def __init__(
         self,
