@@ -69,6 +69,8 @@ class Probe:
 
 
 LIVENESS = Probe("/healthz", initial_delay_s=10, period_s=10, failures=3)
+# The rollup starts slowest: its faust worker joins its group and recovers its tables first.
+ROLLUP_LIVENESS = Probe("/healthz", initial_delay_s=30, period_s=10, failures=3)
 READINESS = Probe("/readyz", initial_delay_s=5, period_s=5, failures=2)
 # Where every pod's /metrics is: plain annotations, and the Prometheus Operator's PodMonitor.
 SCRAPE_ANNOTATIONS = {
@@ -87,6 +89,7 @@ SECRET_KEYS = (
     "RHUMBATRON_ARCHIVE_S3_SECRET_KEY",
     "RHUMBATRON_OPERATOR_TOKEN",
     "RHUMBATRON_OPERATOR_READ_TOKEN",
+    "RHUMBATRON_HTTP_HANDLER_SECRETS",  # what the workers of HTTP handlers sign with
     "PGPASSWORD",  # libpq's: the outboxes' URLs name their user, never a password
 )
 # What KEDA's Kafka scaler logs in with (its TriggerAuthentication), in the same Secret: the
@@ -203,7 +206,9 @@ def _container(
         "env": env,
         "envFrom": [{"secretRef": {"name": f"{APP}-secrets", "optional": True}}],
         "ports": ports,
-        "livenessProbe": LIVENESS.manifest(),
+        "livenessProbe": (
+            ROLLUP_LIVENESS if member.argv[0] == "analytics-rollup" else LIVENESS
+        ).manifest(),
         "readinessProbe": READINESS.manifest(),
         "resources": {
             "requests": {

@@ -1110,7 +1110,7 @@ class Settings(BaseSettings):
         description="outboxes the operator surface reports (states, failed rows, held "
         "projects): SQLite files or postgresql:// URLs (shown masked), as JSON: "
         'RHUMBATRON_OPERATOR_OUTBOXES=\'["a.sqlite","postgresql://app@db/orders"]\'. Empty: the '
-        "router's outbox (router_outbox_path). A file that does not exist yet shows as absent",
+        "router's outbox (router_outbox_path) and the fleet's (fleet_outboxes). A file that does not exist yet shows as absent",
     )
     operator_refresh_s: float = Field(
         3.0, gt=0, description="how often the operator page refreshes itself"

@@ -2,10 +2,12 @@
 loses nothing and doubles nothing.
 
 Armed by the environment variable ``RHUMBATRON_FAILPOINTS`` (comma-separated names, each
-optionally ``name@N`` to fire on the N-th hit, default the first, and optionally ``:stop``). A hit
-on an armed point kills the process with SIGKILL: no cleanup, no flush, exactly like a power cut;
-with ``:stop`` it SIGSTOPs itself instead (a stall: a long GC pause, a frozen VM) and goes on where
-it was when someone sends SIGCONT. In-process tests pass their own ``failpoint`` callable to the
+optionally ``name@N`` to fire on the N-th hit, default the first, and optionally ``:stop`` or
+``:hang``). A hit on an armed point kills the process with SIGKILL: no cleanup, no flush, exactly
+like a power cut; with ``:stop`` it SIGSTOPs itself instead (a stall: a long GC pause, a frozen VM)
+and goes on where it was when someone sends SIGCONT; with ``:hang`` the thread that hit it never
+returns while the process's other threads go on (a loop wedged in a call: what a liveness probe
+is for). In-process tests pass their own ``failpoint`` callable to the
 runner or the worker instead (e.g. one raising, to simulate the crash of one component while the
 test goes on).
 """
@@ -31,12 +33,21 @@ def _stop(name: str) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def _hang(name: str) -> None:
+    threading.Event().wait()
+
+
+MODES: dict[str, Callable[[str], None]] = {"": _kill, "stop": _stop, "hang": _hang}
+
+
 def _from_env() -> dict[str, tuple[int, Callable[[str], None]]]:
     out: dict[str, tuple[int, Callable[[str], None]]] = {}
     for item in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
         spec, _, mode = item.partition(":")
         name, _, nth = spec.partition("@")
-        out[name] = (int(nth) if nth else 1, _stop if mode == "stop" else _kill)
+        if mode not in MODES:
+            raise ValueError(f"{ENV}: {item!r}: the mode after ':' is 'stop' or 'hang'")
+        out[name] = (int(nth) if nth else 1, MODES[mode])
     return out
 
 

@@ -31,7 +31,12 @@ from router.wiring.subscription import (
     redis_client,
     tp_of,
 )
+from streams import failpoints
 from streams.clock import SystemClock
+
+# A fail-point on every turn of the consume loop (``RHUMBATRON_FAILPOINTS=consume.tick@N:hang``:
+# the loop wedged, which the liveness probe must see).
+TICK = "consume.tick"
 
 
 def consume(settings: Settings, args: argparse.Namespace) -> int:
@@ -51,6 +56,7 @@ def consume(settings: Settings, args: argparse.Namespace) -> int:
             )
 
         def tick() -> None:
+            failpoints.hit(TICK)
             health.beat()
             health.ready = True  # subscribed (its topics checked, its stores connected), polling
             subscription.tick()

@@ -107,14 +107,18 @@ def queue_secrets(settings: Settings, args: argparse.Namespace) -> SecretStr | N
 def worker(settings: Settings, args: argparse.Namespace) -> int:
     # A wrong queue or handler is one line and exit 2, before anything starts.
     known_queue(settings.topology, args.queue)
+    posting = None
     if args.http is not None:
         name = args.http
-        handler: CommandHandler = http_handler(settings, args.http, queue_secrets(settings, args))
+        posting = http_handler(settings, args.http, queue_secrets(settings, args))
+        handler: CommandHandler = posting
     else:
         name = args.handler_name
         handler = load_handler(name)
     stop = stop_on_signals()
     with observed(settings, f"worker-{args.queue}") as health:
+        if posting is not None:
+            posting.measure(args.queue)
         client = redis_client(settings)
         process = open_worker(settings, args.queue, handler, client=client)
         label = f"worker {args.queue} ({name})"

@@ -88,7 +88,9 @@ class FleetCollector(Collector):
             "rhumbatron_outbox_held_projects", "projects held back by a failed row", ["outbox"]
         )
         oldest = _gauge(
-            "rhumbatron_outbox_oldest_pending_seconds", "age of the oldest pending row", ["outbox"]
+            "rhumbatron_outbox_oldest_pending_seconds",
+            "age of the oldest pending row (0: none)",
+            ["outbox"],
         )
         for report in self.service.outboxes():
             if not report.present or report.error:
@@ -96,8 +98,7 @@ class FleetCollector(Collector):
             for state, n in report.counts.items():
                 rows.add_metric([report.outbox, state], n)
             held.add_metric([report.outbox], len(report.held_projects))
-            if report.oldest_pending_age_s is not None:
-                oldest.add_metric([report.outbox], report.oldest_pending_age_s)
+            oldest.add_metric([report.outbox], report.oldest_pending_age_s or 0.0)
         return [rows, held, oldest]
 
     def _dead_letters(self) -> list[Family]:

@@ -416,9 +416,12 @@ class OperatorService:
         from router.wiring.causal import router_outbox_path
         from streams.outbox.store import is_postgres_url
 
-        if self.settings.operator_outboxes:
-            return [p if is_postgres_url(p) else Path(p) for p in self.settings.operator_outboxes]
-        return [router_outbox_path(self.settings)]
+        # Unset: the router's outbox and those the fleet publishes (fleet_outboxes).
+        named = self.settings.operator_outboxes or [
+            str(router_outbox_path(self.settings)),
+            *self.settings.fleet_outboxes,
+        ]
+        return [p if is_postgres_url(p) else Path(p) for p in dict.fromkeys(named)]
 
     def outboxes(self) -> list[OutboxReport]:
         return [self._outbox(path) for path in self.outbox_paths()]

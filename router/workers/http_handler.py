@@ -132,6 +132,11 @@ class HttpHandler(QueueHandler):
             follow_redirects=False,
         )
 
+    def measure(self, queue: str) -> None:
+        """Serve ``queue``'s auth failures from 0 on, once the process's metrics have started:
+        a series an alert judges before the first refusal."""
+        _auth_failures.add(0, {"queue": queue})
+
     def handle(self, command: Command, ctx: Context) -> str | None:
         body = ctx.record.value or b""
         # A further delivery asked for with more work is a new message to the receiver (its

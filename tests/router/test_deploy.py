@@ -7,6 +7,7 @@ passes hadolint."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -22,10 +23,9 @@ from router import deploy
 from router.settings import settings_elsewhere
 from streams.errors import ConfigurationError
 from streams.topology import group_id
+from tests.support.deployment import CONFIG, DEPLOY, deployment_config
 from tests.support.environment import ROOT
 
-DEPLOY = ROOT / "infra" / "deploy"
-CONFIG = DEPLOY / "config.toml"
 RENDERED = DEPLOY / "k8s" / "rhumbatron.yaml"
 KUBERNETES = "1.34"
 KEDA = {"ScaledObject": ScaledObject, "TriggerAuthentication": TriggerAuthentication}
@@ -34,37 +34,6 @@ KEDA = {"ScaledObject": ScaledObject, "TriggerAuthentication": TriggerAuthentica
 def _render(path: Path) -> list[dict[str, Any]]:
     settings = settings_elsewhere(path)
     return deploy.manifests(settings, path.read_text(), image="rhumbatron:test")
-
-
-def _config(tmp_path: Path, **changes: Any) -> Path:
-    """The committed deployment settings with ``changes`` (None: the key removed)."""
-    data = tomllib.loads(CONFIG.read_text())
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    lines = []
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key, value in data.items():
-        if key not in tables:
-            lines.append(f"{key} = {_toml(value)}")
-    for key, table in tables.items():
-        lines.append(f"[{key}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
-    path = tmp_path / "config.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
 
 
 def _by(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -145,7 +114,17 @@ def test_the_workloads_are_the_fleets_members() -> None:
         assert scaled["triggers"][0]["metadata"]["consumerGroup"] == group_id(slug, "prod")
         assert _by(docs, "PodDisruptionBudget")[slug]["spec"]["maxUnavailable"] == 1
     assert set(stateless) == {"publisher-1", "dead-letter-consumer", "operator-server"}
-    assert stateless["publisher-1"]["spec"]["strategy"] == {"type": "Recreate"}
+    # A new publisher pod stands by until the old one lets the outbox's lock go: a rolling
+    # update is safe. The causal router leaves the outbox it shares with publisher-1 to it.
+    assert "strategy" not in stateless["publisher-1"]["spec"]
+    assert _env(stateful["causal-router"])["RHUMBATRON_ROUTER_PUBLISH_OUTBOX"] == "false"
+    assert "RHUMBATRON_ROUTER_PUBLISH_OUTBOX" not in _env(stateful["audit-archiver"])
+    # The operator server answers through its Service: bound on every address, both opt-ins.
+    server = stateless["operator-server"]["spec"]["template"]["spec"]["containers"][0]
+    assert server["args"] == ["serve", "--allow-remote"]
+    hosts = json.loads(_env(stateless["operator-server"])["RHUMBATRON_OPERATOR_ALLOWED_HOSTS"])
+    assert "operator-server.rhumbatron.svc.cluster.local" in hosts
+    assert "operator-server" in hosts
     rollup = stateful["analytics-rollup"]["spec"]
     assert rollup["volumeClaimTemplates"][0]["metadata"]["name"] == "state"
     grace = int(settings.fleet_stop_timeout_s) + 5
@@ -158,7 +137,7 @@ def test_the_workloads_are_the_fleets_members() -> None:
 
 
 def test_dynamic_membership_gives_deployments(tmp_path: Path) -> None:
-    docs = _render(_config(tmp_path, fleet_static_membership=False))
+    docs = _render(deployment_config(tmp_path, fleet_static_membership=False))
     projector = _by(docs, "Deployment")["project-view-projector"]
     assert "RHUMBATRON_GROUP_INSTANCE_ID" not in _env(projector)
     scaled = _by(docs, "ScaledObject")["project-view-projector"]["spec"]
@@ -193,7 +172,7 @@ def test_settings_a_stateless_pod_cannot_honour_are_refused(
     tmp_path: Path, changes: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=named):
-        _render(_config(tmp_path, **changes))
+        _render(deployment_config(tmp_path, **changes))
 
 
 def test_the_dockerfile_passes_hadolint() -> None:

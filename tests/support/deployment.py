@@ -1,0 +1,46 @@
+"""The shipped deployment settings (infra/deploy/config.toml), changed key by key into a file of
+a test's own: what ``rhumbatron fleet manifests`` renders from, or what a pod run as a process
+reads."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tests.support.environment import ROOT
+
+DEPLOY = ROOT / "infra" / "deploy"
+CONFIG = DEPLOY / "config.toml"
+
+
+def deployment_config(tmp_path: Path, **changes: Any) -> Path:
+    """The committed deployment settings with ``changes`` (None: the key removed), written to
+    ``tmp_path/config.toml``."""
+    data = tomllib.loads(CONFIG.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    lines = []
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml(value)}")
+    for key, table in tables.items():
+        lines.append(f"[{key}]")
+        lines += [f"{_toml(k)} = {_toml(v)}" for k, v in table.items()]
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
