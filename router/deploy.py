@@ -415,7 +415,20 @@ def _pod_monitor(meta: dict[str, str]) -> Manifest:
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
             "podMetricsEndpoints": [
-                {"port": "probes", "path": "/metrics", "interval": SCRAPE_INTERVAL}
+                {
+                    "port": "probes",
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    # the workload: the label the dashboards group by, as locally
+                    "relabelings": [
+                        {
+                            "sourceLabels": [
+                                "__meta_kubernetes_pod_label_app_kubernetes_io_component"
+                            ],
+                            "targetLabel": "role",
+                        }
+                    ],
+                }
             ],
         },
     }

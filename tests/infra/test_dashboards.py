@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from router.settings import Settings
 from streams import tracing
@@ -169,6 +170,73 @@ def test_promtool_accepts_the_shipped_prometheus_configuration() -> None:
     checked = promtool("check", "config", DASHBOARDS / "prometheus.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {ALERT_COUNT} rules found" in checked.stdout  # it loads alerts.yml
+
+
+# -- the Kubernetes variant (Debian's prometheus is built without Kubernetes discovery, so its
+# promtool cannot load it: its relabeling is run here on the targets discovery would give) --------
+def _relabel(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus' relabeling (the ``keep`` and ``replace`` actions) of one target; None: dropped."""
+    out = dict(labels)
+    for rule in rules:
+        value = rule.get("separator", ";").join(out.get(n, "") for n in rule["source_labels"])
+        found = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if action == "keep":
+            if found is None:
+                return None
+        elif action == "replace":
+            if found is not None:
+                replacement = re.sub(r"\$(\d+)", r"\\\1", rule.get("replacement", "$1"))
+                out[rule["target_label"]] = found.expand(replacement)
+        else:
+            raise AssertionError(f"relabel action {action!r} is not one this test runs")
+    return out
+
+
+def _discovered(pod: dict[str, Any], name: str, ip: str) -> list[dict[str, str]]:
+    """What Kubernetes pod discovery gives for a pod: one target per declared container port."""
+    meta = {"__meta_kubernetes_pod_name": name, "__meta_kubernetes_namespace": "rhumbatron"}
+    for key, value in pod["metadata"].get("labels", {}).items():
+        meta[f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', key)}"] = value
+    for key, value in pod["metadata"].get("annotations", {}).items():
+        meta[f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9_]', '_', key)}"] = value
+    ports = [p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+    return [
+        {**meta, "__address__": f"{ip}:{port}", "__metrics_path__": "/metrics"} for port in ports
+    ]
+
+
+def test_the_kubernetes_variant_scrapes_each_pod_where_its_annotations_say() -> None:
+    from router import deploy
+    from router.settings import settings_elsewhere
+    from tests.support.deployment import CONFIG
+
+    config = yaml.safe_load((DASHBOARDS / "prometheus-kubernetes.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    (job,) = config["scrape_configs"]
+    assert re.fullmatch("rhumbatron.*", job["job_name"])  # what the RhumbatronDown alert reads
+    rules = job["relabel_configs"]
+    docs = deploy.manifests(settings_elsewhere(CONFIG), CONFIG.read_text(), image="r:1")
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for n, workload in enumerate(workloads):
+        pod = workload["spec"]["template"]
+        name = workload["metadata"]["name"]
+        kept = [
+            t
+            for t in (_relabel(t, rules) for t in _discovered(pod, f"{name}-0", f"10.0.0.{n}"))
+            if t is not None
+        ]
+        notes = pod["metadata"]["annotations"]
+        assert [(t["__address__"], t["__metrics_path__"], t["role"]) for t in kept] == [
+            (f"10.0.0.{n}:{notes['prometheus.io/port']}", notes["prometheus.io/path"], name)
+        ] * len(kept), kept
+        assert kept, f"{name}: not scraped"
+    foreign = {
+        "metadata": {"labels": {"app": "other"}},
+        "spec": {"containers": [{"ports": [{"containerPort": 80}]}]},
+    }
+    assert all(_relabel(t, rules) is None for t in _discovered(foreign, "other", "10.0.1.1"))
 
 
 # -- the dashboards and their provisioning ---------------------------------------------------------
