@@ -6,7 +6,7 @@ VENV_STAMP := .venv/.installed
 # the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
 export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
-.PHONY: demo test test-slow chaos up down check bench venv unit browser node
+.PHONY: demo test test-slow chaos up down check bench venv unit browser node helm
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -31,13 +31,17 @@ browser:
 node:
 	infra/local.sh node
 
+# Helm, built from source at a pinned version, for the chart's tests (tests/router/test_helm_chart.py).
+helm:
+	infra/local.sh helm
+
 # Tests run in three worker processes: most of their time is spent waiting on real servers and
 # subprocesses, not on the CPU, and each test has its own environment on the shared broker.
 test: up browser node
 	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow"
 
 # The heavier suites: property soaks with many more generated examples.
-test-slow: up node
+test-slow: up node helm
 	$(PY) -m pytest -q -n 2 -m slow
 
 # The chaos matrix (tests/chaos/matrix, docs/reliability.md): one row per fault scenario against

@@ -14,6 +14,7 @@
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
 #   infra/local.sh node                     (node 20+ and the TypeScript examples' npm dependencies)
 #   infra/local.sh prometheus-install       (Debian's prometheus and promtool, installed only)
+#   infra/local.sh helm                     (Helm, pinned, built from source into .local/helm/)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
 # takes its own state folder and ports: RHUMBATRON_LOCAL_DIR=… RHUMBATRON_KAFKA_PORT=9192
@@ -759,6 +760,42 @@ prometheus_install() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Helm for the chart's tests (tests/router/test_helm_chart.py): built from source at a pinned
+# version, once per machine; Go's caches in .local/go/.
+HELM_VERSION=4.3.2
+HELM_BIN="$ROOT/.local/helm/$HELM_VERSION/helm"
+
+helm_build() {
+  local gohome="$ROOT/.local/go" dir started
+  dir="$(dirname "$HELM_BIN")"
+  mkdir -p "$dir" "$STATE/logs"
+  # Two callers at once: the second waits, then finds the binary.
+  exec 8>"$dir.lock"
+  flock 8
+  if [ -x "$HELM_BIN" ]; then
+    exec 8>&-
+    say "helm present: $HELM_BIN ($("$HELM_BIN" version --short))"
+    return
+  fi
+  command -v go >/dev/null || fail "go not found: Helm is built with the Go toolchain (1.24+)"
+  started=$(date +%s)
+  say "building helm v$HELM_VERSION (go install; log in $STATE/logs/helm-build.log)"
+  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+  # GOTOOLCHAIN=local: no Go downloaded; XDG_CONFIG_HOME: Go's files off $HOME; -X: its version.
+  if ! env GOPATH="$gohome" GOMODCACHE="$gohome/pkg/mod" GOCACHE="$gohome/cache" \
+      XDG_CONFIG_HOME="$gohome/config" GOBIN="$dir.tmp" GOFLAGS=-modcacherw GOTOOLCHAIN=local \
+      CGO_ENABLED=0 go install -ldflags "-X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+      "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION" >"$STATE/logs/helm-build.log" 2>&1; then
+    exec 8>&-
+    fail "go could not build helm v$HELM_VERSION; see $STATE/logs/helm-build.log"
+  fi
+  # Moved whole: an interrupted build leaves no binary.
+  mv "$dir.tmp/helm" "$HELM_BIN" && rm -rf "$dir.tmp"
+  exec 8>&-
+  say "helm v$HELM_VERSION built in $(($(date +%s) - started))s: $HELM_BIN"
+}
+
+# ---------------------------------------------------------------------------------------------
 # The operator page's tests drive Debian's chromium through Playwright's executable_path; the
 # browser builds Playwright would download are never used.
 browser() {
@@ -861,6 +898,7 @@ case "$cmd" in
   browser) browser ;;
   node) node_tools ;;
   prometheus-install) prometheus_install ;;
+  helm) helm_build ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
   kafka-kill) kafka_signal KILL "$node" ;;
@@ -875,5 +913,5 @@ case "$cmd" in
   redis-cluster-up) redis_cluster_up ;;
   redis-cluster-down) redis_cluster_signal TERM ;;
   redis-cluster-kill) [ $# -gt 0 ] || fail "redis-cluster-kill needs the port of the node to kill"; redis_cluster_signal KILL "$@" ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, helm, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
 esac
