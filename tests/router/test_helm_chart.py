@@ -278,6 +278,9 @@ def test_helm_lint_is_clean(helm_env: dict[str, str], tmp_path: Path) -> None:
         ),
         ({"resources": {"requests": {"cpu": "lots", "memory": "1Gi"}}}, "resources/requests/cpu"),
         ({"workerProcesses": 0}, "workerProcesses"),
+        (NO_SASL | {"kafka": {**NO_SASL["kafka"], "saslUsername": "router"}}, "SASL only"),
+        ({"kafka": {**SCRAM_PLAINTEXT["kafka"], "sslCaFile": "/ca.crt"}}, "TLS only"),
+        ({"kafka": {**SCRAM_PLAINTEXT["kafka"], "saslMechanism": ""}}, "needs kafka.saslMech"),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -289,3 +292,23 @@ def test_values_the_chart_cannot_honour_are_refused_naming_them(
     )
     assert done.returncode != 0, done.stdout
     assert named in done.stderr, done.stderr
+
+
+def test_whole_numbers_stay_whole_in_the_settings_file(
+    helm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A values file's numbers reach Helm as floats; the settings file has them as written."""
+    settings = {
+        "session_timeout_ms": 45000,
+        "retry_tiers_s": [30, 300],
+        "archive_part_max_age_s": 90.5,
+        "queues": {"payments": {"retries": 5}},
+    }
+    chart = _template(helm_env, _values_file(tmp_path, {"settings": settings}))
+    lines = [line.strip() for line in _config_toml(chart).splitlines()]
+    assert "session_timeout_ms = 45000" in lines
+    assert "retry_tiers_s = [30, 300]" in lines
+    assert "retries = 5" in lines  # in [queues.payments]
+    assert "archive_part_max_age_s = 90.5" in lines
+    assert "partitions = 4" in lines
+    assert "fleet_stop_timeout_s = 30.0" in lines

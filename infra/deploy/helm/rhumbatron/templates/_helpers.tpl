@@ -29,15 +29,27 @@ environment variables), never the ConfigMap.
 
 {{/*
 Whole numbers in a map from a values file: YAML numbers reach a template as float64, which
-toToml would write as 45000.0. Call with (dict "map" $m); changes $m in place, nested maps too.
+toToml would write as 45000.0. Call with (dict "map" $m); changes $m in place, in its maps and
+lists too.
 */}}
 {{- define "rhumbatron.wholeNumbers" -}}
 {{- $m := .map -}}
 {{- range $key, $value := $m -}}
-{{- if and (kindIs "float64" $value) (eq (float64 (int64 $value)) $value) -}}
-{{- $_ := set $m $key (int64 $value) -}}
-{{- else if kindIs "map" $value -}}
+{{- if kindIs "map" $value -}}
 {{- include "rhumbatron.wholeNumbers" (dict "map" $value) -}}
+{{- else if kindIs "slice" $value -}}
+{{- $items := dict -}}
+{{- range $index, $item := $value -}}
+{{- $_ := set $items (printf "%06d" $index) $item -}}
+{{- end -}}
+{{- include "rhumbatron.wholeNumbers" (dict "map" $items) -}}
+{{- $whole := list -}}
+{{- range $index, $item := $value -}}
+{{- $whole = append $whole (get $items (printf "%06d" $index)) -}}
+{{- end -}}
+{{- $_ := set $m $key $whole -}}
+{{- else if and (kindIs "float64" $value) (eq (float64 (int64 $value)) $value) -}}
+{{- $_ := set $m $key (int64 $value) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -114,6 +126,20 @@ with the settings map.
 */}}
 {{- define "rhumbatron.checkSettings" -}}
 {{- $s := . -}}
+{{- $protocol := $s.kafka_security_protocol -}}
+{{- $mechanism := $s.kafka_sasl_mechanism | default "" -}}
+{{- if and (not (hasPrefix "SASL" $protocol)) (or $mechanism $s.kafka_sasl_username) -}}
+{{- fail (printf "kafka.saslMechanism and kafka.saslUsername apply to SASL only, but kafka.securityProtocol is %s: use SASL_SSL (or SASL_PLAINTEXT), or leave them empty" $protocol) -}}
+{{- end -}}
+{{- if and (not (hasSuffix "SSL" $protocol)) $s.kafka_ssl_ca_file -}}
+{{- fail (printf "kafka.sslCaFile applies to TLS only, but kafka.securityProtocol is %s: use SSL or SASL_SSL, or leave it empty" $protocol) -}}
+{{- end -}}
+{{- if and (hasPrefix "SASL" $protocol) (not $mechanism) -}}
+{{- fail (printf "kafka.securityProtocol %s needs kafka.saslMechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)" $protocol) -}}
+{{- end -}}
+{{- if and (has $mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not $s.kafka_sasl_username) -}}
+{{- fail (printf "kafka.saslMechanism %s needs kafka.saslUsername (its password is the Secret's RHUMBATRON_KAFKA_SASL_PASSWORD)" $mechanism) -}}
+{{- end -}}
 {{- if and (eq $s.archive_store "local") (gt (int (get $s.fleet_subscriptions "audit-archiver" | default 0)) 0) -}}
 {{- fail "archive.store: 'local' keeps the archive on a pod's own disk; a deployment archives to S3 (archive.store: s3, archive.s3.*) or not at all (none)" -}}
 {{- end -}}
