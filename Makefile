@@ -6,7 +6,7 @@ VENV_STAMP := .venv/.installed
 # the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
 export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
-.PHONY: demo test test-slow chaos up down check bench venv unit browser node helm
+.PHONY: demo test test-slow chaos up down check bench venv unit browser node jaeger helm
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -35,13 +35,17 @@ node:
 helm:
 	infra/local.sh helm
 
+# Jaeger v2, built from source once per machine (a few minutes), for the traces-in-Jaeger test.
+jaeger:
+	infra/local.sh jaeger
+
 # Tests run in three worker processes: most of their time is spent waiting on real servers and
 # subprocesses, not on the CPU, and each test has its own environment on the shared broker.
 test: up browser node
 	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow"
 
-# The heavier suites: property soaks with many more generated examples.
-test-slow: up node helm
+# The heavier suites: property soaks with many more generated examples, traces in Jaeger.
+test-slow: up node jaeger helm
 	$(PY) -m pytest -q -n 2 -m slow
 
 # The chaos matrix (tests/chaos/matrix, docs/reliability.md): one row per fault scenario against

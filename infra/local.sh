@@ -14,6 +14,7 @@
 #   infra/local.sh browser                  (Debian's chromium for the operator page's tests)
 #   infra/local.sh node                     (node 20+ and the TypeScript examples' npm dependencies)
 #   infra/local.sh prometheus-install       (Debian's prometheus and promtool, installed only)
+#   infra/local.sh jaeger | jaeger-start | jaeger-stop   (Jaeger v2 from source; traces in memory)
 #   infra/local.sh helm                     (Helm, pinned, built from source into .local/helm/)
 #
 # A private instance (for a chaos test that stops its broker without disturbing anyone else's)
@@ -796,6 +797,99 @@ helm_build() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Jaeger (Apache-2.0), a trace store that takes OTLP, for the traces test
+# (tests/tracing/test_traces_in_jaeger.py, docs/observability.md). Built from source through the Go
+# module proxy, once per machine and version: module github.com/jaegertracing/jaeger at
+# JAEGER_VERSION, whose cmd/jaeger is the Jaeger v2 binary. The binary lands in
+# .local/jaeger/<version>/jaeger; Go's module cache, build cache and GOPATH are .local/go/ (as for
+# Helm), so nothing is written to $HOME. Its configuration (infra/dashboards/jaeger/config.yaml) keeps
+# traces in memory and listens on 127.0.0.1 only; the ports come from the environment:
+#   RHUMBATRON_JAEGER_OTLP_GRPC_PORT (4317), RHUMBATRON_JAEGER_OTLP_HTTP_PORT (4318),
+#   RHUMBATRON_JAEGER_QUERY_PORT (16686, the UI and the HTTP API /api/services, /api/traces),
+#   RHUMBATRON_JAEGER_QUERY_GRPC_PORT (16685), RHUMBATRON_JAEGER_HEALTH_PORT (13133),
+#   RHUMBATRON_JAEGER_METRICS_PORT (8888, its own metrics for Prometheus).
+JAEGER_VERSION=1.75.0
+JAEGER_HOME="$ROOT/.local/jaeger"
+JAEGER_BIN="$JAEGER_HOME/$JAEGER_VERSION/jaeger"
+JAEGER_CONFIG="$ROOT/infra/dashboards/jaeger/config.yaml"
+JAEGER_START_TIMEOUT="${RHUMBATRON_JAEGER_START_TIMEOUT:-60}"
+export RHUMBATRON_JAEGER_OTLP_GRPC_PORT="${RHUMBATRON_JAEGER_OTLP_GRPC_PORT:-4317}"
+export RHUMBATRON_JAEGER_OTLP_HTTP_PORT="${RHUMBATRON_JAEGER_OTLP_HTTP_PORT:-4318}"
+export RHUMBATRON_JAEGER_QUERY_PORT="${RHUMBATRON_JAEGER_QUERY_PORT:-16686}"
+export RHUMBATRON_JAEGER_QUERY_GRPC_PORT="${RHUMBATRON_JAEGER_QUERY_GRPC_PORT:-16685}"
+export RHUMBATRON_JAEGER_HEALTH_PORT="${RHUMBATRON_JAEGER_HEALTH_PORT:-13133}"
+export RHUMBATRON_JAEGER_METRICS_PORT="${RHUMBATRON_JAEGER_METRICS_PORT:-8888}"
+
+jaeger_build() {
+  if [ -x "$JAEGER_BIN" ]; then say "jaeger $JAEGER_VERSION built: $JAEGER_BIN"; return; fi
+  command -v go >/dev/null || fail "go not found: Jaeger $JAEGER_VERSION is built from source with Go 1.24 or newer"
+  mkdir -p "$JAEGER_HOME" "$STATE/logs"
+  # Two callers at once (make test-slow beside a developer's shell) build it once: the second
+  # waits on the lock, then finds the binary.
+  exec 9>"$JAEGER_HOME/.build.lock"
+  flock 9
+  if [ -x "$JAEGER_BIN" ]; then exec 9>&-; say "jaeger $JAEGER_VERSION built: $JAEGER_BIN"; return; fi
+  local build="$JAEGER_HOME/$JAEGER_VERSION/build" log="$STATE/logs/jaeger-build.log" started
+  started=$(date +%s)
+  say "building jaeger $JAEGER_VERSION from the Go module proxy (a few minutes on a small machine; log in $log)"
+  rm -rf "$build" && mkdir -p "$build"
+  # -modcacherw: Go makes its module cache read-only, which would stop rm -rf .local.
+  if ! (
+    cd "$build"
+    export GOPATH="$ROOT/.local/go" GOMODCACHE="$ROOT/.local/go/pkg/mod" GOCACHE="$ROOT/.local/go/cache"
+    export GOFLAGS=-modcacherw GOTOOLCHAIN=local CGO_ENABLED=0
+    go mod init rhumbatron.local/jaeger-build
+    go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@v$JAEGER_VERSION"
+    nice -n 19 go build -trimpath -o jaeger.tmp github.com/jaegertracing/jaeger/cmd/jaeger
+  ) >"$log" 2>&1; then
+    exec 9>&-
+    fail "could not build jaeger $JAEGER_VERSION; see $log"
+  fi
+  mv "$build/jaeger.tmp" "$JAEGER_BIN"
+  exec 9>&-
+  say "jaeger $JAEGER_VERSION built in $(($(date +%s) - started))s: $JAEGER_BIN ($(du -m "$JAEGER_BIN" | cut -f1) MB)"
+}
+
+jaeger_api() { echo "http://127.0.0.1:$RHUMBATRON_JAEGER_QUERY_PORT"; }
+
+jaeger_start() {
+  local pidfile="$STATE/jaeger/jaeger.pid" log="$STATE/logs/jaeger.log" pid started
+  if alive "$pidfile"; then
+    say "jaeger already running (pid $(cat "$pidfile"), OTLP 127.0.0.1:$RHUMBATRON_JAEGER_OTLP_GRPC_PORT, API $(jaeger_api))"
+    return
+  fi
+  jaeger_build
+  mkdir -p "$STATE/jaeger" "$STATE/logs"
+  started=$(date +%s%3N)
+  nohup "$JAEGER_BIN" --config "$JAEGER_CONFIG" >"$log" 2>&1 &
+  pid=$!
+  echo "$pid" >"$pidfile"
+  local deadline=$(($(date +%s) + JAEGER_START_TIMEOUT))
+  until curl -fsS -o /dev/null "$(jaeger_api)/api/services" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$log" | sed 's/^/    /' >&2 || true
+      fail "jaeger exited at start; see $log"
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      fail "jaeger did not answer on $(jaeger_api) within ${JAEGER_START_TIMEOUT}s; see $log"
+    fi
+    sleep 0.2
+  done
+  local ms=$(($(date +%s%3N) - started))
+  say "jaeger ready in $((ms / 1000)).$(((ms % 1000) / 100))s (pid $pid, OTLP gRPC 127.0.0.1:$RHUMBATRON_JAEGER_OTLP_GRPC_PORT, OTLP HTTP 127.0.0.1:$RHUMBATRON_JAEGER_OTLP_HTTP_PORT, API $(jaeger_api))"
+}
+
+jaeger_stop() {
+  local pidfile="$STATE/jaeger/jaeger.pid" pid
+  if ! alive "$pidfile"; then say "jaeger not running"; rm -f "$pidfile"; return; fi
+  pid="$(cat "$pidfile")"
+  kill -TERM "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  rm -f "$pidfile"
+  say "jaeger stopped (pid $pid)"
+}
+
+# ---------------------------------------------------------------------------------------------
 # The operator page's tests drive Debian's chromium through Playwright's executable_path; the
 # browser builds Playwright would download are never used.
 browser() {
@@ -898,6 +992,9 @@ case "$cmd" in
   browser) browser ;;
   node) node_tools ;;
   prometheus-install) prometheus_install ;;
+  jaeger) jaeger_build ;;
+  jaeger-start) jaeger_start ;;
+  jaeger-stop) jaeger_stop ;;
   helm) helm_build ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
@@ -913,5 +1010,5 @@ case "$cmd" in
   redis-cluster-up) redis_cluster_up ;;
   redis-cluster-down) redis_cluster_signal TERM ;;
   redis-cluster-kill) [ $# -gt 0 ] || fail "redis-cluster-kill needs the port of the node to kill"; redis_cluster_signal KILL "$@" ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, helm, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, jaeger, jaeger-start, jaeger-stop, helm, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
 esac
