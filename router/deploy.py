@@ -49,7 +49,7 @@ POD_SETS = frozenset(
 # within what its liveness probe allows (initialDelaySeconds + failureThreshold x periodSeconds)
 # is one a test holds as failed (tests/router/test_pods_as_processes.py).
 @dataclass(frozen=True)
-class Probe:
+class PodProbe:
     """An HTTP probe of the ``probes`` port."""
 
     path: str
@@ -68,10 +68,10 @@ class Probe:
         }
 
 
-LIVENESS = Probe("/healthz", initial_delay_s=10, period_s=10, failures=3)
+LIVENESS = PodProbe("/healthz", initial_delay_s=10, period_s=10, failures=3)
 # The rollup starts slowest: its faust worker joins its group and recovers its tables first.
-ROLLUP_LIVENESS = Probe("/healthz", initial_delay_s=30, period_s=10, failures=3)
-READINESS = Probe("/readyz", initial_delay_s=5, period_s=5, failures=2)
+ROLLUP_LIVENESS = PodProbe("/healthz", initial_delay_s=30, period_s=10, failures=3)
+READINESS = PodProbe("/readyz", initial_delay_s=5, period_s=5, failures=2)
 # Where every pod's /metrics is: plain annotations, and the Prometheus Operator's PodMonitor.
 SCRAPE_ANNOTATIONS = {
     "prometheus.io/scrape": "true",
