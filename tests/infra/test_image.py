@@ -349,6 +349,17 @@ def _engine() -> str | None:
     return None
 
 
+def _dangling(engine: str) -> set[str]:
+    listed = subprocess.run(
+        [engine, "images", "--quiet", "--filter", "dangling=true"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return set(listed.stdout.split())
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_the_image_builds_and_its_entrypoint_consumes(settings: Settings) -> None:
@@ -356,16 +367,17 @@ def test_the_image_builds_and_its_entrypoint_consumes(settings: Settings) -> Non
     if engine is None:
         pytest.skip("no container engine answers here (podman info / docker info)")
     tag = f"localhost/rhumbatron-test:{settings.env}"
-    built = subprocess.run(
-        [str(BUILD_IMAGE), tag],
-        env={**os.environ, "ENGINE": engine, "BASE": IMAGE_BASE},
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S * 2,
-        check=False,
-    )
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    before = _dangling(engine)
     try:
+        built = subprocess.run(
+            [str(BUILD_IMAGE), tag],
+            env={**os.environ, "ENGINE": engine, "BASE": IMAGE_BASE},
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S * 2,
+            check=False,
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
         config = orjson.loads(
             subprocess.run(
                 [engine, "image", "inspect", tag], capture_output=True, check=True, timeout=60
@@ -401,4 +413,6 @@ def test_the_image_builds_and_its_entrypoint_consumes(settings: Settings) -> Non
         assert f"{len(events)} records, {len(events)} applied" in said, said[-2000:]
         _check_views(s, events, lambda p: orjson.loads(entrypoint("view", p, "--json")))
     finally:
-        subprocess.run([engine, "rmi", tag], capture_output=True, timeout=120, check=False)
+        # The tag, and the build stage's image this build left untagged.
+        left = sorted(_dangling(engine) - before)
+        subprocess.run([engine, "rmi", tag, *left], capture_output=True, timeout=120, check=False)
