@@ -1,6 +1,5 @@
 """infra/deploy: the Kubernetes manifests `rhumbatron fleet manifests` renders from a
-deployment's settings are valid against Kubernetes' schemas (kubernetes-validate) and KEDA's CRD
-models (cloudcoil), carry the fleet's members as workloads with the replicas, probes, static
+deployment's settings (their schemas: tests/router/test_manifest_schemas.py) carry the fleet's members as workloads with the replicas, probes, static
 membership and scaling bounds the settings give, refuse the settings a stateless pod cannot
 honour, and the committed rendering is the one the committed settings give; the Dockerfile
 passes hadolint."""
@@ -16,7 +15,6 @@ from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 
 from router import deploy
@@ -58,31 +56,6 @@ def test_the_committed_rendering_is_what_the_committed_settings_give() -> None:
         "infra/deploy/k8s/rhumbatron.yaml is stale: rhumbatron fleet manifests "
         "infra/deploy/config.toml > infra/deploy/k8s/rhumbatron.yaml"
     )
-
-
-def test_every_manifest_is_valid_against_its_schema() -> None:
-    docs = list(yaml.safe_load_all(RENDERED.read_text()))
-    kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "StatefulSet", "PodDisruptionBudget", "ScaledObject"} <= kinds
-    for doc in docs:
-        if doc["kind"] in KEDA:
-            model = KEDA[doc["kind"]].model_validate(doc)
-            # The models accept keys they do not know: a key the round trip loses is a typo.
-            assert model.model_dump(by_alias=True, exclude_unset=True) == doc
-        else:
-            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
-
-
-def test_a_misspelt_field_is_refused_by_each_checker() -> None:
-    docs = list(yaml.safe_load_all(RENDERED.read_text()))
-    workload = next(d for d in docs if d["kind"] == "StatefulSet")
-    workload["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(workload, KUBERNETES, strict=True)
-    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
-    scaled["spec"]["maxReplicas"] = 3
-    model = ScaledObject.model_validate(scaled)
-    assert model.model_dump(by_alias=True, exclude_unset=True) != scaled
 
 
 def test_the_workloads_are_the_fleets_members() -> None:
