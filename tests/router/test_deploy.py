@@ -1,8 +1,9 @@
 """infra/deploy: the Kubernetes manifests `rhumbatron fleet manifests` renders from a
-deployment's settings (their schemas: tests/router/test_manifest_schemas.py) carry the fleet's members as workloads with the replicas, probes, static
+deployment's settings carry the fleet's members as workloads with the replicas, probes, static
 membership and scaling bounds the settings give, refuse the settings a stateless pod cannot
 honour, and the committed rendering is the one the committed settings give; the Dockerfile
-passes hadolint."""
+passes hadolint. (Their schemas: tests/router/test_manifest_schemas.py; run as processes:
+tests/router/test_pods_as_processes.py.)"""
 
 from __future__ import annotations
 
