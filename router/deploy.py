@@ -89,6 +89,7 @@ SECRET_KEYS = (
     "RHUMBATRON_ARCHIVE_S3_SECRET_KEY",
     "RHUMBATRON_OPERATOR_TOKEN",
     "RHUMBATRON_OPERATOR_READ_TOKEN",
+    "RHUMBATRON_OPERATOR_TOKENS",  # more operators, each with a token: '{"alice": "…"}'
     "RHUMBATRON_HTTP_HANDLER_SECRETS",  # what the workers of HTTP handlers sign with
     "PGPASSWORD",  # libpq's: the outboxes' URLs name their user, never a password
 )
