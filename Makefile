@@ -6,7 +6,7 @@ VENV_STAMP := .venv/.installed
 # the checkout, next to the services' own; an installed rhumbatron defaults to the XDG state dir.
 export RHUMBATRON_STATE_DIR ?= $(CURDIR)/.local
 
-.PHONY: demo test test-slow chaos up down check bench venv unit browser node jaeger helm
+.PHONY: demo test test-slow chaos up down check bench venv unit browser node helm jaeger image-tools
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -35,6 +35,10 @@ node:
 helm:
 	infra/local.sh helm
 
+# podman, runc and mmdebstrap from Debian, for the image's build-and-run test.
+image-tools:
+	infra/local.sh image-tools
+
 # Jaeger v2, built from source once per machine (a few minutes), for the traces-in-Jaeger test.
 jaeger:
 	infra/local.sh jaeger
@@ -45,7 +49,7 @@ test: up browser node
 	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow"
 
 # The heavier suites: property soaks with many more generated examples, traces in Jaeger.
-test-slow: up node jaeger helm
+test-slow: up node jaeger helm image-tools
 	$(PY) -m pytest -q -n 2 -m slow
 
 # The chaos matrix (tests/chaos/matrix, docs/reliability.md): one row per fault scenario against

@@ -444,6 +444,23 @@ redis_install() {
   fi
 }
 
+# The container tools the image's test builds with (tests/infra/test_image.py): Debian's podman,
+# runc (crun refuses a hybrid cgroup hierarchy) and mmdebstrap (a stand-in base from Debian's own
+# packages where no image registry answers; infra/deploy/build-image.sh).
+image_tools() {
+  local absent=() tool
+  for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || absent+=("$tool"); done
+  [ ${#absent[@]} -eq 0 ] && { say "image tools present: $(podman --version)"; return; }
+  command -v apt-get >/dev/null || fail "no apt-get to install ${absent[*]}: install podman, runc and mmdebstrap"
+  say "installing ${absent[*]} with apt-get (log in $STATE/logs/apt-image-tools.log)"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  mkdir -p "$STATE/logs"
+  if ! { $sudo apt-get install -y -qq "${absent[@]}" || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${absent[@]}"; }; } >"$STATE/logs/apt-image-tools.log" 2>&1; then
+    fail "apt-get could not install ${absent[*]}; see $STATE/logs/apt-image-tools.log"
+  fi
+}
+
 redis_start() {
   local dir="$STATE/redis" pidfile="$STATE/redis/redis.pid"
   if alive "$pidfile"; then say "redis already running (pid $(cat "$pidfile"), 127.0.0.1:$REDIS_PORT)"; return; fi
@@ -996,6 +1013,7 @@ case "$cmd" in
   jaeger-start) jaeger_start ;;
   jaeger-stop) jaeger_stop ;;
   helm) helm_build ;;
+  image-tools) image_tools ;;
   kafka-start) kafka_start "$node" ;;
   kafka-stop) kafka_signal TERM "$node" ;;
   kafka-kill) kafka_signal KILL "$node" ;;
