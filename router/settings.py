@@ -787,12 +787,12 @@ class Settings(BaseSettings):
         "state_dir)",
     )
     analytics_rollup_producer_buffer: int = Field(
-        2000,
+        100,
         ge=100,
-        le=100_000,
-        description="table changes the rollup may hold for its producer before it stops handing "
-        "points to its agent until they are sent (faust's producer buffer, 100 in faust; "
-        "docs/analytics.md)",
+        le=1000,
+        description="table changes the rollup may hold for its producer before it holds back "
+        "points until they are sent and logs 'producer buffer full' (faust's producer buffer; "
+        "docs/analytics.md says what raising it costs)",
     )
     analytics_query_timeout_s: float = Field(
         5.0, gt=0, description="bound on one request of `rhumbatron analytics` to the rollup"

@@ -51,6 +51,7 @@ def rollup_config(settings: Settings) -> RollupConfig:
         port=settings.analytics_rollup_port,
         datadir=str(settings.in_state_dir(settings.analytics_rollup_dir) / settings.env),
         session_timeout_s=settings.session_timeout_ms / 1000,
+        producer_buffer=settings.analytics_rollup_producer_buffer,
         security=rollup_security(settings.kafka_config()),
     )
 

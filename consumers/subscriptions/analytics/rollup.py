@@ -39,7 +39,7 @@ import asyncio
 import logging
 import re
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -289,6 +289,7 @@ class RollupConfig:
     port: int
     datadir: str
     session_timeout_s: float  # how soon a dead worker's partitions go to another
+    producer_buffer: int = 100  # table changes queued for the producer before reading waits
     security: RollupSecurity = RollupSecurity()  # how it logs in (rollup_security)
 
     @property
@@ -360,9 +361,20 @@ def internal_topics(app: faust.App) -> list[TopicSpec]:
     return specs
 
 
+@dataclass(frozen=True, slots=True)
+class ReadThrough:
+    """How far the consumer has read a partition: the offset of the last record it handed over
+    (``last``) and its position after the fetches since (``position``). Between the two lie no
+    records a reader is given (transaction markers, aborted records), only what a fetch passed
+    over without handing it out."""
+
+    last: int
+    position: int
+
+
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """faust's aiokafka consumer, but a rebalance's recovery asks the broker where each changelog
-    ends.
+    ends, and each fetch notes how far it read each partition (:class:`ReadThrough`).
 
     Under ``exactly_once`` faust takes a partition's end from the last fetch response for it, and
     right after an assignment there may have been none: recovery then took every changelog to be
@@ -375,10 +387,89 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = self._ensure_consumer()
         return cast(Mapping[TP, int], await consumer.end_offsets(partitions))
 
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: set[TP],
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        records = await super()._fetch_records(
+            consumer, active_partitions, timeout=timeout, max_records=max_records
+        )
+        self._note_read_through(consumer, records)
+        return records
+
+    def _note_read_through(self, consumer: Any, records: Mapping[Any, list[Any]]) -> None:
+        """Note each partition's :class:`ReadThrough` once a fetch returned: in this thread,
+        nothing moves a position between aiokafka handing records over and this.
+
+        aiokafka steps a partition's position over the markers and aborted records that follow
+        the records it hands over, in the same fetch or in a later one that hands nothing over
+        (faust asks for at most ``broker_max_poll_records`` records at a time, so the marker
+        ending a transaction of that many comes alone). A seek moves it too, to a committed
+        offset: behind the last record, the note says nothing to commit; ahead of it, what lies
+        between is committed already."""
+        subscription = consumer._subscription.subscription  # aiokafka's SubscriptionState
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return
+        through = cast(_Consumer, self.consumer).read_through_notes
+        for atp in assignment.tps:
+            state = assignment.state_value(atp)
+            if state is None or not state.has_valid_position:
+                continue
+            tp = TP(atp.topic, atp.partition)
+            handed = records.get(atp)
+            if handed:
+                through[tp] = ReadThrough(handed[-1].offset, state.position)
+            elif (known := through.get(tp)) is not None and known.position != state.position:
+                through[tp] = ReadThrough(known.last, state.position)
+
 
 class _Consumer(faust_aiokafka.Consumer):
+    """faust's aiokafka consumer, committing a partition read through to its position.
+
+    A ``read_committed`` reader is never handed the marker that ends a transaction, so the
+    offset after the last record folded is the marker's, one short of the log end: Kafka's
+    tools, ``rhumbatron fleet status`` and a lag-based scaler would read lag 1 on every
+    partition of a caught-up rollup. Once the last record the consumer handed over of a
+    partition is folded (``folded``, kept by the app), nothing before its position waits to be
+    folded, and the position is what a commit carries, at faust's next commit interval even
+    when no new point was acknowledged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Written by the consumer thread, read here; each value is replaced whole.
+        self.read_through_notes: dict[TP, ReadThrough] = {}
+        # The offset of each points partition's latest point folded (set by the app).
+        self.folded: Mapping[TP, int] = {}
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def read_through(self, tp: TP) -> int | None:
+        """``tp``'s position when it is past the offset after the last point folded and every
+        record handed over before it is folded; else None."""
+        last = self.folded.get(tp)
+        note = self.read_through_notes.get(tp)
+        if last is None or note is None or note.last != last or note.position <= last + 1:
+            return None
+        return note.position
+
+    def commit_offset(self, tp: TP) -> int:
+        """The offset a commit of ``tp`` carries: its read-through position, else the one after
+        its last point folded (``tp`` must have one)."""
+        through = self.read_through(tp)
+        return through if through is not None else self.folded[tp] + 1
+
+    def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        offsets = super()._filter_committable_offsets(tps := list(tps))
+        for tp in tps:
+            through = self.read_through(tp)
+            if through is not None and self._should_commit(tp, through):
+                offsets[tp] = max(offsets.get(tp, through), through)
+        return offsets
 
 
 class _Transport(faust_aiokafka.Transport):
@@ -433,6 +524,7 @@ def build_app(config: RollupConfig) -> faust.App:
     invalid = app.Table("invalid", default=int, partitions=config.partitions)
     tables = (by_project.table, by_metric.table, invalid)
     last_offsets: dict[TP, int] = {}  # the offset of each partition's latest point folded
+    committed: dict[TP, int] = {}  # the offsets this worker committed since the assignment
     sent: list[asyncio.Future[Any]] = []  # table changes since the last commit (keep_sent)
     folding = asyncio.Event()  # cleared while a commit is made (commit_what_was_sent)
     folding.set()
@@ -485,22 +577,38 @@ def build_app(config: RollupConfig) -> faust.App:
         rebalance before that one committed lost them (measured: 14 of 13,334 points short
         after three SIGKILLs mid-stream). Here no point is folded while a commit is made, every
         change sent so far is written first, and each partition's offset is the one after its
-        last point folded, whatever faust counted as acknowledged."""
+        last point folded, or past the markers after it once it is read through
+        (``_Consumer.read_through``), whatever faust counted as acknowledged. An offset is never
+        committed below one this worker committed since the assignment: a read-through commit
+        can be ahead of the offset after the last point folded."""
         folding.clear()
         try:
             await all_sent("before a commit")
-            exact = {tp: last_offsets[tp] + 1 for tp in offsets if tp in last_offsets}
+            consumer = cast(_Consumer, app.consumer)
+            exact = {
+                tp: offset
+                for tp in offsets
+                if tp in last_offsets
+                and (offset := consumer.commit_offset(tp)) > committed.get(tp, -1)
+            }
             if not exact:
                 return False
             done: bool = await faust_commit[0](exact, start_new_transaction=start_new_transaction)
+            if done:
+                committed.update(exact)
             return done
         finally:
             folding.set()
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # (mode's stub wants a union)
     async def guard_commits(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-        """Have every commit go through :func:`commit_what_was_sent` (installed once)."""
+        """Have every commit go through :func:`commit_what_was_sent` (installed once), and the
+        consumer see the points folded (``_Consumer.read_through``)."""
         del sender, args, signal, kwargs
+        cast(_Consumer, app.consumer).folded = last_offsets
+        # faust.transport.producer.ProducerBuffer: past this many queued changes, it holds back
+        # the next point, sends changes and logs "producer buffer full" (docs/analytics.md).
+        cast(Any, app.producer).buffer.max_messages = config.producer_buffer
         if not faust_commit:
             manager = cast(Any, app.consumer).transactions  # faust's TransactionManager
             faust_commit.append(manager.commit)
@@ -541,6 +649,7 @@ def build_app(config: RollupConfig) -> faust.App:
         for transactional_id in list(getattr(producer, "_transaction_producers", {})):
             await producer.abort_transaction(transactional_id)
         last_offsets.clear()
+        committed.clear()
         recovery = cast(Any, app.tables).recovery  # faust.tables.recovery.Recovery
         for table in tables:
             table.data.clear()
