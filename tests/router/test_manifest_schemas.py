@@ -9,8 +9,6 @@ one the CRD does not have."""
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,9 @@ from pydantic import BaseModel
 
 from router import deploy
 from router.settings import settings_elsewhere
-from tests.support.environment import ROOT
+from tests.support.deployment import CONFIG as SHIPPED
+from tests.support.deployment import deployment_config
 
-SHIPPED = ROOT / "infra" / "deploy" / "config.toml"
 KUBERNETES = "1.34"  # kubernetes-validate's schemas of the oldest Kubernetes we deploy to
 CRD_MODELS: dict[str, type[BaseModel]] = {
     "ScaledObject": ScaledObject,
@@ -71,39 +69,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string of printable text is a TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
-
-
-def _table(prefix: str, data: dict[str, Any]) -> list[str]:
-    plain = [f"{k} = {_toml(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    lines = [f"[{prefix}]", *plain] if prefix else plain
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines += _table(f"{prefix}.{key}" if prefix else key, value)
-    return lines
-
-
-def _settings_file(tmp_path: Path, changes: dict[str, Any]) -> Path:
-    """The shipped settings with ``changes`` (None: the key removed)."""
-    data = tomllib.loads(SHIPPED.read_text())
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path = tmp_path / "config.toml"
-    path.write_text("\n".join(_table("", data)) + "\n")
-    assert tomllib.loads(path.read_text()) == data
-    return path
-
-
 def _rendered(path: Path) -> list[dict[str, Any]]:
     return deploy.manifests(
         settings_elsewhere(path), path.read_text(), image="rhumbatron:test", namespace="team-a"
@@ -123,7 +88,7 @@ def _check(doc: dict[str, Any]) -> None:
 def test_every_rendered_object_is_valid_against_its_schema(
     tmp_path: Path, changes: dict[str, Any]
 ) -> None:
-    docs = _rendered(_settings_file(tmp_path, changes))
+    docs = _rendered(deployment_config(tmp_path, **changes))
     for doc in docs:
         _check(doc)
 
@@ -134,7 +99,7 @@ def test_the_variants_render_every_kind(tmp_path: Path) -> None:
     for index, changes in enumerate(VARIANTS.values()):
         folder = tmp_path / str(index)
         folder.mkdir()
-        kinds |= {d["kind"] for d in _rendered(_settings_file(folder, changes))}
+        kinds |= {d["kind"] for d in _rendered(deployment_config(folder, **changes))}
     assert kinds == {
         "Namespace",
         "ConfigMap",

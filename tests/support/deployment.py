@@ -4,6 +4,7 @@ reads."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,9 @@ def deployment_config(tmp_path: Path, **changes: Any) -> Path:
             data.pop(key, None)
         else:
             data[key] = value
-    lines = []
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key, value in data.items():
-        if key not in tables:
-            lines.append(f"{key} = {_toml(value)}")
-    for key, table in tables.items():
-        lines.append(f"[{key}]")
-        lines += [f"{_toml(k)} = {_toml(v)}" for k, v in table.items()]
     path = tmp_path / "config.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(_table("", data)) + "\n")
+    assert tomllib.loads(path.read_text()) == data
     return path
 
 
@@ -40,7 +34,16 @@ def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value)  # a JSON string of printable text is a TOML basic string
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return str(value)
+
+
+def _table(prefix: str, data: dict[str, Any]) -> list[str]:
+    plain = [f"{_toml(k)} = {_toml(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    lines = [f"[{prefix}]", *plain] if prefix else plain
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += _table(f"{prefix}.{_toml(key)}" if prefix else _toml(key), value)
+    return lines

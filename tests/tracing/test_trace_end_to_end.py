@@ -8,8 +8,6 @@ consumed batches link to the event's publish."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,61 +17,19 @@ from opentelemetry.trace import SpanKind
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from streams.topology import queue_name
-from tests.support.environment import ROOT, run_cli, subprocess_env
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
+from tests.support.traced_run import PROJECTOR, QUEUE, ROUTER, run_dispatch, traced_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-PROJECTOR = "project-view-projector"
-ROUTER = "causal-router"
-QUEUE = "integration"  # change.dispatch goes there (causal_router.commands.QUEUES)
-# A project's first 12 workload events: t0 runs and completes, so the router dispatches t1.
-EVENTS = "12"
-IDLE_S = "2"
-TIMEOUT_S = 180
-
-
-def _env(s: Settings, receiver: OtlpReceiver) -> dict[str, str]:
-    env = {k: v for k, v in subprocess_env(s).items() if not k.startswith("OTEL_")}
-    env.update(
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-        OTEL_BSP_SCHEDULE_DELAY="100",
-    )
-    return env
-
-
-def _consume(env: dict[str, str], slug: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "consume", "--subscription", slug]
-        + ["--until-idle", IDLE_S],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(proc: subprocess.Popen[str], what: str) -> None:
-    _, err = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{err[-3000:]}"
 
 
 def test_a_command_is_at_the_end_of_one_trace_from_the_outbox_write_to_the_worker(
     settings: Settings, tmp_path: Path
 ) -> None:
     provision_environment(settings)
-    outbox = str(tmp_path / "outbox.sqlite")
     with OtlpReceiver() as receiver:
-        env = _env(settings, receiver)
-        produce = ["produce", "--outbox", outbox, "--projects", "1", "--events", EVENTS]
-        run_cli(settings, *produce, env=env, check=True)
-        run_cli(settings, "publish", "--outbox", outbox, "--until-empty", env=env, check=True)
-        consumers = {slug: _consume(env, slug) for slug in (PROJECTOR, ROUTER)}
-        for slug, proc in consumers.items():
-            _finish(proc, slug)
-        worker = ["worker", "--queue", QUEUE, "--handler", "ok", "--until-idle", IDLE_S]
-        run_cli(settings, *worker, env=env, check=True)
+        env = traced_env(settings, receiver.endpoint)
+        run_dispatch(settings, tmp_path / "outbox.sqlite", env)
         spans = receiver.spans()  # each process flushed its spans on its way out
 
     queue = queue_name(QUEUE, settings.env)

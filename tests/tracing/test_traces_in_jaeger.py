@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ import pytest
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from streams.topology import queue_name
-from tests.support.environment import ROOT, run_cli, subprocess_env
+from tests.support.environment import ROOT
+from tests.support.traced_run import PROJECTOR, QUEUE, ROUTER, run_dispatch, traced_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,19 +46,12 @@ PORTS = (
 # Bounds on a hang on a busy 2-core machine, not expectations.
 START_TIMEOUT_S = 60.0
 STORED_TIMEOUT_S = 60.0
-RUN_TIMEOUT_S = 180
 
 PRODUCER = "rhumbatron-producer"
 PUBLISHER = "rhumbatron-publisher"
-PROJECTOR = "project-view-projector"
-ROUTER = "causal-router"
-QUEUE = "integration"  # change.dispatch goes there (causal_router.commands.QUEUES)
 WORKER = f"rhumbatron-worker-{QUEUE}"
 SERVICES = {PRODUCER, PUBLISHER, f"rhumbatron-{PROJECTOR}", f"rhumbatron-{ROUTER}", WORKER}
-# A project's first 12 workload events: t0 runs and completes, so the router dispatches t1.
-EVENTS = "12"
 CLOCK_SKEW = "clock skew adjustment"  # how Jaeger's clock-skew warnings begin
-IDLE_S = "2"
 
 
 def _free_port() -> int:
@@ -133,29 +126,6 @@ def running_jaeger(folder: Path) -> Iterator[Jaeger]:
             proc.wait(timeout=30)
 
 
-def _env(s: Settings, jaeger: Jaeger) -> dict[str, str]:
-    env = {k: v for k, v in subprocess_env(s).items() if not k.startswith("OTEL_")}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_http, OTEL_BSP_SCHEDULE_DELAY="100")
-    return env
-
-
-def _consume(env: dict[str, str], slug: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "consume", "--subscription", slug]
-        + ["--until-idle", IDLE_S],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(proc: subprocess.Popen[str], what: str) -> None:
-    _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{err[-3000:]}"
-
-
 def _tag(span: dict[str, Any], key: str) -> Any:
     return next((t["value"] for t in span["tags"] if t["key"] == key), None)
 
@@ -196,18 +166,10 @@ def test_a_change_dispatch_is_one_trace_of_five_services_in_jaeger(
     settings: Settings, tmp_path: Path
 ) -> None:
     provision_environment(settings)
-    outbox = str(tmp_path / "outbox.sqlite")
     with running_jaeger(tmp_path) as jaeger:
         assert SERVICES.isdisjoint(jaeger.services())  # a store of this test's own
-        env = _env(settings, jaeger)
-        produce = ["produce", "--outbox", outbox, "--projects", "1", "--events", EVENTS]
-        run_cli(settings, *produce, env=env, check=True)
-        run_cli(settings, "publish", "--outbox", outbox, "--until-empty", env=env, check=True)
-        consumers = {slug: _consume(env, slug) for slug in (PROJECTOR, ROUTER)}
-        for slug, proc in consumers.items():
-            _finish(proc, slug)
-        worker = ["worker", "--queue", QUEUE, "--handler", "ok", "--until-idle", IDLE_S]
-        run_cli(settings, *worker, env=env, check=True)
+        env = traced_env(settings, jaeger.otlp_http)
+        run_dispatch(settings, tmp_path / "outbox.sqlite", env)
 
         # Each process flushed its spans on its way out, and Jaeger stores what it receives after
         # its batch processor's interval: the trace is there once it holds the five services and
