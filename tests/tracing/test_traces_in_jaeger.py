@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from router.settings import Settings
 from router.wiring.provisioning import provision_environment
 from streams.topology import queue_name
 from tests.support.environment import ROOT
+from tests.support.prometheus import free_port
 from tests.support.traced_run import PROJECTOR, QUEUE, ROUTER, run_dispatch, traced_env
 from tests.support.waiting import wait_until
 
@@ -54,12 +54,6 @@ SERVICES = {PRODUCER, PUBLISHER, f"rhumbatron-{PROJECTOR}", f"rhumbatron-{ROUTER
 CLOCK_SKEW = "clock skew adjustment"  # how Jaeger's clock-skew warnings begin
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class Jaeger:
     otlp_http: str  # what OTEL_EXPORTER_OTLP_ENDPOINT names
@@ -83,7 +77,7 @@ class Jaeger:
 def running_jaeger(folder: Path) -> Iterator[Jaeger]:
     """Jaeger with the shipped configuration on free ports of 127.0.0.1, until the block ends."""
     assert JAEGER_BIN.exists(), f"{JAEGER_BIN} is missing: run `infra/local.sh jaeger`"
-    ports = {name: _free_port() for name in PORTS}
+    ports = {name: free_port() for name in PORTS}
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({name: str(port) for name, port in ports.items()})
     log_file = folder / "jaeger.log"
