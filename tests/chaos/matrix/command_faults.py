@@ -45,7 +45,9 @@ from tests.support.causal_router import drive, make_router, open_test_outbox
 
 # The ledger fails, every time, an event whose payload says so; the router's fold refuses an
 # intent whose resources are not a list of paths (consumers/subscriptions/causal_router/payload.py).
-ROUTER_POISON = {"drill": "fail", "resources": "src/shared.py"}
+# Valid for the catalog (the outbox and the publisher check payloads), refused by the router's
+# fold: an intent naming no path at all.
+ROUTER_POISON: dict[str, object] = {"drill": "fail", "resources": []}
 # Smaller than any record batch: the broker refuses every write to the topic (MESSAGE_TOO_LARGE).
 REFUSING_BYTES = "1"
 WRITE_FAILED = "dead-letter write failed"

@@ -114,9 +114,10 @@ class Churn:
 class RouterPoison:
     """One event (the workload's first ``intent.declared`` from ``AtEvent`` on) that both the
     ledger (Redis effects: its drill payload) and the causal router (Kafka effects: its
-    ``resources`` is not a list, which the router's fold refuses) fail on every try: each
-    dead-letters it after exactly ``max_batch_failures`` attempts; the router decides every
-    other command as if the event had never come (a dead-lettered event is not folded)."""
+    ``resources`` is empty, which the catalog allows and the router's fold refuses) fail on
+    every try: each dead-letters it after exactly ``max_batch_failures`` attempts; the router
+    decides every other command as if the event had never come (a dead-lettered event is not
+    folded)."""
 
 
 @dataclass(frozen=True, slots=True)
