@@ -142,6 +142,7 @@ def static_848() -> Iterator[Settings]:
     )
 
 
+@pytest.mark.slow  # a minute and more; the classic protocol's kill-and-restart stays in `make test`
 def test_a_killed_static_member_under_kip_848_waits_out_its_held_id(
     static_848: Settings, tmp_path: Path
 ) -> None:

@@ -540,6 +540,7 @@ def test_the_rollup_stays_exact_after_sigkills_between_its_commits(
     _restart_and_check(rs, points, log)
 
 
+@pytest.mark.slow  # a minute; the SIGKILL mid-stream one stays in `make test`
 def test_the_rollup_stays_exact_when_it_loses_its_group_mid_stream(
     rs: Settings, tmp_path: Path
 ) -> None:
