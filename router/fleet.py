@@ -32,6 +32,7 @@ from typing import IO, Any, Protocol
 
 from consumers.lag import group_lag
 from router.settings import Settings, worker_target
+from router.wiring.causal import router_outbox_path
 from router.wiring.groups import group_reads
 from router.wiring.processors import check_subscription
 from router.wiring.workers import check_http_url
@@ -86,7 +87,7 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
         publishes = {m.argv[2] for m in members if m.argv[0] == "publish"}
         env = (
             {"RHUMBATRON_ROUTER_PUBLISH_OUTBOX": "false"}
-            if slug == "causal-router" and settings.router_outbox_path in publishes
+            if slug == "causal-router" and str(router_outbox_path(settings)) in publishes
             else {}
         )
         for n in range(1, count + 1):

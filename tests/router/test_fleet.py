@@ -48,6 +48,18 @@ def test_the_default_plan_runs_the_whole_router(tmp_path: Path) -> None:
     assert not any("RHUMBATRON_METRICS_PORT" in m.env for m in members)
 
 
+def test_the_causal_router_leaves_an_outbox_a_publisher_member_publishes_to_it(
+    tmp_path: Path,
+) -> None:
+    shared = "postgresql://app@db/orders"
+    members = {m.name: m for m in plan(_settings(tmp_path, router_outbox_path=shared), [shared])}
+    assert members["causal-router-1"].env["RHUMBATRON_ROUTER_PUBLISH_OUTBOX"] == "false"
+    assert members["publisher-1"].argv == ("publish", "--outbox", shared)
+    # An outbox of its own (by default, the environment's file): the router publishes it.
+    members = {m.name: m for m in plan(_settings(tmp_path), [shared])}
+    assert "RHUMBATRON_ROUTER_PUBLISH_OUTBOX" not in members["causal-router-1"].env
+
+
 def test_a_plan_names_each_process_and_gives_each_its_own_probe_port(tmp_path: Path) -> None:
     s = _settings(
         tmp_path,
