@@ -54,7 +54,7 @@ from tests.support.environment import TEST_KAFKA, TEST_REDIS, cleanup_environmen
 from tests.support.postgres import FreshSchema
 from tests.support.prometheus import Prometheus, Target, free_port, running_prometheus, wait_for
 from tests.support.receiver import Receiver, Reply, receiving
-from tests.support.s3proxy import S3Server, s3proxy
+from tests.support.s3proxy import create_bucket, s3proxy
 
 pytestmark = pytest.mark.integration
 
@@ -239,26 +239,13 @@ def _accept(body: dict[str, object], headers: dict[str, str]) -> Reply:
     return 200, {}, b""
 
 
-def _bucket(server: S3Server, name: str) -> None:
-    import boto3  # type: ignore[import-untyped]
-
-    client: Any = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.identity,
-        aws_secret_access_key=server.credential,
-        region_name="eu-west-1",
-    )
-    client.create_bucket(Bucket=name)
-
-
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     env = "t" + secrets.token_hex(5)
     with ExitStack() as stack:
         s3 = stack.enter_context(s3proxy(tmp_path / "s3"))
         bucket = f"rh-{env}"
-        _bucket(s3, bucket)
+        create_bucket(s3, bucket, region="eu-west-1")
         receiver = stack.enter_context(receiving([HANDLER_KEY], _accept))
         schema = FreshSchema()
         stack.callback(schema.drop)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tests.support.environment import ROOT
+from tests.support.waiting import stop_process
 
 DASHBOARDS = ROOT / "infra" / "dashboards"
 ALERT_RULES = DASHBOARDS / "alerts.yml"
@@ -175,10 +176,5 @@ def running_prometheus(
         yield prometheus
     finally:
         prometheus.http.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_process(proc)
         log.close()

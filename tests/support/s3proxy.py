@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support.environment import ROOT
 
@@ -122,3 +123,17 @@ def s3proxy(data_dir: Path) -> Iterator[S3Server]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def create_bucket(server: S3Server, name: str, region: str = "us-east-1") -> None:
+    """Make the bucket ``name`` on ``server`` (boto3, as an operator's tool would)."""
+    import boto3  # type: ignore[import-untyped]
+
+    client: Any = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.identity,
+        aws_secret_access_key=server.credential,
+        region_name=region,
+    )
+    client.create_bucket(Bucket=name)

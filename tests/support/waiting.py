@@ -1,9 +1,12 @@
-"""Waiting on a condition a test can observe, instead of sleeping for a guessed time."""
+"""Waiting on a condition a test can observe, instead of sleeping for a guessed time; and
+stopping a process a test started."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 POLL_S = 0.05  # how often the condition is asked; not a timing the test depends on
 
@@ -23,3 +26,13 @@ def wait_until(
             said = f"\n{explain()}" if explain is not None else ""
             raise AssertionError(f"{what}: not so after {timeout} s{said}")
         time.sleep(POLL_S)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL what is still running after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)

@@ -27,7 +27,7 @@ from streams.topology import queue_name
 from tests.support.environment import ROOT
 from tests.support.prometheus import free_port
 from tests.support.traced_run import PROJECTOR, QUEUE, ROUTER, run_dispatch, traced_env
-from tests.support.waiting import wait_until
+from tests.support.waiting import stop_process, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -112,12 +112,7 @@ def running_jaeger(folder: Path) -> Iterator[Jaeger]:
         yield Jaeger(f"http://127.0.0.1:{ports['RHUMBATRON_JAEGER_OTLP_HTTP_PORT']}", api)
     finally:
         api.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_process(proc)
 
 
 def _tag(span: dict[str, Any], key: str) -> Any:

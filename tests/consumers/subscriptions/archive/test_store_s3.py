@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -21,7 +20,7 @@ from streams.workload import slotted_events, workload
 from tests.contracts.object_store import ObjectStoreContract
 from tests.support.environment import run_cli
 from tests.support.runtime_processes import cli, publish, runtime_settings
-from tests.support.s3proxy import S3Server, s3proxy
+from tests.support.s3proxy import S3Server, create_bucket, s3proxy
 
 pytestmark = pytest.mark.integration
 boto3 = pytest.importorskip("boto3")
@@ -35,14 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 def _bucket(server: S3Server) -> str:
     name = f"rh-{uuid.uuid4().hex[:12]}"
-    client: Any = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.identity,
-        aws_secret_access_key=server.credential,
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=name)
+    create_bucket(server, name)
     return name
 
 
