@@ -408,7 +408,11 @@ def test_every_pod_of_the_manifests_runs_serves_and_stops_as_its_probes_and_grac
                 lambda: _has(prometheus, 'rhumbatron_worker_total{counter="ok"} > 0'),
                 SERIES_TIMEOUT_S,
             )
-            assert any(seen.signed for seen in d.receiver.seen)
+            wait_for(
+                "the service the integration worker POSTs to to be called, signed",
+                lambda: True if any(seen.signed for seen in d.receiver.seen) else None,
+                SERIES_TIMEOUT_S,
+            )
             judged = {
                 ('up{job=~"rhumbatron.*"}' if metric == "up" else metric): rule["name"]
                 for rule in prometheus.rules()
