@@ -32,7 +32,6 @@ from typing import IO, Any, Protocol
 
 from consumers.lag import group_lag
 from router.settings import Settings, worker_target
-from router.wiring.causal import router_outbox_path
 from router.wiring.groups import group_reads
 from router.wiring.processors import check_subscription
 from router.wiring.workers import check_http_url
@@ -84,6 +83,8 @@ def plan(settings: Settings, outboxes: Sequence[str] = ()) -> list[Member]:
             )
         # One member publishes an outbox: when a publisher member publishes the causal router's
         # outbox, the router's processes leave it to that member (router_publish_outbox).
+        from router.wiring.causal import router_outbox_path  # the router's wiring: loaded here
+
         publishes = {m.argv[2] for m in members if m.argv[0] == "publish"}
         env = (
             {"RHUMBATRON_ROUTER_PUBLISH_OUTBOX": "false"}
