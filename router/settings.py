@@ -1123,6 +1123,15 @@ class Settings(BaseSettings):
         gt=0,
         description="a dead letter stuck in 'retrying' this long (its sender died) may be retried again",
     )
+    state_rebuild_lock_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="how long one process holds the lock of the rebuild of the dead-letter "
+        "index and the audit logs from the audit topic (docs/reliability.md: What survives Redis "
+        "loss); a process that starts meanwhile waits this long at most, then rebuilds too "
+        "(harmless: the rebuild is idempotent)",
+    )
     operator_dead_letter_scan_limit: int = Field(
         10_000,
         ge=1,

@@ -394,6 +394,11 @@ class DeadLetterActionRefused(RhumbatronError):
     """A retry or dismiss of a dead letter was refused (unknown id, wrong status, no reason)."""
 
 
+class AuditNotDurable(RhumbatronError):
+    """The durable copy of an audit entry (the audit topic) did not take it: the action the entry
+    records was not done, and Redis was left as it was."""
+
+
 class NewerThanKnown(RhumbatronError):
     """An operator's retry of a dead letter brought an event of a version newer than the
     subscription's code knows: it fails (and is dead-lettered again) rather than being read by

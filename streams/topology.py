@@ -172,6 +172,10 @@ def dead_letter_topic(env: str) -> str:
     return f"rhumbatron_dead_letters_{check_env(env)}"
 
 
+def audit_topic(env: str) -> str:
+    return f"rhumbatron_audit_{check_env(env)}"
+
+
 def metrics_topic(env: str) -> str:
     return f"rhumbatron_event_metrics_{check_env(env)}"
 
@@ -337,6 +341,21 @@ class Topology:
                 self.partitions,
                 rf,
                 {"retention.ms": str(self.metrics_retention_ms), "cleanup.policy": "delete"},
+                "internal",
+            ),
+            # The durable copy of the operator state Redis indexes (consumers/runtime/
+            # audit_records.py): every audit entry, every dead letter as indexed and each of its
+            # status changes. A topic of its own rather than the dead-letter topic: that one
+            # expires letters after dead_letter_retention_ms and its records are read as letters
+            # (one per entry), while the index they rebuild keeps every letter and its audit for
+            # good. So: compacted and nothing else, which keeps every record as long as its key is
+            # the latest (each entry has a key of its own), and one partition, so a rebuild
+            # replays the status changes in the order they were made.
+            TopicSpec(
+                audit_topic(self.env),
+                1,
+                rf,
+                {"cleanup.policy": "compact"},
                 "internal",
             ),
         ]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import redis
 
+from consumers.runtime.audit_records import MemoryAudit
 from consumers.runtime.controls import RedisAuditLog
 from consumers.runtime.dead_letters import KafkaRedisDeadLetters
 from consumers.runtime.producer_lease import ProducerLease
 from consumers.runtime.redis_store import RedisStore
+from consumers.runtime.state_rebuild import lock_key, marker_key
 from consumers.runtime.types import TP
 from consumers.subscriptions.causal_router.budget import RedisCommandBudget, RedisDailyCounter
 from consumers.subscriptions.causal_router.maintenance import MaintenanceTick
@@ -24,6 +26,7 @@ from streams.producer import Producer
 from streams.pump.kafka import feed_key, pump_transactional_id
 from streams.topology import (
     QUEUE_PURPOSES,
+    audit_topic,
     dead_letter_topic,
     group_id,
     metrics_topic,
@@ -60,6 +63,7 @@ def test_topic_names() -> None:
     assert retry_topic("integration", ENV) == "rhumbatron-integration-retry-pin"
     assert dead_letter_topic(ENV) == "rhumbatron_dead_letters_pin"
     assert metrics_topic(ENV) == "rhumbatron_event_metrics_pin"
+    assert audit_topic(ENV) == "rhumbatron_audit_pin"
     assert pump_checkpoint_topic(ENV) == "rhumbatron_pump_checkpoints_pin"
     assert redelivery_topic("project-view-projector", ENV) == (
         "rhumbatron_redelivery_project_view_projector_pin"
@@ -109,8 +113,11 @@ def test_redis_keys_of_the_runtime() -> None:
         reason_max_bytes=1000,
         record_max_bytes=900_000,
         flush_timeout=1.0,
+        audit=MemoryAudit(),
     )
     assert letters.prefix == "rh:pin:{dead-letters}:"
+    assert marker_key(ENV) == "rh:pin:{dead-letters}:complete"
+    assert lock_key(ENV) == "rh:pin:{dead-letters}:rebuild-lock"
     assert ProducerLease(client, env=ENV, slug="causal-router", ttl_s=30).prefix == (
         "rh:pin:{slots}:causal-router:"
     )

@@ -19,13 +19,12 @@ equals the one built live.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import orjson
-
+# The audit log lives in its own module; its names stay importable from here.
+from consumers.runtime.audit_log import AuditLog, MemoryAuditLog, RedisAuditLog
 from consumers.runtime.dead_letters import (
     DeadLetter,
     DeadLetterStore,
@@ -40,6 +39,16 @@ from streams.catalog import CATALOG, Catalog
 from streams.clock import Clock
 from streams.envelopes import Event, decode_event, format_time
 from streams.errors import ControlRefused, EnvelopeError
+
+__all__ = [
+    "ArchiveReader",
+    "AuditLog",
+    "Controls",
+    "Fold",
+    "LogReader",
+    "MemoryAuditLog",
+    "RedisAuditLog",
+]
 
 
 @dataclass
@@ -69,43 +78,6 @@ class ArchiveReader(Protocol):
     def read(self, tp: TP, start: int, end: int) -> Iterator[Record]: ...
 
 
-class AuditLog(Protocol):
-    def append(self, entry: dict[str, Any]) -> None: ...
-
-    def entries(self, limit: int = 100) -> list[dict[str, Any]]: ...
-
-
-class MemoryAuditLog:
-    """Keeps each entry as the JSON the Redis log stores, so neither the writer nor a reader can
-    change it afterwards, and it reads back as Redis gives it."""
-
-    def __init__(self) -> None:
-        self._entries: list[bytes] = []
-        self._lock = threading.Lock()
-
-    def append(self, entry: dict[str, Any]) -> None:
-        raw = orjson.dumps(entry)
-        with self._lock:
-            self._entries.append(raw)
-
-    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            newest = list(reversed(self._entries[-limit:]))
-        return [orjson.loads(raw) for raw in newest]
-
-
-class RedisAuditLog:
-    def __init__(self, client: Any, *, env: str, slug: str) -> None:
-        self.client = client
-        self.key = f"rh:{env}:{{audit}}:{slug}"
-
-    def append(self, entry: dict[str, Any]) -> None:
-        self.client.lpush(self.key, orjson.dumps(entry))
-
-    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [orjson.loads(raw) for raw in self.client.lrange(self.key, 0, limit - 1)]
-
-
 @dataclass
 class Controls:
     processor: Processor
@@ -119,19 +91,17 @@ class Controls:
     # The event types and versions the processor's code knows (its RuntimePolicy's).
     catalog: Catalog = CATALOG
 
-    def _audit(self, action: str, tp: TP, who: str, why: str, **details: Any) -> None:
-        self.audit.append(
-            {
-                "action": action,
-                "subscription": self.processor.slug,
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "who": who,
-                "why": why,
-                "at": format_time(self.clock.now()),
-                **details,
-            }
-        )
+    def _entry(self, action: str, tp: TP, who: str, why: str, **details: Any) -> dict[str, Any]:
+        return {
+            "action": action,
+            "subscription": self.processor.slug,
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "who": who,
+            "why": why,
+            "at": format_time(self.clock.now()),
+            **details,
+        }
 
     # -- folds -----------------------------------------------------------------------------------
     def _excluded(self, tp: TP, progress: Progress) -> tuple[set[int], set[int]]:
@@ -258,23 +228,25 @@ class Controls:
         new: Progress,
         fold: Fold,
         why: str,
+        audit: Callable[[list[int]], dict[str, Any]],
         readmit: list[int] | None = None,
     ) -> list[int]:
         """Swap in a rebuilt fold and ``new`` cursor (compare-and-set on what was ``read``, its
         fold generation included, and bumping it), after dead-lettering what the fold's reduce
-        refused; returns the refused offsets."""
+        refused, audited with the entry ``audit`` makes of the refused offsets; returns them."""
         refused = self._dead_letter_refused(tp, fold, why)
         new.fold_generation = read.fold_generation + 1
-        self.store.replace_fold(
-            tp,
-            epoch,
-            (read.acked_through, read.cursor_revision),
-            new,
-            fold.states,
-            expected_generation=read.fold_generation,
-            exclude=refused,
-            readmit=readmit or [],
-        )
+        with self.audit.recording(audit(refused)):
+            self.store.replace_fold(
+                tp,
+                epoch,
+                (read.acked_through, read.cursor_revision),
+                new,
+                fold.states,
+                expected_generation=read.fold_generation,
+                exclude=refused,
+                readmit=readmit or [],
+            )
         return refused
 
     def re_reduce(self, tp: TP, *, who: str, why: str, epoch: int | None = None) -> int:
@@ -285,15 +257,22 @@ class Controls:
         new = Progress.from_fields(progress.as_fields())
         new.reducer_version = self.processor.reducer_version
         new.reduced_through = progress.acked_through
-        refused = self._swap_fold(tp, epoch, progress, new, fold, why)
-        self._audit(
-            "re_reduce",
+        self._swap_fold(
             tp,
-            who,
+            epoch,
+            progress,
+            new,
+            fold,
             why,
-            reduced_through=progress.acked_through,
-            projects=len(fold.states),
-            refused=refused,
+            lambda refused: self._entry(
+                "re_reduce",
+                tp,
+                who,
+                why,
+                reduced_through=progress.acked_through,
+                projects=len(fold.states),
+                refused=refused,
+            ),
         )
         return len(fold.states)
 
@@ -311,15 +290,22 @@ class Controls:
         new.reducer_version = self.processor.reducer_version
         fold = self.fold(tp, new, start - 1)
         why = "new fold; stream starts past its history"
-        refused = self._swap_fold(tp, epoch, progress, new, fold, why)
-        self._audit(
-            "first_fold",
+        self._swap_fold(
             tp,
-            "runtime",
+            epoch,
+            progress,
+            new,
+            fold,
             why,
-            through=start - 1,
-            projects=len(fold.states),
-            refused=refused,
+            lambda refused: self._entry(
+                "first_fold",
+                tp,
+                "runtime",
+                why,
+                through=start - 1,
+                projects=len(fold.states),
+                refused=refused,
+            ),
         )
         return len(fold.states)
 
@@ -365,15 +351,23 @@ class Controls:
         new.rerun_duplicates = sorted(self._ids_in(tp, offset, new.rerun_through) & fold.seen)
         new.reduced_through = offset - 1
         new.reducer_version = self.processor.reducer_version
-        refused = self._swap_fold(tp, None, progress, new, fold, why, readmitted)
-        self._audit(
-            "reprocess_from",
+        self._swap_fold(
             tp,
-            who,
+            None,
+            progress,
+            new,
+            fold,
             why,
-            offset=offset,
-            revision=new.cursor_revision,
-            refused=refused,
+            lambda refused: self._entry(
+                "reprocess_from",
+                tp,
+                who,
+                why,
+                offset=offset,
+                revision=new.cursor_revision,
+                refused=refused,
+            ),
+            readmitted,
         )
         return new
 
@@ -410,18 +404,19 @@ class Controls:
         new.dead = [o for o in progress.dead if o > offset]
         if self.processor.reducer_version:
             new.reduced_through = offset
-        self.store.replace_fold(
-            tp,
-            None,
-            (progress.acked_through, progress.cursor_revision),
-            new,
-            None,
-            expected_generation=progress.fold_generation,
-            dead_claims=sorted(skipped_ids),
-        )
-        self._audit(
+        entry = self._entry(
             "skip_through", tp, who, why, offset=offset, skipped_from=progress.acked_through + 1
         )
+        with self.audit.recording(entry):
+            self.store.replace_fold(
+                tp,
+                None,
+                (progress.acked_through, progress.cursor_revision),
+                new,
+                None,
+                expected_generation=progress.fold_generation,
+                dead_claims=sorted(skipped_ids),
+            )
         return new
 
 

@@ -33,6 +33,12 @@ import orjson
 import redis
 
 from consumers.redis_conn import redis_errors
+from consumers.runtime.audit_records import (
+    DurableAudit,
+    MemoryAudit,
+    letter_records,
+    transition_record,
+)
 from consumers.runtime.types import Record
 from streams.envelopes import Event, format_time
 from streams.errors import DeliveryFailed, FailedRecord
@@ -218,10 +224,12 @@ class MemoryDeadLetters:
     its own copy of every letter (through the same JSON a real write stores), orders a listing by
     creation time then id, and fails a write with the error the real store raises."""
 
-    def __init__(self) -> None:
+    def __init__(self, audit: MemoryAudit | None = None, *, part_max_bytes: int = 900_000) -> None:
         self.letters: dict[str, DeadLetter] = {}
         self.writes = 0
         self.fail_next_write = False
+        self.audit = audit if audit is not None else MemoryAudit()
+        self.part_max_bytes = part_max_bytes
         self._lock = threading.Lock()
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
@@ -231,9 +239,16 @@ class MemoryDeadLetters:
                 raise DeliveryFailed(
                     [FailedRecord("dead-letters", None, "injected write failure", True, False)]
                 )
+            fresh = [letter for letter in letters if letter.id not in self.letters]
+            self.audit.write(indexed_records(fresh, self.part_max_bytes))
             for letter in letters:
                 self.letters.setdefault(letter.id, _copy(letter))
             self.writes += 1
+
+    def put(self, letter: DeadLetter) -> None:
+        """What a rebuild writes (consumers/runtime/state_rebuild.py)."""
+        with self._lock:
+            self.letters[letter.id] = _copy(letter)
 
     def get(self, letter_id: str) -> DeadLetter | None:
         letter = self.letters.get(letter_id)
@@ -261,15 +276,16 @@ class MemoryDeadLetters:
             letter = self.letters.get(letter_id)
             if letter is None or letter.status != frm:
                 return False
+            entry = {"action": to.value, "who": who, "why": why, "at": format_time(now)}
+            self.audit.write([transition_record(letter_id, len(letter.audit), frm, to, entry)])
             letter.status = to
-            letter.audit.append(
-                {"action": to.value, "who": who, "why": why, "at": format_time(now)}
-            )
+            letter.audit.append(entry)
             return True
 
 
 class KafkaRedisDeadLetters:
-    """The durable record on the dead-letter topic, the index in Redis."""
+    """The durable record on the dead-letter topic, the index in Redis, and the index's own
+    durable copy (each letter as indexed, each status change) on the audit topic."""
 
     def __init__(
         self,
@@ -281,8 +297,10 @@ class KafkaRedisDeadLetters:
         flush_timeout: float,
         reason_max_bytes: int,
         record_max_bytes: int,
+        audit: DurableAudit,
     ) -> None:
         self.producer = producer
+        self.audit = audit
         self.client = client
         self.topic = topic
         self.flush_timeout = flush_timeout
@@ -294,6 +312,12 @@ class KafkaRedisDeadLetters:
         return self.prefix + "record:" + letter_id
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
+        # Only a letter the index does not hold yet goes to the audit topic: the index keeps the
+        # first write of an id, and a rebuild takes the last copy there.
+        held = self.client.pipeline(transaction=False)
+        for letter in letters:
+            held.exists(self._record_key(letter.id))
+        fresh = [letter for letter, n in zip(letters, held.execute(), strict=True) if not n]
         for letter in letters:
             for entry in letter.entries:
                 ours: list[tuple[str, bytes | None]] = [
@@ -322,6 +346,7 @@ class KafkaRedisDeadLetters:
                     ours.append((DEAD_LETTER_CUT, cut.encode()))
                 self.producer.produce(self.topic, value, key=key, headers=theirs + ours)
         self.producer.flush(self.flush_timeout)  # raises DeliveryFailed: the caller commits nothing
+        self.audit.write(indexed_records(fresh, self.record_max_bytes))  # or AuditNotDurable
         pipe = self.client.pipeline(transaction=True)
         for letter in letters:
             pipe.set(self._record_key(letter.id), orjson.dumps(letter.to_json()), nx=True)
@@ -384,16 +409,32 @@ class KafkaRedisDeadLetters:
                     letter = DeadLetter.from_json(orjson.loads(raw))
                     if letter.status != frm:
                         return False
+                    entry = {"action": to.value, "who": who, "why": why, "at": format_time(now)}
+                    change = transition_record(letter_id, len(letter.audit), frm, to, entry)
+                    self.audit.write([change])  # durable first; AuditNotDurable leaves Redis be
                     letter.status = to
-                    letter.audit.append(
-                        {"action": to.value, "who": who, "why": why, "at": format_time(now)}
-                    )
+                    letter.audit.append(entry)
                     pipe.multi()
                     pipe.set(key, orjson.dumps(letter.to_json()))
+                except redis.WatchError:
+                    continue
+                try:
                     pipe.execute()
                     return True
                 except redis.WatchError:
-                    continue
+                    # Someone changed the letter meanwhile: this change did not happen.
+                    self.audit.void([change[0]])
+
+
+def indexed_records(
+    letters: Sequence[DeadLetter], part_max_bytes: int
+) -> list[tuple[str, dict[str, Any]]]:
+    """The audit topic's copy of ``letters`` as the index stores them."""
+    return [
+        record
+        for letter in letters
+        for record in letter_records(letter.id, orjson.dumps(letter.to_json()), part_max_bytes)
+    ]
 
 
 def _size(value: bytes, key: str, headers: Sequence[tuple[str, bytes | None]]) -> int:

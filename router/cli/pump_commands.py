@@ -24,6 +24,7 @@ from router.cli.progress import say, start_line
 from router.settings import Settings
 from router.wiring.provisioning import compact_names, missing_topics, pump_topics
 from router.wiring.pump import open_pump, sink
+from router.wiring.state import durable_audit
 from router.wiring.subscription import redis_client
 from streams.envelopes import format_time
 from streams.errors import NotProvisioned, PumpError
@@ -121,7 +122,11 @@ def _audit(
     **details: object,
 ) -> None:
     """An operator's move of a feed's checkpoint, in the pump's audit log."""
-    RedisAuditLog(client, env=settings.env, slug=AUDIT_SLUG).append(
+    # Written after the move (the pump's sink moves and reads in one step): a failed durable
+    # write is reported with the move done.
+    RedisAuditLog(
+        client, env=settings.env, slug=AUDIT_SLUG, durable=durable_audit(settings)
+    ).append(
         {
             "action": action,
             "feed": feed_key(args.feed),

@@ -65,6 +65,7 @@ from streams.clock import Clock, SystemClock
 from streams.envelopes import Name
 from streams.errors import (
     ActionFailed,
+    AuditNotDurable,
     BadInput,
     Conflict,
     DeadLetterActionRefused,
@@ -133,8 +134,12 @@ class OperatorService:
             client = self.redis()
             with self._build:
                 if self._actions is None:
+                    from router.wiring.state import ensure_state
                     from router.wiring.subscription import dead_letter_actions
 
+                    # This process owns the index: a Redis that came back empty gets it back
+                    # (and the audit logs) from the audit topic before anything reads it.
+                    ensure_state(self.settings, client)
                     self._actions = dead_letter_actions(self.settings, client, self.clock)
         return self._actions
 
@@ -211,6 +216,8 @@ class OperatorService:
                 raise Conflict(refusal)
             try:
                 done = self.actions().retry(letter_id, who=operator, why=why)
+            except AuditNotDurable as exc:
+                raise ActionFailed(str(exc)) from exc
             except DeadLetterActionRefused as exc:
                 if exc.__cause__ is not None:  # the send failed; the letter is open again
                     raise ActionFailed(str(exc)) from exc
@@ -227,6 +234,8 @@ class OperatorService:
                 raise Conflict(refusal)
             try:
                 done = self.actions().dismiss(letter_id, who=operator, why=why)
+            except AuditNotDurable as exc:
+                raise ActionFailed(str(exc)) from exc
             except DeadLetterActionRefused as exc:
                 raise Conflict(str(exc)) from exc
         return ActionResult(dead_letter=detail_of(done), outcome=f"dismissed by {operator}: {why}")

@@ -53,6 +53,7 @@ from router.wiring.workers import worker_slug
 from streams.topology import (
     QUEUE_PURPOSES,
     Topology,
+    audit_topic,
     dead_letter_topic,
     group_id,
     metrics_topic,
@@ -292,6 +293,7 @@ def _pump(topology: Topology) -> list[KafkaAcl]:
             (Operation.WRITE, Operation.READ, Operation.DESCRIBE),
             "the pump's checkpoints: written in each batch's transaction, read at start",
         ),
+        *_topics([audit_topic(env)], WRITE, "skip-through and forget: their audit entries"),
         # rhumbatron-pump-<env>-<feed hash>: streams.pump.kafka.pump_transactional_id.
         *(
             KafkaAcl(
@@ -307,7 +309,9 @@ def _pump(topology: Topology) -> list[KafkaAcl]:
 
 
 def _dead_letter_writer(env: str, why: str) -> list[KafkaAcl]:
-    return _topics([dead_letter_topic(env)], WRITE, why)
+    # The audit topic takes each letter's copy as indexed (consumers/runtime/audit_records.py),
+    # and a subscription's controls' audit entries.
+    return _topics([dead_letter_topic(env), audit_topic(env)], WRITE, why)
 
 
 def _subscription(topology: Topology, slug: str, kind: EffectKind) -> list[KafkaAcl]:
@@ -471,6 +475,12 @@ def _operator(
             "status and topology show each topic's retention (DescribeConfigs)",
         ),
         *_topics(redeliveries, WRITE, "retry of an event letter: its subscription's redelivery"),
+        *_topics(
+            [audit_topic(env)],
+            (Operation.READ, Operation.WRITE, Operation.DESCRIBE),
+            "each letter's status change written there first; read from its start to rebuild "
+            "the index and the audit logs (consumers/runtime/state_rebuild.py)",
+        ),
         *_topics(origins, WRITE, "retry of a command letter: back to its origin queue"),
     ]
 
@@ -559,9 +569,10 @@ def _store(env: str, slug: str) -> RedisAccess:
 
 def _dead_letters(env: str, *, manage: bool) -> RedisAccess:
     """consumers.runtime.dead_letters.KafkaRedisDeadLetters: the index of the one store."""
-    commands: tuple[str, ...] = ("set", "zadd", *_TRANSACTION)
+    commands: tuple[str, ...] = ("exists", "set", "zadd", *_TRANSACTION)
     if manage:
-        commands += ("get", "mget", "zrange", "zrevrange", *_CHECK_AND_SET)
+        # and the rebuild: its marker, its lock (released by a script), its check-and-set
+        commands += ("get", "mget", "zrange", "zrevrange", *_CHECK_AND_SET, *_SCRIPTS)
     return RedisAccess(
         "the dead-letter index (consumers/runtime/dead_letters.py)"
         + (": list, read, retry and dismiss" if manage else ": write"),
@@ -575,6 +586,15 @@ def _audit(env: str, slug: str) -> RedisAccess:
         f"the operator controls' audit log of {slug} (consumers/runtime/controls.py)",
         keys=(f"rh:{env}:{{audit}}:{slug}",),
         commands=("lpush", "lrange"),
+    )
+
+
+def _audit_rebuild(env: str) -> RedisAccess:
+    return RedisAccess(
+        "every audit log, given back what it lost by the rebuild (consumers/runtime/"
+        "state_rebuild.py)",
+        keys=(f"rh:{env}:{{audit}}:*",),
+        commands=("lrange", "del", "rpush", *_CHECK_AND_SET),
     )
 
 
@@ -664,7 +684,12 @@ def _redis_parts(
     if role == PUMP:
         return (_CONNECT, _pump_legacy(pump_legacy_key), _audit(env, PUMP))
     if role == OPERATOR:
-        return (_CONNECT, _dead_letters(env, manage=True), _operator_reads(env))
+        return (
+            _CONNECT,
+            _dead_letters(env, manage=True),
+            _audit_rebuild(env),
+            _operator_reads(env),
+        )
     if role in subscriptions:
         parts = [
             _CONNECT,

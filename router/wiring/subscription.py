@@ -31,6 +31,7 @@ from router.settings import Settings
 from router.wiring.metrics import router_instruments
 from router.wiring.processors import Companion
 from router.wiring.provisioning import require_topics, subscription_topics
+from router.wiring.state import durable_audit
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
@@ -166,9 +167,11 @@ def redis_wait(settings: Settings) -> Wait | None:
 
 
 def dead_letters(settings: Settings, client: redis.Redis[bytes]) -> KafkaRedisDeadLetters:
+    producer = Producer(settings.kafka_config())
     return KafkaRedisDeadLetters(
-        Producer(settings.kafka_config()),
+        producer,
         client,
+        audit=durable_audit(settings, producer),
         env=settings.env,
         topic=dead_letter_topic(settings.env),
         flush_timeout=settings.flush_timeout_s,
@@ -186,7 +189,9 @@ def controls(
         processor,
         store_for(settings, processor, client, clock),
         KafkaReader(settings.kafka_config()),
-        RedisAuditLog(client, env=settings.env, slug=processor.slug),
+        RedisAuditLog(
+            client, env=settings.env, slug=processor.slug, durable=durable_audit(settings)
+        ),
         dead_letters(settings, client),
         clock,
         settings.max_envelope_bytes,

@@ -13,4 +13,4 @@ class TestMemoryAuditLog(AuditLogContract):
         self.logs: dict[str, MemoryAuditLog] = {}
 
     def make_log(self, slug: str = SLUG) -> AuditLog:
-        return self.logs.setdefault(slug, MemoryAuditLog())
+        return self.logs.setdefault(slug, MemoryAuditLog(slug=slug))

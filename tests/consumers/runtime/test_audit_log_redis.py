@@ -1,31 +1,49 @@
-"""The audit-log contract against real Redis."""
+"""The audit-log contract against the real log: each entry on the audit topic (Kafka), then in
+Redis."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import pytest
 
 from consumers.redis_conn import connect
 from consumers.runtime.controls import AuditLog, RedisAuditLog
+from router.settings import Settings
+from router.wiring.state import durable_audit
+from streams.admin import admin_client, provision
 from tests.contracts.audit_log import SLUG, AuditLogContract
-from tests.support.environment import TEST_REDIS
+from tests.support.environment import TEST_REDIS, cleanup_environment, make_settings
 
 pytestmark = pytest.mark.integration
 
 
 class TestRedisAuditLog(AuditLogContract):
-    """Each test has an environment of its own; every log made has a client of its own, as
-    another process would; the keys are removed afterwards."""
+    """Each test has an environment of its own (its audit topic and its keys); every log made has
+    clients of its own, as another process would; all is removed afterwards."""
+
+    settings: Settings
 
     @pytest.fixture(autouse=True)
     def _environment(self) -> Iterator[None]:
-        self.env = "t" + secrets.token_hex(5)
+        self.settings = make_settings()
+        self.env = self.settings.env
+        base = self.settings.kafka_config()
+        topology = self.settings.topology
+        provision(
+            admin_client(base),
+            base,
+            topology.internal_specs(),
+            topology=topology,
+            timeout=self.settings.connect_timeout_s,
+        )
         yield
-        client = connect(TEST_REDIS, timeout=5)
-        for key in client.scan_iter(match=f"rh:{self.env}:*", count=1000):
-            client.delete(key)
+        cleanup_environment(self.settings)
 
     def make_log(self, slug: str = SLUG) -> AuditLog:
-        return RedisAuditLog(connect(TEST_REDIS, timeout=5), env=self.env, slug=slug)
+        return RedisAuditLog(
+            connect(TEST_REDIS, timeout=5),
+            env=self.env,
+            slug=slug,
+            durable=durable_audit(self.settings),
+        )

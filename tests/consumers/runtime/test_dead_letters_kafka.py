@@ -26,6 +26,7 @@ from streams.headers import (
     SUBSCRIPTION,
 )
 from streams.producer import Producer
+from streams.topology import dead_letter_topic
 from tests.contracts.dead_letters import SOURCE, DeadLetterStoreContract, letter
 from tests.contracts.transport import eventually
 from tests.support.environment import cleanup_environment, make_settings
@@ -42,9 +43,12 @@ class TestKafkaRedisDeadLetters(DeadLetterStoreContract):
     @pytest.fixture(autouse=True)
     def _environment(self) -> Iterator[None]:
         self.settings = make_settings()
-        spec = self.settings.topology.internal_specs()[0]
         admin = admin_client(self.settings.kafka_config())
-        topics = [NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)]
+        # The dead-letter topic, and the audit topic the index's durable copy goes to.
+        topics = [
+            NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)
+            for spec in self.settings.topology.internal_specs()
+        ]
         for future in admin.create_topics(topics).values():
             future.result()
         yield
@@ -64,14 +68,17 @@ class TestKafkaRedisDeadLetters(DeadLetterStoreContract):
             flush_timeout=UNREACHABLE_FLUSH_S,
             reason_max_bytes=real.reason_max_bytes,
             record_max_bytes=real.record_max_bytes,
+            audit=real.audit,
         )
 
 
 def test_the_topic_holds_the_original_bytes_and_headers_a_tee_not_a_swallow() -> None:
     settings = make_settings()
-    spec = settings.topology.internal_specs()[0]
     admin = admin_client(settings.kafka_config())
-    topics = [NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)]
+    topics = [
+        NewTopic(spec.name, spec.partitions, spec.replication_factor, config=spec.config)
+        for spec in settings.topology.internal_specs()
+    ]
     for future in admin.create_topics(topics).values():
         future.result()
     try:
@@ -86,7 +93,7 @@ def test_the_topic_holds_the_original_bytes_and_headers_a_tee_not_a_swallow() ->
         store.write([d])
         consumer = assign_only_consumer(settings.kafka_config(), "dead-letter-tee")
         try:
-            consumer.subscribe([spec.name])
+            consumer.subscribe([dead_letter_topic(settings.env)])
             got = eventually(
                 lambda: [m for m in consumer.consume(10, 0.5) if m.error() is None],
                 bool,

@@ -105,7 +105,8 @@ def test_each_group_is_its_own_roles_and_read_over_the_topics_the_lag_report_kno
     operator = grants[OPERATOR]
     assert _names(operator, Resource.GROUP, Operation.DESCRIBE) == set(members.values())
     assert not _names(operator, Resource.GROUP, Operation.READ)
-    assert not _names(operator, Resource.TOPIC, Operation.READ)  # lag, never records
+    # lag, never records; but the audit topic's, which the index is rebuilt from
+    assert _names(operator, Resource.TOPIC, Operation.READ) == {"rhumbatron_audit_prod"}
 
 
 def test_the_publisher_writes_the_streams_and_nothing_else(prod: Settings) -> None:
@@ -146,7 +147,10 @@ def test_a_worker_writes_its_retry_topics_and_every_queue(prod: Settings) -> Non
         tiers = {f"rhumbatron-{purpose}-retry-{t}s-prod" for t in prod.retry_tiers_s}
         expected = {f"rhumbatron-{purpose}-retry-prod", *tiers} | queues
         if purpose == "dead-letter":
-            expected |= set(prod.topology.stream_names()) | {"rhumbatron_dead_letters_prod"}
+            expected |= set(prod.topology.stream_names()) | {
+                "rhumbatron_dead_letters_prod",
+                "rhumbatron_audit_prod",
+            }
         assert writes == expected, purpose
 
 
@@ -199,7 +203,8 @@ def test_a_subscription_writes_only_its_own_redis_keys(prod: Settings) -> None:
             if other != slug:
                 assert not [k for k in keys if other in k and not k.startswith("rh:prod:{dead")]
     operator = grants[OPERATOR].redis
-    assert operator.keys == ("rh:prod:{dead-letters}:*",)  # everything else read only
+    # everything else read only; the audit logs written by the rebuild alone
+    assert operator.keys == ("rh:prod:{dead-letters}:*", "rh:prod:{audit}:*")
 
 
 def test_the_commands_name_every_acl_once(prod: Settings) -> None:

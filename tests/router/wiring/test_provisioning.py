@@ -21,10 +21,10 @@ from tests.support.environment import make_settings
 def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
     topology = make_settings(env="dev").topology
     planned = [spec.name for spec in environment_specs(topology)]
-    # streams, queues, internal topics, each queue's retry topic and its tiers, the redelivery
-    # topics, the pump's checkpoints
+    # streams, queues, internal topics (dead letters, metrics, audit), each queue's retry topic
+    # and its tiers, the redelivery topics, the pump's checkpoints
     retry = 6 * (1 + len(make_settings().retry_tiers_s))
-    assert len(planned) == len(set(planned)) == 8 + 6 + 2 + retry + 5 + 1
+    assert len(planned) == len(set(planned)) == 8 + 6 + 3 + retry + 5 + 1
     needed = {
         *pump_topics(topology),
         *(
