@@ -36,9 +36,8 @@ def test_the_plan_holds_every_topic_a_runtime_command_checks_for() -> None:
         *worker_topics(topology, "dead-letter", streams=True),
     }
     assert needed == set(planned)  # nothing the runtime needs is left out, nothing is extra
-    assert (
-        len(subscription_topics(topology, "ledger")) == 18
-    )  # 8 streams, 6 queues, 3 internal, its redelivery topic
+    # 8 streams, 6 queues, 3 internal topics, its redelivery topic
+    assert len(subscription_topics(topology, "ledger")) == 18
 
 
 def test_a_queue_of_your_own_is_in_the_plan_with_its_retry_topics() -> None:
