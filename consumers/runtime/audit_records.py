@@ -231,7 +231,7 @@ class KafkaAudit:
 
         from consumers.runtime.kafka_transport import assign_only_consumer
         from streams.errors import Unreachable
-        from streams.kafka_config import bootstrap_of
+        from streams.kafka_config import bootstrap_of, reader_reads_on
 
         consumer = assign_only_consumer(
             self.base, "audit-rebuild", **{"enable.partition.eof": True}
@@ -256,6 +256,8 @@ class KafkaAudit:
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:  # the rest compacted away
                         position = end
+                        continue
+                    if reader_reads_on(error):
                         continue
                     raise Unreachable(
                         "Kafka", bootstrap_of(self.base), f"reading {self.topic}: {error}"
