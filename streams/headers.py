@@ -25,6 +25,13 @@ EVENT_ID = "event_id"
 COMMAND_TYPE = "command_type"
 COMMAND_ID = "command_id"
 CONTENT_TYPE = "content_type"  # always application/json
+# The identity of the outbox an event was published from (``obx_`` + 16 hex, stored in that
+# outbox's database: streams.outbox.identity), written by the outbox publisher alone, so a
+# consumer can keep its claims per (outbox, project) slot; read with
+# streams.outbox.identity.outbox_position. Events produced any other way carry none. An identity
+# header, not ``rh.``: it must travel with the event when the event is sent on (an operator's
+# retry of its dead letter).
+OUTBOX = "outbox"
 
 # -- the runtime's effect id ------------------------------------------------------------------
 # Written by the subscription runtime's outputs (consumers.runtime.kafka_transport and its memory

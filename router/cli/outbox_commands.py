@@ -25,6 +25,7 @@ from router.wiring.outbox import (
 )
 from router.wiring.provisioning import compact_names, missing_topics
 from streams.errors import NotProvisioned, PublisherLocked, Unreachable
+from streams.headers import OUTBOX
 from streams.outbox import ops
 from streams.outbox.publisher import Publisher, PublisherTotals
 from streams.outbox.standby import PublisherRole, Tick, take_over
@@ -248,6 +249,12 @@ def stats(settings: Settings, args: argparse.Namespace) -> int:
         print_json(shown)
         return 0
     print(f"outbox {found.location}")
+    print(
+        f"  identity {found.outbox_id}"
+        if found.outbox_id
+        else "  no identity (a PostgreSQL outbox below schema version 3): its events go out "
+        f"without the {OUTBOX!r} header; run `rhumbatron outbox migrate --outbox URL`"
+    )
     print("  " + ", ".join(f"{state.value} {n}" for state, n in found.counts.items()))
     if found.oldest_pending_age_s is not None:
         print(f"  oldest unpublished row: {found.oldest_pending_age_s:.1f}s old")
@@ -275,7 +282,7 @@ def init(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     store = open_outbox(settings, args.outbox, create=True)
     try:
-        print(f"SQLite outbox {store.location} ready")
+        print(f"SQLite outbox {store.location} ready; identity {store.outbox_id()}")
     finally:
         store.close()
     return 0
@@ -292,7 +299,8 @@ def migrate(settings: Settings, args: argparse.Namespace) -> int:
     try:
         print(
             f"SQLite outbox {store.location}: nothing to migrate (its writer checks every event "
-            "before it stores it)"
+            f"before it stores it; opening it made its identity if it had none); identity "
+            f"{store.outbox_id()}"
         )
     finally:
         store.close()
@@ -380,7 +388,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.set_defaults(handler=migrate)
 
-    p = commands.add_parser("stats", help="rows by state, oldest unpublished, failed and held")
+    p = commands.add_parser(
+        "stats", help="the outbox's identity, rows by state, oldest unpublished, failed and held"
+    )
     p.add_argument("--outbox", required=True, metavar="ADDRESS", help=_OUTBOX)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=stats)

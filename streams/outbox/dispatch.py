@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from streams import tracing
 from streams.clock import Clock
 from streams.headers import CONTENT_TYPE as CONTENT_TYPE_HEADER
-from streams.headers import EVENT_ID, EVENT_TYPE
+from streams.headers import EVENT_ID, EVENT_TYPE, OUTBOX
 from streams.outbox.sender import EventSender
 from streams.outbox.states import Deferred, NoStream, Ordering, Outcome, Published, RowFault
 from streams.outbox.store import OutboxRow
@@ -65,8 +65,11 @@ class Dispatch:
         ordering: Ordering,
         delivery_timeout_s: float,
         clock: Clock,
+        outbox_id: str | None = None,
     ) -> None:
         self._sender = sender
+        # Every record names the outbox its slot is numbered in; none when it has no identity.
+        self._identity: Headers = [] if outbox_id is None else [(OUTBOX, outbox_id.encode())]
         self._ordering = ordering
         self._timeout = delivery_timeout_s
         self._clock = clock
@@ -152,6 +155,7 @@ class Dispatch:
         headers: Headers = [
             (EVENT_TYPE, row.event_type.encode()),
             (EVENT_ID, row.event_id.encode()),
+            *self._identity,
             (CONTENT_TYPE_HEADER, CONTENT_TYPE),
         ]
         span: trace.Span | None = None

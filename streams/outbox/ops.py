@@ -1,4 +1,5 @@
-"""Operator commands over any outbox backend: stats, retry, skip, purge.
+"""Operator commands over any outbox backend: stats (with the outbox's identity), retry, skip,
+purge.
 
 Retry and skip change one row and write an audit entry (who, when, what, why) in the same
 transaction. Both take a row that is ``failed`` (holding its project back) or ``retry_wait``:
@@ -24,6 +25,7 @@ class OutboxStats:
     failed_rows: list[OutboxRow]
     held_projects: list[dict[str, Any]]
     row_limit: int
+    outbox_id: str | None = None  # the outbox's identity; None below PostgreSQL schema 3
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape of ``rhumbatron outbox stats --json``."""
@@ -46,6 +48,7 @@ class OutboxStats:
         out["held_projects"] = self.held_projects
         out["lists_truncated_at"] = self.row_limit
         out["outbox"] = self.location
+        out["outbox_id"] = self.outbox_id
         return out
 
 
@@ -66,6 +69,7 @@ def stats(store: OutboxStore, *, now: float, row_limit: int) -> OutboxStats:
             for h in store.held_projects(row_limit)
         ],
         row_limit=row_limit,
+        outbox_id=store.outbox_id(),
     )
 
 

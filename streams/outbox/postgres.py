@@ -2,7 +2,8 @@
 :class:`~streams.outbox.store.OutboxStore` contract as the SQLite one.
 
 - The schema is versioned SQL files shipped beside this module (``postgres_schema_v1.sql``,
-  and ``postgres_schema_v2.sql`` which moves version 1 to 2: the INSERT's checks), applied by
+  ``postgres_schema_v2.sql`` which moves version 1 to 2: the INSERT's checks, and
+  ``postgres_schema_v3.sql`` which moves 2 to 3: the outbox's identity), applied by
   :func:`init_outbox` (``rhumbatron outbox init``) into the first schema of the URL's
   search_path, moved on by :func:`migrate_outbox` (``rhumbatron outbox migrate``, online) and
   checked when a store opens: no schema says to run ``outbox init``; a version this release
@@ -65,7 +66,13 @@ log = logging.getLogger("rhumbatron.outbox.postgres")
 
 # The schema's versions, each a file that moves the one before to it (version 1 makes the
 # outbox). `outbox init` applies them all; `outbox migrate` those above the installed one.
-SCHEMA_FILES = {1: "postgres_schema_v1.sql", 2: "postgres_schema_v2.sql"}
+SCHEMA_FILES = {
+    1: "postgres_schema_v1.sql",
+    2: "postgres_schema_v2.sql",
+    3: "postgres_schema_v3.sql",
+}
+# The version that made the outbox's identity (streams.outbox.identity).
+IDENTITY_VERSION = 3
 SCHEMA_VERSION = max(SCHEMA_FILES)
 # The setting's default, for callers without settings (init_outbox's tests).
 DEFAULT_MAX_ENVELOPE_BYTES = 256 * 1024
@@ -274,7 +281,7 @@ def init_outbox(
             _apply(conn, url, schema, range(0), max_envelope_bytes)
             return (
                 f"outbox schema version {version} already in schema {schema} at {where(url)} "
-                f"(limits and payload rules written again)"
+                f"(limits and payload rules written again); {_identity_line(conn)}"
             )
         if version is not None and version in SCHEMA_FILES:
             raise OutboxSchemaError(
@@ -285,7 +292,10 @@ def init_outbox(
         if version is not None:
             raise _unknown(url, schema, version)
         _apply(conn, url, schema, range(1, SCHEMA_VERSION + 1), max_envelope_bytes)
-        return f"outbox schema version {SCHEMA_VERSION} created in schema {schema} at {where(url)}"
+        return (
+            f"outbox schema version {SCHEMA_VERSION} created in schema {schema} at {where(url)}; "
+            f"{_identity_line(conn)}"
+        )
 
 
 def migrate_outbox(
@@ -313,12 +323,25 @@ def migrate_outbox(
         if version == SCHEMA_VERSION:
             return (
                 f"outbox in schema {schema} at {where(url)} is already at schema version "
-                f"{version} (limits and payload rules written again)"
+                f"{version} (limits and payload rules written again); {_identity_line(conn)}"
             )
         return (
             f"outbox in schema {schema} at {where(url)} migrated from schema version {version} "
-            f"to {SCHEMA_VERSION}"
+            f"to {SCHEMA_VERSION}; {_identity_line(conn)}"
         )
+
+
+def read_outbox_id(conn: psycopg.Connection[Any]) -> str | None:
+    """The outbox's identity; None below schema version 3 (no identity table yet)."""
+    found = conn.execute("SELECT to_regclass('outbox_identity') IS NOT NULL").fetchone()
+    if not found or not found[0]:
+        return None
+    row = conn.execute("SELECT outbox_id FROM outbox_identity").fetchone()
+    return None if row is None else str(row[0])
+
+
+def _identity_line(conn: psycopg.Connection[Any]) -> str:
+    return f"identity {read_outbox_id(conn)}"
 
 
 def _canonical(text: str, max_bytes: int) -> bytes:
@@ -799,3 +822,7 @@ class PostgresOutbox:
             "SELECT last_slot FROM outbox_slots WHERE project_id = %s", (project_id,)
         )
         return int(found[0][0]) if found else 0
+
+    def outbox_id(self) -> str | None:
+        with self._conn("read the outbox's identity") as conn:
+            return read_outbox_id(conn)

@@ -33,8 +33,10 @@ from opentelemetry import metrics
 
 from streams import failpoints, tracing
 from streams.clock import Clock, SystemClock
+from streams.headers import OUTBOX
 from streams.log_context import log_fields
 from streams.outbox.dispatch import Dispatch, Window
+from streams.outbox.identity import PREFIX, is_outbox_id
 from streams.outbox.sender import EventSender, SenderFactory
 from streams.outbox.states import (
     Deferred,
@@ -147,10 +149,41 @@ def select_windows(rows: list[OutboxRow], stream_for: Callable[[str], str]) -> l
     return windows
 
 
+def _identity(store: OutboxStore) -> str | None:
+    """The outbox's identity, read once as a publisher starts (a migrate that adds it is seen
+    at the next start: docs/outbox.md); None, with one warning saying what to do, when the
+    outbox holds none or one that is not an identity."""
+    found = store.outbox_id()
+    if found is None:
+        log.warning(
+            "outbox %s holds no identity (a PostgreSQL outbox below schema version 3): its "
+            "events go out without the %r header, so consumers cannot tell its slots from "
+            "another outbox's; run `rhumbatron outbox migrate --outbox URL` (online), then "
+            "restart this publisher",
+            store.location,
+            OUTBOX,
+        )
+        return None
+    if not is_outbox_id(found):
+        log.warning(
+            "outbox %s holds the identity %r, which is not %s followed by 16 lowercase hex "
+            "characters (changed by hand?): its events go out without the %r header; put back "
+            "the identity it had (from a backup of its outbox_identity table) and restart "
+            "this publisher",
+            store.location,
+            found,
+            PREFIX,
+            OUTBOX,
+        )
+        return None
+    return found
+
+
 class Publisher:
     """The one publisher of an outbox. Holds the store's publisher lease from construction until
     :meth:`close`, so constructing a second one raises PublisherLocked (a long-running one then
-    stands by for the lease: :mod:`streams.outbox.standby`)."""
+    stands by for the lease: :mod:`streams.outbox.standby`). Once it holds the lease it reads the
+    outbox's identity (:attr:`outbox_id`), which every record it sends names."""
 
     def __init__(
         self,
@@ -173,6 +206,11 @@ class Publisher:
         self._clock: Clock = clock or SystemClock()
         self._lease = store.publisher_lease()
         self._lease.__enter__()
+        try:
+            self.outbox_id = _identity(store)
+        except BaseException:
+            self._lease.__exit__(None, None, None)
+            raise
         self._sender: EventSender | None = None
         self._after_project: str | None = None
         self.totals = PublisherTotals()
@@ -216,6 +254,7 @@ class Publisher:
                 ordering=self._policy.ordering,
                 delivery_timeout_s=self._policy.delivery_timeout_s,
                 clock=self._clock,
+                outbox_id=self.outbox_id,
             )
             outcomes = dispatch.run(windows)
             span.set_attribute("rhumbatron.outbox.rows", len(outcomes))

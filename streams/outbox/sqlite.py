@@ -30,8 +30,11 @@ from streams import tracing
 from streams.clock import Clock, SystemClock
 from streams.errors import OutboxError, PublisherLocked, StoredRowInvalid
 from streams.files import create_private, open_private
+from streams.outbox.identity import new_outbox_id
 from streams.outbox.sqlite_schema import (
     COLUMNS,
+    IDENTITY_INSERT,
+    IDENTITY_SELECT,
     IN_CHUNK,
     OPEN_SQL,
     PREFIXED_COLUMNS,
@@ -216,9 +219,14 @@ class SqliteOutbox:
             if self._create:
                 conn.execute("PRAGMA journal_mode = WAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            has_outbox = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox'"
-            ).fetchone()
+            tables = {
+                name
+                for (name,) in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name IN ('outbox', 'outbox_identity')"
+                )
+            }
+            identified = "outbox_identity" in tables and conn.execute(IDENTITY_SELECT).fetchone()
         except sqlite3.Error as exc:
             raise self._translate(exc, "open") from exc
         if version > SCHEMA_VERSION:
@@ -226,15 +234,22 @@ class SqliteOutbox:
                 f"outbox {self.path} has schema version {version}, newer than this release "
                 f"understands ({SCHEMA_VERSION}); upgrade rhumbatron"
             )
-        if has_outbox and version == SCHEMA_VERSION:
+        if "outbox" in tables and version == SCHEMA_VERSION and identified:
             return
-        if not self._create:
+        if "outbox" not in tables and not self._create:
             raise OutboxError(f"{self.path} is a SQLite database but holds no outbox tables")
+        # Also an outbox made before its identity table: it gets one now, once, whoever opens
+        # it first (the write lock orders racing openers; the identity's key keeps the first).
         with self._write("create the outbox tables") as conn:
             # Statement by statement: executescript would commit the open transaction first.
             for statement in filter(None, (part.strip() for part in SCHEMA.split(";"))):
                 conn.execute(statement)
+            conn.execute(IDENTITY_INSERT, (new_outbox_id(), self.clock.now().timestamp()))
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def outbox_id(self) -> str | None:
+        found = self._read(IDENTITY_SELECT)
+        return str(found[0][0]) if found else None
 
     def close(self) -> None:
         with self._all_lock:

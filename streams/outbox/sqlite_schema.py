@@ -2,7 +2,12 @@
 
 ``outbox`` holds one row per event (``event_id`` UNIQUE, ``(project_id, slot)`` UNIQUE, so a
 duplicate slot cannot be stored even by a bug); ``outbox_slots`` the per-project counters, which
-purging never touches; ``outbox_audit`` every operator retry and skip.
+purging never touches; ``outbox_audit`` every operator retry and skip; ``outbox_identity`` the
+outbox's one identity row (:mod:`streams.outbox.identity`).
+
+Every statement is idempotent (``IF NOT EXISTS``, ``INSERT OR IGNORE`` on the identity's fixed
+key), so the schema is applied again to an outbox made by a release before a table was added:
+that keeps ``user_version`` at 1, and an older release still opens the file.
 """
 
 from __future__ import annotations
@@ -60,7 +65,18 @@ CREATE TABLE IF NOT EXISTS outbox_audit (
     reason TEXT,
     last_error TEXT
 );
+CREATE TABLE IF NOT EXISTS outbox_identity (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    outbox_id TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 """
+# The identity's one row: the first transaction to apply the schema makes it, every later one
+# (another process opening the file at the same moment) finds the key taken and leaves it.
+IDENTITY_INSERT = (
+    "INSERT OR IGNORE INTO outbox_identity (one, outbox_id, created_at) VALUES (1, ?, ?)"
+)
+IDENTITY_SELECT = "SELECT outbox_id FROM outbox_identity WHERE one = 1"
 
 COLUMNS = (
     "event_id, project_id, slot, event_type, envelope, trace_context, state, attempts, "

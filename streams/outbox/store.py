@@ -260,4 +260,8 @@ class OutboxStore(Protocol):
     def last_slot(self, project_id: str) -> int:
         """The project's slot counter (0 when it has no events)."""
 
+    def outbox_id(self) -> str | None:
+        """The outbox's identity as its database holds it (:mod:`streams.outbox.identity`);
+        None when it holds none (a PostgreSQL outbox below schema version 3)."""
+
     def close(self) -> None: ...

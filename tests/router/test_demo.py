@@ -219,7 +219,7 @@ def test_the_demo_runs_on_a_postgresql_outbox(settings: Settings, tmp_path: Path
         out = result.stdout
         assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
         assert "arrived complete and in slot order: yes" in out, out
-        assert f"outbox schema version 2 created in schema {schema.name}" in out
+        assert f"outbox schema version 3 created in schema {schema.name}" in out
         password = str(psycopg.conninfo.conninfo_to_dict(schema.url)["password"])
         assert password not in out + result.stderr
         assert "into the outbox postgresql://rhumbatron:****@127.0.0.1:5432/rhumbatron" in out

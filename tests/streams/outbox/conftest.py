@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.streams.outbox.schema_v1 import install_v1
+from tests.streams.outbox.schema_v1 import install_through, install_v1
 from tests.support.outbox import OutboxBackend
 
 BACKENDS = [
@@ -43,5 +43,20 @@ def pg_v1(tmp_path: Path) -> Iterator[OutboxBackend]:
     backend.schema.drop()
     backend.schema = FreshSchema(init=False)
     install_v1(backend.schema.url)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def pg_v2(tmp_path: Path) -> Iterator[OutboxBackend]:
+    """A fresh PostgreSQL outbox of schema version 2 (the release before the outbox's identity):
+    it holds no identity."""
+    from tests.support.postgres import FreshSchema
+
+    backend = OutboxBackend("postgres", tmp_path)
+    assert backend.schema is not None
+    backend.schema.drop()
+    backend.schema = FreshSchema(init=False)
+    install_through(backend.schema.url, 2)
     yield backend
     backend.close()

@@ -362,9 +362,9 @@ def test_a_database_without_the_schema_or_with_another_version_is_refused() -> N
         _open(bare.url).close()
         with bare.connect() as conn:
             conn.execute("UPDATE outbox_schema_version SET version = 7")
-        with pytest.raises(OutboxSchemaError, match="schema version 7 .* knows versions 1 to 2"):
+        with pytest.raises(OutboxSchemaError, match="schema version 7 .* knows versions 1 to 3"):
             _open(bare.url)
-        with pytest.raises(OutboxSchemaError, match="version 7 .* knows versions 1 to 2"):
+        with pytest.raises(OutboxSchemaError, match="version 7 .* knows versions 1 to 3"):
             init_outbox(bare.url)
     finally:
         bare.drop()

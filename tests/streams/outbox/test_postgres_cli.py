@@ -6,6 +6,7 @@ a URL that cannot connect is one line naming host, port and database, never the 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -113,22 +114,29 @@ def test_outbox_init_creates_the_schema_once_and_refuses_another_version(
         assert before.returncode == 2 and "run `rhumbatron outbox init" in before.stderr
         made = _cli(settings, "outbox", "init", "--outbox", schema.url)
         assert made.returncode == 0, made.stderr
-        assert made.stdout.strip() == (
-            f"outbox schema version 2 created in schema {schema.name} at host 127.0.0.1 "
-            "port 5432 database rhumbatron"
+        created = re.fullmatch(
+            rf"outbox schema version 3 created in schema {schema.name} at host 127\.0\.0\.1 "
+            r"port \d+ database rhumbatron; identity (obx_[0-9a-f]{16})",
+            made.stdout.strip(),
         )
+        assert created, made.stdout
+        identity = created.group(1)
         again = _cli(settings, "outbox", "init", "--outbox", schema.url)
         assert again.returncode == 0, again.stderr
-        assert again.stdout.startswith(f"outbox schema version 2 already in schema {schema.name}")
+        assert again.stdout.startswith(f"outbox schema version 3 already in schema {schema.name}")
+        assert again.stdout.strip().endswith(f"identity {identity}"), again.stdout
         stats = _cli(settings, "outbox", "stats", "--outbox", schema.url, "--json")
         assert stats.returncode == 0 and json.loads(stats.stdout)["total"] == 0, stats.stderr
+        assert json.loads(stats.stdout)["outbox_id"] == identity
+        shown = _cli(settings, "outbox", "stats", "--outbox", schema.url)
+        assert f"  identity {identity}\n" in shown.stdout, shown.stdout
         with schema.connect() as conn:
             conn.execute("UPDATE outbox_schema_version SET version = 7")
         refused = _cli(settings, "outbox", "init", "--outbox", schema.url)
         assert refused.returncode == 2
         line = refused.stderr.strip()
         assert line.startswith("rhumbatron: ") and len(line.splitlines()) == 1, line
-        assert "version 7" in line and "versions 1 to 2" in line
+        assert "version 7" in line and "versions 1 to 3" in line
         password = str(psycopg.conninfo.conninfo_to_dict(schema.url)["password"])
         for shown in (made, again, refused):
             assert password not in shown.stdout + shown.stderr

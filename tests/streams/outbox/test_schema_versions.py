@@ -1,5 +1,5 @@
 """The PostgreSQL outbox's schema versions: ``outbox migrate`` moves a version 1 outbox to
-version 2 online (writers and publishers keep going through the move and after it; rows written
+version 3 online (writers and publishers keep going through the move and after it; rows written
 before it are untouched), and repeats harmlessly; ``outbox init`` sends a version 1 outbox to
 migrate and refuses a version it does not know, naming both; the limits the INSERT checks come
 from the settings."""
@@ -75,10 +75,10 @@ def test_migrate_moves_a_v1_outbox_online_and_publishers_of_either_version_keep_
         # A writer's transaction open across the move: the move does not wait for it.
         writer = pg.schema.connect()
         writer.execute(INSERT, (during := _id(), "proj-a", GOOD))
-        assert "migrated from schema version 1 to 2" in migrate_outbox(url)
+        assert "migrated from schema version 1 to 3" in migrate_outbox(url)
         writer.commit()
         writer.close()
-        assert _version(pg) == 2
+        assert _version(pg) == 3
         assert _envelopes(pg) == {**stored_before, during: _envelopes(pg)[during]}
         assert pg.query(f"SELECT state FROM outbox WHERE event_id = '{loose}'") == [("published",)]
         # After the move the INSERT checks; the old publisher sends what it takes.
@@ -106,12 +106,12 @@ def test_migrate_moves_a_v1_outbox_online_and_publishers_of_either_version_keep_
 
 def test_migrate_is_idempotent_and_writes_the_rules_and_limits_again(pg: OutboxBackend) -> None:
     assert pg.schema is not None
-    assert "already at schema version 2" in migrate_outbox(pg.schema.url, max_envelope_bytes=4096)
-    assert "already at schema version 2" in migrate_outbox(pg.schema.url, max_envelope_bytes=4096)
+    assert "already at schema version 3" in migrate_outbox(pg.schema.url, max_envelope_bytes=4096)
+    assert "already at schema version 3" in migrate_outbox(pg.schema.url, max_envelope_bytes=4096)
     assert pg.query("SELECT name, value FROM outbox_limits") == [("max_envelope_bytes", 4096)]
     (count,) = pg.query("SELECT count(*) FROM outbox_payload_rules")[0]
     assert count == len(payload_rules())
-    assert pg.query("SELECT version FROM outbox_schema_version") == [(1,), (2,)]
+    assert pg.query("SELECT version FROM outbox_schema_version") == [(1,), (2,), (3,)]
     with pg.schema.connect() as conn:
         big = '{"agentId": "a", "blob": "' + "x" * 5000 + '"}'
         with pytest.raises(psycopg.errors.CheckViolation, match="over the 4096 allowed"):
@@ -120,7 +120,7 @@ def test_migrate_is_idempotent_and_writes_the_rules_and_limits_again(pg: OutboxB
 
 def test_init_sends_a_v1_outbox_to_migrate(pg_v1: OutboxBackend) -> None:
     assert pg_v1.schema is not None
-    with pytest.raises(OutboxSchemaError, match=r"version 1 .*this release's is 2.*outbox migrate"):
+    with pytest.raises(OutboxSchemaError, match=r"version 1 .*this release's is 3.*outbox migrate"):
         init_outbox(pg_v1.schema.url)
     assert _version(pg_v1) == 1
     # A store of this release reads it meanwhile (writers and publishers keep going).
@@ -132,10 +132,10 @@ def test_a_version_it_does_not_know_is_refused_naming_both(pg: OutboxBackend, co
     pg.query("SELECT 1")
     assert pg.schema is not None
     with pg.schema.connect() as conn:
-        conn.execute("INSERT INTO outbox_schema_version (version) VALUES (3)")
-    with pytest.raises(OutboxSchemaError, match=r"schema version 3 .*knows versions 1 to 2"):
+        conn.execute("INSERT INTO outbox_schema_version (version) VALUES (4)")
+    with pytest.raises(OutboxSchemaError, match=r"schema version 4 .*knows versions 1 to 3"):
         command(pg.schema.url)
-    with pytest.raises(OutboxSchemaError, match=r"schema version 3 .*knows versions 1 to 2"):
+    with pytest.raises(OutboxSchemaError, match=r"schema version 4 .*knows versions 1 to 3"):
         PostgresOutbox(
             pg.schema.url, options=PostgresOptions(max_envelope_bytes=LIMIT, missed_report_limit=1)
         )
@@ -170,9 +170,9 @@ def test_the_migrate_command(settings: Settings, pg_v1: OutboxBackend) -> None:
     assert init.returncode != 0 and "outbox migrate --outbox URL" in init.stderr
     first = run_cli(settings, "outbox", "migrate", "--outbox", pg_v1.schema.url, env=env)
     assert first.returncode == 0, first.stderr
-    assert "migrated from schema version 1 to 2" in first.stdout
+    assert "migrated from schema version 1 to 3" in first.stdout
     again = run_cli(settings, "outbox", "migrate", "--outbox", pg_v1.schema.url, env=env)
-    assert again.returncode == 0 and "already at schema version 2" in again.stdout
+    assert again.returncode == 0 and "already at schema version 3" in again.stdout
     assert "****" in again.stdout or "password" not in again.stdout
     (value,) = pg_v1.query("SELECT value FROM outbox_limits")[0]
     assert value == settings.max_envelope_bytes
