@@ -116,6 +116,7 @@ CASE_MODULES = (
     "bench.latency_cases",
     "bench.scale_cases",
     "bench.scale_out_cases",
+    "bench.claim_cases",
 )
 
 # The table's order (and a round's: its cases run in the order of their names here; see order_key
@@ -142,6 +143,8 @@ ROW_ORDER = (
     "e2e-p99-ms",
     "e2e-p999-ms",
     "claim-bytes",
+    "claim-memory-1m",
+    "claim-bytes-per-project",
     "rss-mb",
     "scale-projects",
 )

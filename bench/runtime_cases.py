@@ -113,10 +113,10 @@ def forget_subscription(s: Settings, slug: str) -> None:
                 raise
 
 
-def redis_bytes(env: BenchEnv, pattern: str) -> int:
+def redis_bytes(env: BenchEnv, pattern: str, settings: Settings | None = None) -> int:
     """``MEMORY USAGE key SAMPLES 0`` summed over the keys matching ``pattern``, asked 1,000 keys
     a round trip (the ledger's claims are tens of thousands of small hashes)."""
-    client = connect(env.settings.redis_url, timeout=5)
+    client = connect((settings or env.settings).redis_url, timeout=5)
     keys = list(client.scan_iter(match=pattern, count=10_000))
     total = 0
     for start in range(0, len(keys), 1000):
@@ -134,15 +134,19 @@ class Consumed:
     cpu: CpuUse  # this process's CPU over the run, and the broker's and Redis's
 
 
-def consume(env: BenchEnv, slug: str, settings: Settings | None = None) -> Consumed:
-    """One process of ``slug`` over the shared workload until it has handled env.size records:
-    the time from opening it (its group join included, as in the raw consume) to the last."""
+def consume(
+    env: BenchEnv, slug: str, settings: Settings | None = None, *, count: int | None = None
+) -> Consumed:
+    """One process of ``slug`` over the shared workload until it has handled env.size records
+    (or ``count``): the time from opening it (its group join included, as in the raw consume)
+    to the last."""
+    count = env.size if count is None else count
     started = time.perf_counter()
     with CpuMeter() as meter:
         subscription = open_subscription(settings or env.settings, slug)
         runner = subscription.runner
         try:
-            runner.run(should_stop=lambda: runner.stats.records >= env.size, tick=subscription.tick)
+            runner.run(should_stop=lambda: runner.stats.records >= count, tick=subscription.tick)
         finally:
             subscription.close()
     return Consumed(time.perf_counter() - started, runner.stats, meter.use)

@@ -37,7 +37,7 @@ from router.wiring.processors import check_subscription
 from router.wiring.workers import check_http_url
 from router.workers.handlers import load_handler
 from streams.admin import admin_client
-from streams.errors import ConfigurationError, InstanceIdHeld
+from streams.errors import ConfigurationError, InstanceIdHeld, LayoutNewer
 from streams.topology import group_id, unknown_queue
 
 log = logging.getLogger("rhumbatron.fleet")
@@ -369,6 +369,18 @@ class Supervisor:
         slot.status.last_exit = code
         if code == InstanceIdHeld.EXIT_CODE:
             self._held(slot, now)
+            return
+        if code == LayoutNewer.EXIT_CODE:
+            # The state moved to a layout this release does not speak: starting it again
+            # would only stop again. The fleet stops; a release that speaks it must run.
+            slot.status.state = "failed"
+            log.error(
+                "fleet: %s exited with %d: the state is in a newer layout than this release "
+                "speaks (its log names both); stopping the fleet",
+                slot.member.name,
+                code,
+            )
+            self.status.state = "failed"
             return
         slot.held_since = None
         slot.recent = [t for t in slot.recent if now - t < self.policy.window_s]

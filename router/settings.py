@@ -610,6 +610,26 @@ class Settings(BaseSettings):
         "but more of the hashes turn into hashtables (more bytes a claim: raise it), below it "
         "the keys themselves weigh more per claim",
     )
+    claim_project_buckets: int = Field(
+        4,
+        ge=1,
+        le=65_536,
+        description="small Redis hashes a partition's slot claims are spread over, per outbox "
+        "and cursor revision (outbox events: one record a project, its base slot, about 25 "
+        "bytes plus its id in a compact hash); each stays compact (a listpack) up to Redis's "
+        "hash-max-listpack-entries projects (512 by default), so the default keeps up to about "
+        "2,000 projects a partition compact: above that raise it to the projects a partition "
+        "holds divided by 256; each hash also costs its key, about 150 bytes",
+    )
+    claim_gap_horizon: int = Field(
+        1_000,
+        ge=8,
+        le=1_000_000,
+        description="slots a project's slot claims handle past a gap (a row still parked in "
+        "its outbox, or a reprocess) before the gap is recorded as missing and the record "
+        "shrinks back: a gap keeps a 4-byte fingerprint for each slot handled past it until "
+        "then; a late event inside a missing gap is still applied",
+    )
     batch_failure_ttl_s: int = Field(
         7 * 86_400,
         ge=60,

@@ -26,6 +26,7 @@ swallows one.
     ├── StoredRowInvalid            (ValueError) an outbox row written with bad columns: unsendable
     ├── Fenced                      a progress write by a stale owner: the partition moved on
     ├── InstanceIdHeld              KIP-848 still holds this static member id for a killed process
+    ├── LayoutNewer                 the state is in a layout newer than this release speaks: it stops
     ├── ReplicasBehind              a Redis commit not on the replicas WAIT asked for: the process stops
     ├── CursorMoved                 a compare-and-set found the cursor moved since it was read
     ├── PendingEffects              new Kafka effects refused while earlier ones are unpublished
@@ -34,6 +35,8 @@ swallows one.
     ├── ControlRefused              an operator control (reset, reprocess …) was refused
     │   └── ArchiveIncomplete       the archive cannot supply every offset a control needs
     ├── DeadLetterActionRefused     a retry or dismiss of a dead letter was refused
+    ├── AuditNotDurable             the audit topic did not take an entry: the action was not done
+    ├── SlotTaken                   another event already holds an outbox event's slot (a conflict)
     ├── NewerThanKnown              a redelivered event's version is newer than the consumer knows
     ├── ArchiveFormatError          (ValueError) a key, part or line not in the archive's format
     ├── ArchiveStoreError           the object store refused or failed an operation
@@ -309,6 +312,24 @@ class Fenced(RhumbatronError):
         super().__init__(
             f"write to {tp} refused: owner epoch {epoch} is stale (current {current}); "
             "another process owns the partition now"
+        )
+
+
+class LayoutNewer(RhumbatronError):
+    """The state was moved to a layout this release does not speak (consumers.runtime.layout):
+    it wrote nothing and must not write. A command exits with :data:`EXIT_CODE` for it, which the
+    fleet does not restart."""
+
+    EXIT_CODE = 78  # EX_CONFIG: starting again will not help
+
+    def __init__(self, where: str, found: int, speaks: int) -> None:
+        self.found = found
+        self.speaks = speaks
+        super().__init__(
+            f"{where} is in state layout {found}, and this release speaks layouts up to "
+            f"{speaks}: it wrote nothing and stops. `rhumbatron state migrate --finalize` moved "
+            "the state forward, so a release that speaks it must run (rhumbatron --version "
+            "shows the layout a release speaks); moving back is refused once finalized"
         )
 
 
@@ -668,6 +689,20 @@ class ClaimsFound(InternalSignal):
     def __init__(self, tp: object) -> None:
         self.tp = tp
         super().__init__(f"{tp}: a commit not looked up first met stored claims")
+
+
+class SlotTaken(RhumbatronError):
+    """An outbox event whose slot a subscription already holds for another event: two outboxes
+    sharing an identity, or an outbox whose slots were numbered again (a database restored
+    under a new one). Dead-lettered at once; an operator's retry applies it anyway."""
+
+    def __init__(self, event_id: str, project_id: str, outbox: str, slot: int) -> None:
+        super().__init__(
+            f"slot {slot} of project {project_id} from outbox {outbox} is already claimed by "
+            f"another event than {event_id}: the outbox's slots were numbered twice (two "
+            "outboxes with one identity, or a restored database); dead-lettered, retry it to "
+            "apply it anyway"
+        )
 
 
 class Rejected(InternalSignal):

@@ -6,6 +6,7 @@ import logging
 
 from consumers.runtime.dead_letters import DeadLetter, Entry, LetterKind, batch_letter_id
 from consumers.runtime.runner_base import DueLetter, Outcome, PartitionState
+from consumers.runtime.slot_claims import slot_ref
 from consumers.runtime.store import Commit
 from consumers.runtime.tracing import TracingMixin
 from consumers.runtime.types import (
@@ -94,6 +95,9 @@ class FailureMixin(TracingMixin):
             new,
             excluded_add=sorted({self._origin_offset(r) for r, _, _ in failed}),
             dead_claims=sorted({e.event_id for r, e, _ in failed if not self._is_redelivery(r)}),
+            slots={
+                e.event_id: ref for r, e, _ in failed if (ref := slot_ref(r.headers, e)) is not None
+            },
         )
         if not self._commit_or_refuse(part, commit):
             if part.retry_at is not None and part.tp in self.parts:

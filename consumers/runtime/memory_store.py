@@ -10,9 +10,19 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
-from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
+from consumers.runtime.layout import LAYOUT, WRITES_SLOT_CLAIMS
+from consumers.runtime.slot_claims import APPLIED, CONFLICT, DEAD, NONE, SlotClaims
+from consumers.runtime.store import (
+    NO_SLOTS,
+    OPS,
+    Commit,
+    Decisions,
+    Slots,
+    decode_pending,
+    encode_pending,
+)
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
-from streams.errors import ClaimsFound, CursorMoved, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, Fenced, LayoutNewer, PendingEffects
 
 # -- effect semantics, mirrored by the Lua script of redis_store ---------------------------------
 
@@ -98,11 +108,24 @@ def op_keys(op: RedisOp) -> list[str]:
 class MemoryStore:
     """The Store contract in memory, thread-safe. Effects land in a keyspace tests can read."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        claim_gap_horizon: int = 1_000,
+        speaks: int = LAYOUT,
+        writes_slot_claims: bool = WRITES_SLOT_CLAIMS,
+    ) -> None:
         self._lock = threading.RLock()
         self._epochs: dict[TP, int] = {}
         self._progress: dict[TP, Progress] = {}
         self._claims: dict[TP, set[tuple[str, int | str]]] = {}
+        # Slot claims (layout 2), by (partition, revision, outbox, project).
+        self._slots: dict[tuple[TP, int, str, str], SlotClaims] = {}
+        self.layouts: dict[TP, int] = {}  # each partition's layout marker (absent: 1)
+        self.layout_target = 1  # the environment's, as `state migrate --finalize` sets it
+        self.claim_gap_horizon = claim_gap_horizon
+        self.speaks = speaks
+        self.writes_slot_claims = writes_slot_claims
         self._states: dict[TP, dict[str, str]] = {}
         self._pending: dict[TP, bytes] = {}
         self._failures: dict[tuple[TP, str], int] = {}
@@ -113,8 +136,47 @@ class MemoryStore:
     def key(self, tp: TP, logical: str) -> str:
         return f"{tp.topic}|{tp.partition}|{logical}"
 
+    def _layout_check(self, tp: TP) -> int:
+        """The partition's layout after this write, or LayoutNewer (nothing written)."""
+        found = self.layouts.get(tp, 1)
+        if found > self.speaks:
+            raise LayoutNewer(f"partition {tp}", found, self.speaks)
+        return max(found, min(self.layout_target, self.speaks))
+
+    def _verdict(self, tp: TP, revision: int, event_id: str, slots: Slots) -> int:
+        ref = slots.get(event_id)
+        if ref is None:
+            return NONE
+        record = self._slots.get((tp, revision, ref.outbox, ref.project))
+        return record.verdict(ref.slot, ref.fingerprint) if record else NONE
+
+    def _claim_slots(
+        self, tp: TP, revision: int, event_ids: Iterable[str], slots: Slots, *, dead: bool
+    ) -> None:
+        for event_id in event_ids:
+            ref = slots.get(event_id)
+            if ref is not None:
+                record = self._slots.setdefault(
+                    (tp, revision, ref.outbox, ref.project), SlotClaims()
+                )
+                record.claim(ref.slot, ref.fingerprint, dead=dead, horizon=self.claim_gap_horizon)
+
+    def finalize(self, layout: int = LAYOUT) -> None:
+        """As ``layout.finalize`` does to Redis: every partition, and the new ones, moved to
+        ``layout``."""
+        with self._lock:
+            self.layout_target = layout
+            for tp in self._epochs:
+                self.layouts[tp] = max(self.layouts.get(tp, 1), layout)
+
+    def slot_claims(self, tp: TP, revision: int, outbox: str, project: str) -> SlotClaims | None:
+        """A project's slot record (for tests and the memory figures)."""
+        with self._lock:
+            return self._slots.get((tp, revision, outbox, project))
+
     def acquire(self, tp: TP) -> int:
         with self._lock:
+            self._layout_check(tp)
             self._epochs[tp] = self._epochs.get(tp, 0) + 1
             return self._epochs[tp]
 
@@ -127,24 +189,42 @@ class MemoryStore:
             return Progress.from_fields(self._progress.get(tp, Progress()).as_fields())
 
     def claimed(
-        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+        self,
+        tp: TP,
+        revision: int,
+        event_ids: Sequence[str],
+        *,
+        dead: bool = False,
+        slots: Slots = NO_SLOTS,
     ) -> set[str]:
-        with self._lock:
-            have = self._claims.get(tp, set())
-            member = f"{revision}d" if dead else revision
-            return {e for e in event_ids if (e, member) in have}
+        found = self.decisions(tp, revision, event_ids, slots)
+        return found.dead if dead else found.applied
 
     def decisions(
-        self, tp: TP, revision: int, event_ids: Sequence[str]
-    ) -> tuple[set[str], set[str]]:
-        return self.claimed(tp, revision, event_ids), self.claimed(
-            tp, revision, event_ids, dead=True
-        )
+        self, tp: TP, revision: int, event_ids: Sequence[str], slots: Slots = NO_SLOTS
+    ) -> Decisions:
+        with self._lock:
+            have = self._claims.get(tp, set())
+            out = Decisions(set(), set(), set())
+            for e in event_ids:
+                by_id = (APPLIED if (e, revision) in have else NONE) | (
+                    DEAD if (e, f"{revision}d") in have else NONE
+                )
+                by_slot = self._verdict(tp, revision, e, slots)
+                # As the Redis script: a claim by id answers first; a slot adds what it knows.
+                code = by_id | (by_slot & (APPLIED | DEAD)) if by_id else by_slot
+                if code & APPLIED:
+                    out.applied.add(e)
+                if code & DEAD:
+                    out.dead.add(e)
+                if code & CONFLICT:
+                    out.conflicts.add(e)
+            return out
 
     def decisions_many(
-        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
-    ) -> list[tuple[set[str], set[str]]]:
-        return [self.decisions(tp, revision, ids) for tp, revision, ids in asks]
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]], slots: Slots = NO_SLOTS
+    ) -> list[Decisions]:
+        return [self.decisions(tp, revision, ids, slots) for tp, revision, ids in asks]
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
         with self._lock:
@@ -207,25 +287,40 @@ class MemoryStore:
                 raise PendingEffects(tp)
             claims = self._claims.setdefault(tp, set())
             rev = commit.progress.cursor_revision
+            slots = commit.slots
+            everyone = (*commit.claims, *commit.dead_claims, *commit.unclaimed)
             if not commit.looked:
                 ids = {event_id for event_id, _ in claims}
-                if any(e in ids for e in (*commit.claims, *commit.dead_claims, *commit.unclaimed)):
+                if any(e in ids or self._verdict(tp, rev, e, slots) for e in everyone):
                     raise ClaimsFound(tp)
             wanted: list[tuple[str, int | str]] = [(e, rev) for e in commit.claims]
             wanted += [(e, f"{rev}d") for e in commit.dead_claims]
+            moved = CursorMoved(
+                tp,
+                (commit.expected_acked, commit.expected_revision),
+                (commit.expected_acked, rev),
+            )
             for event_id, member in wanted:
                 if (event_id, member) in claims:
-                    raise CursorMoved(
-                        tp,
-                        (commit.expected_acked, commit.expected_revision),
-                        (commit.expected_acked, rev),
-                    )
+                    raise moved
+                verdict = self._verdict(tp, rev, event_id, slots)
+                if verdict == CONFLICT or verdict == (DEAD if isinstance(member, str) else APPLIED):
+                    raise moved
             for op in commit.redis:
                 if op.op not in OPS:
                     raise ValueError(f"unknown Redis effect op {op.op!r}")
+            layout = self._layout_check(tp)
             key_of = {k: self.key(tp, k) for op in commit.redis for k in op_keys(op)}
-            claims.update((e, rev) for e in commit.claims)
-            claims.update((e, f"{rev}d") for e in commit.dead_claims)
+            # Layout 2 keeps an outbox event's claim by slot alone.
+            by_id = [e for e in commit.claims if layout < 2 or e not in slots]
+            dead_by_id = [e for e in commit.dead_claims if layout < 2 or e not in slots]
+            claims.update((e, rev) for e in by_id)
+            claims.update((e, f"{rev}d") for e in dead_by_id)
+            if self.writes_slot_claims:
+                self._claim_slots(tp, rev, commit.claims, slots, dead=False)
+                self._claim_slots(tp, rev, commit.dead_claims, slots, dead=True)
+                self._claim_slots(tp, rev, commit.passed, slots, dead=False)
+            self.layouts[tp] = layout
             for op in commit.redis:
                 apply_op(self.space, op, key_of)
             states = self._states.setdefault(tp, {})
@@ -252,6 +347,7 @@ class MemoryStore:
 
     def clear_pending(self, tp: TP, epoch: int) -> None:
         with self._lock:
+            self._layout_check(tp)
             if self._epochs.get(tp, 0) != epoch:
                 raise Fenced(tp, epoch, self._epochs.get(tp, 0))
             self._pending.pop(tp, None)
@@ -268,11 +364,18 @@ class MemoryStore:
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
         dead_claims: Sequence[str] = (),
+        slots: Slots = NO_SLOTS,
     ) -> None:
         with self._lock:
+            layout = self._layout_check(tp)
             self._check(tp, epoch, expected[0], expected[1], expected_generation)
             rev = progress.cursor_revision
-            self._claims.setdefault(tp, set()).update((e, f"{rev}d") for e in dead_claims)
+            self._claims.setdefault(tp, set()).update(
+                (e, f"{rev}d") for e in dead_claims if layout < 2 or e not in slots
+            )
+            if self.writes_slot_claims:
+                self._claim_slots(tp, rev, dead_claims, slots, dead=True)
+            self.layouts[tp] = layout
             excluded = self._excluded.setdefault(tp, set())
             excluded.difference_update(readmit)
             excluded.update(exclude)

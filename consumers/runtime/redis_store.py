@@ -38,10 +38,21 @@ import orjson
 import redis
 
 from consumers.redis_conn import Script, Wait, run_script_calls
-from consumers.runtime.store import OPS, Commit, decode_pending, encode_pending
+from consumers.runtime import slot_claims
+from consumers.runtime.layout import LAYOUT, WRITES_SLOT_CLAIMS, environment_key
+from consumers.runtime.slot_claims import SlotRef
+from consumers.runtime.store import (
+    NO_SLOTS,
+    OPS,
+    Commit,
+    Decisions,
+    Slots,
+    decode_pending,
+    encode_pending,
+)
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp
 from streams.clock import Clock
-from streams.errors import ClaimsFound, CursorMoved, Fenced, PendingEffects
+from streams.errors import ClaimsFound, CursorMoved, Fenced, LayoutNewer, PendingEffects
 
 DAY_MS = 86_400_000
 # How long a store trusts its memory of which of today's claim hashes it gave their expiry: the
@@ -51,8 +62,43 @@ EXPIRY_MEMORY_S = 60.0
 
 # What every script shares: a claim's revisions, chunked variadic calls (well under Lua's stack
 # limit), the claim lookup of every live day (new hashes, then the old sets) and the claim write.
-_LUA_CLAIMS = """
+_LUA_CLAIMS = (
+    slot_claims.LUA
+    + """
 local CHUNK = 1000
+-- The partition's layout (consumers.runtime.layout): nil if this release may write, else the
+-- newer layout found.
+local function layout_refused(key, speaks)
+  local found = tonumber(redis.call('GET', key) or '1')
+  if found > tonumber(speaks) then return found end
+  return nil
+end
+local function layout_of(key)
+  return tonumber(redis.call('GET', key) or '1')
+end
+local function head(t, n)
+  if n == #t then return t end
+  local out = {}
+  for i = 1, n do out[i] = t[i] end
+  return out
+end
+-- The first n entries of fields/subs/known (and tok) split in two, those written by id first:
+-- an outbox event's claim is written by id only while the partition is in layout 1.
+local function by_id_first(fields, subs, known, tok, refs, n, marker)
+  if marker < 2 then return fields, subs, known, tok, n end
+  local order = {}
+  for i = 1, n do if not refs[i] then order[#order + 1] = i end end
+  local nw = #order
+  if nw == n then return fields, subs, known, tok, n end
+  for i = 1, n do if refs[i] then order[#order + 1] = i end end
+  for i = n + 1, #fields do order[#order + 1] = i end
+  local f, b, k = {}, {}, {}
+  for j, i in ipairs(order) do
+    f[j] = fields[i]; b[j] = subs[i]
+    if known then k[j] = known[i] end
+  end
+  return f, b, (known and k or nil), function(j) return tok(order[j]) end, nw
+end
 local function has(v, t)
   if v == t then return true end
   return string.find(',' .. v .. ',', ',' .. t .. ',', 1, true) ~= nil
@@ -197,16 +243,31 @@ local function claim_new(dp, fields, subs, n, tok)
   return touched
 end
 """
+)
 
-# ARGV[1]: msgpack [revision, days, fields, buckets]; ARGV[2]: the partition's key prefix.
-# Answers one digit an event: 0 none, 1 applied, 2 dead-lettered, 3 both.
+# ARGV[1]: msgpack [revision, days, fields, buckets, slot refs]; ARGV[2]: the partition's key
+# prefix. Answers one digit an event: 0 none, 1 applied, 2 dead-lettered, 3 both, 4 an outbox
+# event whose slot another event holds (and no claim by its id).
 _DECISIONS = (
     _LUA_CLAIMS
     + """
 local a = cmsgpack.unpack(ARGV[1])
-local fields = a[3]
+local P = ARGV[2]
+local fields, refs = a[3], a[5]
 local found = {}
-look(ARGV[2], a[2], fields, a[4], a[1], function(i) return 0 end, found, nil)
+look(P, a[2], fields, a[4], a[1], function(i) return 0 end, found, nil)
+local cache = {}
+for i = 1, #fields do
+  local ref = refs[i]
+  if ref then
+    local v = sc_verdict(sc_open(P, a[1], cache, ref).r, ref[4], ref[5])
+    local c = found[i] or 0
+    if c == 0 then c = v
+    elseif v == 1 and c % 2 == 0 then c = c + 1
+    elseif v == 2 and c < 2 then c = c + 2 end
+    found[i] = c
+  end
+end
 local out = {}
 for i = 1, #fields do out[i] = string.char(48 + (found[i] or 0)) end
 return table.concat(out)
@@ -219,6 +280,8 @@ _COMMIT = (
     + """
 local a = cmsgpack.unpack(ARGV[1])
 local P = ARGV[2]
+local newer = layout_refused(P .. 'layout', a[26])
+if newer then return {'LAYOUT', tostring(newer)} end
 local progress, pending = P .. 'progress', P .. 'pending'
 local cur = redis.call('GET', P .. 'epoch') or '0'
 if cur ~= a[1] then return {'FENCED', cur} end
@@ -232,23 +295,61 @@ local looked, expire, buckets, nclaim = a[20] == 1, a[21], a[22], a[23]
 local function want(i) if i <= napplied then return 1 end return 2 end
 local dead = crev .. 'd'
 local function tok(i) if i <= napplied then return crev end return dead end
+local refs, horizon, target = a[24], a[25], tonumber(a[27])
+local marker = math.max(layout_of(P .. 'layout'), target)
+local cache = {}
 local newday = false
 if #fields > 0 and looked then
   local known, found = {}, {}
   look(P, days, fields, subs, crev, want, found, known)
   for i = 1, #fields do if found[i] then return {'CLAIMED'} end end
+  for i = 1, #fields do
+    local ref = refs[i]
+    if ref then
+      local v = sc_verdict(sc_open(P, crev, cache, ref).r, ref[4], ref[5])
+      if v == 4 or v == want(i) then return {'CLAIMED'} end
+    end
+  end
   -- Every check passed: from here on the script only writes.
-  newday = write_claims(P, days[1], days[#days], a[6], buckets, fields, subs, tok, known, expire)
+  local f, b, k, t, n = by_id_first(fields, subs, known, tok, refs, #fields, marker)
+  f = head(f, n)
+  if n > 0 then
+    newday = write_claims(P, days[1], days[#days], a[6], buckets, f, b, t, k, expire)
+  end
 elseif #fields > 0 then
-  if claimed_before(P, days, fields, subs, crev, nclaim) then return {'CLAIMS'} end
-  if nclaim > 0 then
+  for i = 1, #fields do
+    local ref = refs[i]
+    if ref and sc_verdict(sc_open(P, crev, cache, ref).r, ref[4], ref[5]) ~= 0 then
+      return {'CLAIMS'}
+    end
+  end
+  local f, b, _, t, n = by_id_first(fields, subs, nil, tok, refs, nclaim, marker)
+  if claimed_before(P, days, f, b, crev, n) then return {'CLAIMS'} end
+  if n > 0 then
     local dp = P .. 'claims:' .. days[1] .. ':'
-    local touched = claim_new(dp, fields, subs, nclaim, tok)
+    local touched = claim_new(dp, f, b, n, t)
     if not touched then return {'CLAIMS'} end
     -- The claims are written and every check passed: from here on the script only writes.
     newday = note_day(P, days[1], days[#days], a[6], buckets)
     expire_hashes(dp, touched, expire, newday, a[6])
   end
+end
+if marker > layout_of(P .. 'layout') then redis.call('SET', P .. 'layout', marker) end
+if a[28] == 1 then
+  for i = 1, nclaim do
+    local ref = refs[i]
+    if ref then
+      local e = sc_open(P, crev, cache, ref)
+      sc_claim(e.r, ref[4], ref[5], i > napplied, horizon)
+      e.dirty = true
+    end
+  end
+  for _, ref in ipairs(a[29]) do
+    local e = sc_open(P, crev, cache, ref)
+    sc_claim(e.r, ref[4], ref[5], false, horizon)
+    e.dirty = true
+  end
+  sc_flush(cache)
 end
 if #a[12] > 0 then variadic('HSET', progress, a[12], 1) end
 if #a[13] > 0 then variadic('HSET', P .. 'state', a[13], 1) end
@@ -324,6 +425,8 @@ _REPLACE_FOLD = (
     + """
 local a = cmsgpack.unpack(ARGV[1])
 local P = ARGV[2]
+local newer = layout_refused(P .. 'layout', a[19])
+if newer then return {'LAYOUT', tostring(newer)} end
 local progress = P .. 'progress'
 if a[1] ~= '' then
   local cur = redis.call('GET', P .. 'epoch') or '0'
@@ -339,18 +442,44 @@ if #a[6] > 0 then variadic('HSET', progress, a[6], 1) end
 if #a[7] > 0 then variadic('HSET', P .. 'state', a[7], 1) end
 if #a[8] > 0 then variadic('SREM', P .. 'excluded', a[8], 1) end
 if #a[9] > 0 then variadic('SADD', P .. 'excluded', a[9], 1) end
+local refs, marker = a[17], math.max(layout_of(P .. 'layout'), tonumber(a[20]))
 if #a[10] > 0 then
   local dead = a[12] .. 'd'
-  write_claims(P, a[13], a[15], a[14], a[16], a[10], a[11], function(i) return dead end, nil, nil)
+  local function tok(i) return dead end
+  local f, b, _, t, n = by_id_first(a[10], a[11], nil, tok, refs, #a[10], marker)
+  f = head(f, n)
+  if n > 0 then write_claims(P, a[13], a[15], a[14], a[16], f, b, t, nil, nil) end
+end
+if marker > layout_of(P .. 'layout') then redis.call('SET', P .. 'layout', marker) end
+if a[21] == 1 then
+  local cache = {}
+  for i = 1, #a[10] do
+    local ref = refs[i]
+    if ref then
+      local e = sc_open(P, a[12], cache, ref)
+      sc_claim(e.r, ref[4], ref[5], true, a[18])
+      e.dirty = true
+    end
+  end
+  sc_flush(cache)
 end
 return {'OK'}
 """
 )
 
-# KEYS[1]: the partition's epoch. A script, not a bare INCR, so it can travel with a WAIT.
-_ACQUIRE = "return redis.call('INCR', KEYS[1])"
+# KEYS[1]: the partition's epoch, KEYS[2] its layout; ARGV[1]: the layout this release speaks.
+# A script, not a bare INCR, so it can travel with a WAIT, and a release that must not write
+# learns it as soon as it is given the partition.
+_ACQUIRE = """
+local found = tonumber(redis.call('GET', KEYS[2]) or '1')
+if found > tonumber(ARGV[1]) then return {'LAYOUT', tostring(found)} end
+return {'OK', redis.call('INCR', KEYS[1])}
+"""
 
+# KEYS: progress, epoch, state, pending, layout; ARGV: the epoch, the layout spoken.
 _CLEAR_PENDING = """
+local found = tonumber(redis.call('GET', KEYS[5]) or '1')
+if found > tonumber(ARGV[2]) then return {'LAYOUT', tostring(found)} end
 local cur = redis.call('GET', KEYS[2]) or '0'
 if cur ~= ARGV[1] then return {'FENCED', cur} end
 redis.call('DEL', KEYS[4])
@@ -590,10 +719,18 @@ class RedisStore:
         claim_ttl_ms: int,
         failure_ttl_s: int = 7 * 86_400,
         claim_buckets: int = 1024,
+        claim_project_buckets: int = 4,
+        claim_gap_horizon: int = 1_000,
         wait: Wait | None = None,
+        speaks: int = LAYOUT,
+        writes_slot_claims: bool = WRITES_SLOT_CLAIMS,
     ) -> None:
         if claim_buckets < 1:
             raise ValueError(f"claim_buckets must be at least 1, not {claim_buckets}")
+        if claim_project_buckets < 1:
+            raise ValueError(
+                f"claim_project_buckets must be at least 1, not {claim_project_buckets}"
+            )
         self.client = client
         self.env = env
         self.slug = slug
@@ -601,6 +738,13 @@ class RedisStore:
         self.claim_ttl_ms = claim_ttl_ms
         self.failure_ttl_s = failure_ttl_s
         self.claim_buckets = claim_buckets
+        self.claim_project_buckets = claim_project_buckets
+        self.claim_gap_horizon = claim_gap_horizon
+        # The layout this store speaks, and whether it writes slot claims: a release's
+        # (consumers.runtime.layout); an upgrade test runs an older release's with them.
+        self.speaks = speaks
+        self.writes_slot_claims = writes_slot_claims
+        self._target: int | None = None  # the environment's layout, read at the first write
         # Every write script (acquire, commit, replace_fold, clear_pending) ends with this WAIT:
         # a commit fewer replicas acknowledged is refused as a redis-py error. The epoch too: a
         # failover that forgot an INCR would hand the new owner's epoch back to the old one.
@@ -625,7 +769,33 @@ class RedisStore:
 
     def _core_keys(self, tp: TP) -> list[str]:
         p = self.prefix(tp)
-        return [p + "progress", p + "epoch", p + "state", p + "pending"]
+        return [p + "progress", p + "epoch", p + "state", p + "pending", p + "layout"]
+
+    def _layout_target(self) -> int:
+        """The layout a partition is moved to at its next write: the environment's once
+        ``state migrate --finalize`` set it (never above what this release speaks)."""
+        if self._target is None:
+            found = self.client.get(environment_key(self.env))
+            self._target = min(int(found or 1), self.speaks)
+        return self._target
+
+    def _refs(self, event_ids: Sequence[str], slots: Slots) -> list[list[object] | bool]:
+        """The slot refs the scripts take, aligned with ``event_ids`` (False: claimed by id)."""
+        if not slots:
+            return [False] * len(event_ids)
+        n = self.claim_project_buckets
+        out: list[list[object] | bool] = []
+        for event_id in event_ids:
+            ref: SlotRef | None = slots.get(event_id)
+            if ref is None:
+                out.append(False)
+            else:
+                bucket = slot_claims.bucket(ref.project, n)
+                out.append([ref.outbox, bucket, ref.project, ref.slot, ref.fingerprint])
+        return out
+
+    def _layout_newer(self, tp: TP, found: bytes) -> LayoutNewer:
+        return LayoutNewer(f"partition {tp} of {self.slug}", int(found), self.speaks)
 
     def _today(self) -> int:
         return int(self.clock.now().timestamp() * 1000) // DAY_MS
@@ -660,15 +830,17 @@ class RedisStore:
 
     # -- Store ---------------------------------------------------------------------------------
     def acquire(self, tp: TP) -> int:
-        if self.wait is None:
-            return int(self.client.incr(self.prefix(tp) + "epoch"))
-        (epoch,) = run_script_calls(
+        p = self.prefix(tp)
+        (answer,) = run_script_calls(
             self.client,
             self._scripts["acquire"],
-            [([self.prefix(tp) + "epoch"], [])],
+            [([p + "epoch", p + "layout"], [str(self.speaks)])],
             wait=self.wait,
         )
-        return int(epoch)
+        assert isinstance(answer, list)
+        if answer[0] == b"LAYOUT":
+            raise self._layout_newer(tp, answer[1])
+        return int(answer[1])
 
     def epoch(self, tp: TP) -> int:
         return int(self.client.get(self.prefix(tp) + "epoch") or 0)
@@ -677,36 +849,46 @@ class RedisStore:
         return Progress.from_fields(self.client.hgetall(self.prefix(tp) + "progress"))
 
     def claimed(
-        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+        self,
+        tp: TP,
+        revision: int,
+        event_ids: Sequence[str],
+        *,
+        dead: bool = False,
+        slots: Slots = NO_SLOTS,
     ) -> set[str]:
-        applied, dead_lettered = self.decisions(tp, revision, event_ids)
-        return dead_lettered if dead else applied
+        found = self.decisions(tp, revision, event_ids, slots)
+        return found.dead if dead else found.applied
 
     def decisions(
-        self, tp: TP, revision: int, event_ids: Sequence[str]
-    ) -> tuple[set[str], set[str]]:
-        return self.decisions_many([(tp, revision, event_ids)])[0]
+        self, tp: TP, revision: int, event_ids: Sequence[str], slots: Slots = NO_SLOTS
+    ) -> Decisions:
+        return self.decisions_many([(tp, revision, event_ids)], slots)[0]
 
     def decisions_many(
-        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
-    ) -> list[tuple[set[str], set[str]]]:
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]], slots: Slots = NO_SLOTS
+    ) -> list[Decisions]:
         days = self._days()
         calls: list[tuple[str, bytes]] = []
         asked: list[int] = []
         for n, (tp, revision, event_ids) in enumerate(asks):
             if event_ids:
                 fields, subs = self._claim_fields(event_ids)
-                calls.append((self.prefix(tp), _pack([str(revision), days, fields, subs])))
+                refs = self._refs(event_ids, slots)
+                calls.append((self.prefix(tp), _pack([str(revision), days, fields, subs, refs])))
                 asked.append(n)
-        out: list[tuple[set[str], set[str]]] = [(set(), set()) for _ in asks]
+        out = [Decisions(set(), set(), set()) for _ in asks]
         for n, answer in zip(asked, self._run_all("decisions", calls), strict=True):
             assert isinstance(answer, bytes)
-            applied, dead = out[n]
-            for event_id, code in zip(asks[n][2], answer, strict=True):
+            applied, dead, conflicts = out[n]
+            for event_id, digit in zip(asks[n][2], answer, strict=True):
+                code = digit - 48
                 if code & 1:
                     applied.add(event_id)
                 if code & 2:
                     dead.add(event_id)
+                if code & 4:
+                    conflicts.add(event_id)
         return out
 
     def states(self, tp: TP, projects: Iterable[str]) -> dict[str, JSON | None]:
@@ -740,6 +922,7 @@ class RedisStore:
         nclaim = len(claims) + len(dead)
         unclaimed = [] if commit.looked else commit.unclaimed
         fields, subs = self._claim_fields(claims + dead + unclaimed)
+        refs = self._refs(claims + dead + unclaimed, commit.slots)
         expire = self._unexpired(self.prefix(commit.tp), days[0], subs[:nclaim]) if nclaim else []
         sets: list[str | bytes] = []
         deletes: list[str] = []
@@ -775,6 +958,12 @@ class RedisStore:
                 expire,
                 self.claim_buckets,
                 nclaim,
+                refs,
+                self.claim_gap_horizon,
+                str(self.speaks),
+                str(self._layout_target()),
+                1 if self.writes_slot_claims else 0,
+                [r for r in self._refs(commit.passed, commit.slots) if r],
             ]
         ), expire
 
@@ -792,6 +981,9 @@ class RedisStore:
             [(self.prefix(c.tp), arg) for c, (arg, _) in zip(commits, packed, strict=True)],
         )
         refusals: list[Exception | None] = []
+        for c, answer in zip(commits, answers, strict=True):
+            if isinstance(answer, list) and answer[0] == b"LAYOUT":
+                raise self._layout_newer(c.tp, answer[1])
         for c, (_, expire), answer in zip(commits, packed, answers, strict=True):
             assert isinstance(answer, list)
             refusal = _refusal(c.tp, c, answer)
@@ -812,9 +1004,11 @@ class RedisStore:
         (result,) = run_script_calls(
             self.client,
             self._scripts["clear"],
-            [(self._core_keys(tp), [str(epoch)])],
+            [(self._core_keys(tp), [str(epoch), str(self.speaks)])],
             wait=self.wait,
         )
+        if result[0] == b"LAYOUT":
+            raise self._layout_newer(tp, result[1])
         if result[0] == b"FENCED":
             raise Fenced(tp, epoch, int(result[1] or 0))
 
@@ -829,8 +1023,10 @@ class RedisStore:
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
         dead_claims: Sequence[str] = (),
+        slots: Slots = NO_SLOTS,
     ) -> None:
-        fields, subs = self._claim_fields(dict.fromkeys(dead_claims))
+        dead_ids = list(dict.fromkeys(dead_claims))
+        fields, subs = self._claim_fields(dead_ids)
         packed = _pack(
             [
                 "" if epoch is None else str(epoch),
@@ -849,11 +1045,18 @@ class RedisStore:
                 self._claims_expire_at(),
                 self._days()[-1],
                 self.claim_buckets,
+                self._refs(dead_ids, slots),
+                self.claim_gap_horizon,
+                str(self.speaks),
+                str(self._layout_target()),
+                1 if self.writes_slot_claims else 0,
             ]
         )
         (result,) = self._run_all("replace", [(self.prefix(tp), packed)])
         assert isinstance(result, list)
         status = result[0].decode()
+        if status == "LAYOUT":
+            raise self._layout_newer(tp, result[1])
         if status == "FENCED":
             raise Fenced(tp, epoch or -1, int(result[1] or 0))
         if status == "MOVED":

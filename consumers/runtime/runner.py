@@ -49,7 +49,8 @@ from consumers.runtime.metrics import RuntimeInstruments, runtime_instruments
 from consumers.runtime.parking import Drain, ParkingMixin, ParkVerdict
 from consumers.runtime.parts import Line
 from consumers.runtime.runner_base import Outcome, PartitionState, RuntimePolicy, Stats
-from consumers.runtime.store import OPS, Commit, EventStatements, Store
+from consumers.runtime.slot_claims import SlotRef, slot_ref
+from consumers.runtime.store import OPS, Commit, Decisions, EventStatements, Slots, Store
 from consumers.runtime.tracing import BatchTraces
 from consumers.runtime.transactions import TransactionMixin
 from consumers.runtime.transport import Output, OutputLog, Redelivery, Transport
@@ -77,6 +78,7 @@ from streams.errors import (
     Fenced,
     ProcessorError,
     Rejected,
+    SlotTaken,
     StatementsFailed,
 )
 from streams.log_context import log_fields
@@ -130,9 +132,11 @@ class _Slice:
     failed_statements: dict[str, BaseException] = field(default_factory=dict)
     # Records re-read to apply parked projects' events (consumers.runtime.parking), or None.
     drain: Drain | None = None
+    # By event id: where the candidates published from an outbox sit (claimed by slot).
+    slots: dict[str, SlotRef] = field(default_factory=dict)
 
 
-_NO_DECISIONS: tuple[set[str], set[str]] = (set(), set())
+_NO_DECISIONS = Decisions(set(), set(), set())
 
 
 class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingMixin):
@@ -385,7 +389,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         found a full normal batch waiting, else ``batch_size``."""
         return self.policy.behind_batch_size() if self._behind else self.policy.batch_size
 
-    def _decisions(self, slices: list[_Slice]) -> dict[TP, tuple[set[str], set[str]]]:
+    def _decisions(self, slices: list[_Slice]) -> dict[TP, Decisions]:
         """The claims of every partition's candidate events at their cursor revision, asked in
         one lookup for the whole poll."""
         asking = [s for s in slices if s.candidates]
@@ -395,7 +399,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
             [
                 (s.part.tp, s.progress.cursor_revision, [e.event_id for _, e in s.candidates])
                 for s in asking
-            ]
+            ],
+            {e: ref for s in asking for e, ref in s.slots.items()},
         )
         return {s.part.tp: answer for s, answer in zip(asking, answers, strict=True)}
 
@@ -475,6 +480,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
                 except Exception as exc:
                     piece.upcast_failed[len(piece.events)] = exc
             piece.events.append(event)
+            ref = slot_ref(record.headers, event)
+            if ref is not None:
+                piece.slots[event.event_id] = ref
             if consumes is None or event.event_type in consumes:
                 piece.candidates.append((record, event))
                 if validate is not None:
@@ -489,14 +497,28 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         self,
         part: PartitionState,
         piece: _Slice,
-        decisions: tuple[set[str], set[str]],
+        decisions: Decisions,
         traces: BatchTraces | None = None,
     ) -> Outcome:
         proc = self.processor
         consumes = proc.consumes
         records, progress, poison = piece.records, piece.progress, piece.poison
         fresh_candidates = piece.candidates
-        applied, claimed, stale = self._claimed(part, progress, fresh_candidates, decisions)
+        applied, claimed, stale = self._claimed(
+            part, progress, fresh_candidates, decisions, piece.slots
+        )
+        # A stream copy of another event than the one holding its slot: refused, dead-lettered
+        # as a conflict. An operator's retry of that letter applies it, claimed by its id.
+        conflicts = decisions.conflicts
+        for i, event in enumerate(piece.events):
+            if (
+                event is not None
+                and event.event_id in conflicts
+                and i not in piece.rejected
+                and not self._is_redelivery(records[i])
+            ):
+                ref = piece.slots[event.event_id]
+                piece.rejected[i] = SlotTaken(event.event_id, ref.project, ref.outbox, ref.slot)
         if proc.reducer_version:
             missing = {e.project_id for _, e in fresh_candidates if e.project_id not in part.states}
             if missing:
@@ -517,6 +539,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         held: set[str] = set()
         failed: list[tuple[Record, Event, BaseException]] = []
         claims: list[str] = []
+        passed: list[str] = []  # outbox events it does not consume: their slots are handled
         unclaimed: list[str] = []  # fresh but not applied: failed, or held behind a failure
         seen_ids: set[str] = set(part.open_part.claims) if part.open_part else set()
         lines: list[Line] = []
@@ -540,6 +563,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
             if consumes is not None and event.event_type not in consumes:
                 done[i] = True
                 counted["filtered"] += 1
+                if event.event_id in piece.slots:
+                    passed.append(event.event_id)
                 continue
             # A redelivery (an operator's retry of a dead letter) is a duplicate only if the
             # event was applied since; a stream copy also if it was dead-lettered.
@@ -712,6 +737,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
             excluded_add=rejected_offsets,
             excluded_remove=readmitted,
             dead_claims=rejected_ids,
+            passed=passed,
+            slots={e: ref for e, ref in piece.slots.items() if e not in conflicts},
             looked=piece.look,
             unclaimed=[] if piece.look else unclaimed,
         )
@@ -835,7 +862,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         part: PartitionState,
         progress: Progress,
         candidates: list[tuple[Record, Event]],
-        decisions: tuple[set[str], set[str]],
+        decisions: Decisions,
+        slots: Slots,
     ) -> tuple[set[str], set[str], set[int]]:
         """(applied, duplicates, stale copies). ``applied``: the candidates' events applied at
         this revision. ``duplicates``: events a stream copy of would duplicate — applied or
@@ -847,7 +875,7 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         revision, as the store answered for the whole poll."""
         revision = progress.cursor_revision
         ids = [e.event_id for _, e in candidates]
-        applied, dead_lettered = decisions
+        applied, dead_lettered, _ = decisions
         claimed = applied | dead_lettered
         stale: set[int] = set()
         if revision == 0:
@@ -876,7 +904,9 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
             for dead in (False, True):
                 if not later:
                     return applied, claimed, stale
-                found = self.store.claimed(part.tp, earlier, sorted(set(later.values())), dead=dead)
+                found = self.store.claimed(
+                    part.tp, earlier, sorted(set(later.values())), dead=dead, slots=slots
+                )
                 stale.update(o for o, e in later.items() if e in found)
                 later = {o: e for o, e in later.items() if e not in found}
         return applied, claimed, stale

@@ -41,7 +41,15 @@ import orjson
 import psycopg
 
 from consumers.runtime.sql_database import Cursor, Database, Query, pipelined, provision_sql_store
-from consumers.runtime.store import Commit, EventStatements, decode_pending, encode_pending
+from consumers.runtime.store import (
+    NO_SLOTS,
+    Commit,
+    Decisions,
+    EventStatements,
+    Slots,
+    decode_pending,
+    encode_pending,
+)
 from consumers.runtime.types import JSON, TP, OutRecord, Progress
 from streams import failpoints
 from streams.clock import Clock
@@ -202,21 +210,29 @@ class SqlStore:
 
         return self.db.read(f"reading {tp}'s cursor", read)
 
+    # Claims here stay by event id, rows the store expires with the stream's retention: the
+    # slots of outbox events (``slots``) are for the Redis layout, whose memory they bound.
     def claimed(
-        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+        self,
+        tp: TP,
+        revision: int,
+        event_ids: Sequence[str],
+        *,
+        dead: bool = False,
+        slots: Slots = NO_SLOTS,
     ) -> set[str]:
-        applied, dead_lettered = self.decisions(tp, revision, event_ids)
-        return dead_lettered if dead else applied
+        found = self.decisions(tp, revision, event_ids)
+        return found.dead if dead else found.applied
 
     def decisions(
-        self, tp: TP, revision: int, event_ids: Sequence[str]
-    ) -> tuple[set[str], set[str]]:
+        self, tp: TP, revision: int, event_ids: Sequence[str], slots: Slots = NO_SLOTS
+    ) -> Decisions:
         return self.decisions_many([(tp, revision, event_ids)])[0]
 
     def decisions_many(
-        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
-    ) -> list[tuple[set[str], set[str]]]:
-        out: list[tuple[set[str], set[str]]] = [(set(), set()) for _ in asks]
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]], slots: Slots = NO_SLOTS
+    ) -> list[Decisions]:
+        out = [Decisions(set(), set(), set()) for _ in asks]
         if not any(ids for _, _, ids in asks):
             return out
 
@@ -562,6 +578,7 @@ class SqlStore:
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
         dead_claims: Sequence[str] = (),
+        slots: Slots = NO_SLOTS,
     ) -> None:
         def swap(cursor: Cursor) -> None:
             pid = self._id(cursor, tp, create=True)

@@ -12,13 +12,28 @@ partition (its owner epoch is current) and the cursor is where the caller read i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 
+from consumers.runtime.slot_claims import SlotRef
 from consumers.runtime.types import JSON, TP, OutRecord, Progress, RedisOp, SqlStatement
+
+# Where the outbox events among a call's event ids sit (by event id): their claims are kept by
+# slot (consumers.runtime.slot_claims); every other event's by id.
+Slots = Mapping[str, SlotRef]
+NO_SLOTS: Slots = {}
+
+
+class Decisions(NamedTuple):
+    """What the claims say of some events at one cursor revision."""
+
+    applied: set[str]
+    dead: set[str]  # dead-lettered (or skipped by an operator)
+    # Outbox events whose slot another event already holds: dead-lettered as a conflict.
+    conflicts: set[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,12 @@ class Commit:
     claims: list[str] = field(
         default_factory=list
     )  # event ids, claimed at progress.cursor_revision
+    slots: Slots = field(default_factory=dict)  # of the outbox events among these lists
+    # Outbox events the processor does not consume: claimed by slot alone (never by id), so a
+    # project's record stays its base when a subscription reads only some of its events. A
+    # slot is a position in the project's log, which a subscription passes whether or not it
+    # acts on what is there.
+    passed: list[str] = field(default_factory=list)
     # Event ids dead-lettered by this commit: a later copy of one is a duplicate of the dead
     # letter (one letter per event); only an operator's retry applies it.
     dead_claims: list[str] = field(default_factory=list)
@@ -77,20 +98,26 @@ class Store(Protocol):
     def load(self, tp: TP) -> Progress: ...
 
     def claimed(
-        self, tp: TP, revision: int, event_ids: Sequence[str], *, dead: bool = False
+        self,
+        tp: TP,
+        revision: int,
+        event_ids: Sequence[str],
+        *,
+        dead: bool = False,
+        slots: Slots = NO_SLOTS,
     ) -> set[str]:
         """Which of these events are already claimed at this cursor revision (``dead``: which
         were dead-lettered at it)."""
 
     def decisions(
-        self, tp: TP, revision: int, event_ids: Sequence[str]
-    ) -> tuple[set[str], set[str]]:
-        """(applied, dead-lettered) among these events at this revision, in one lookup: the
-        live path asks it for every batch."""
+        self, tp: TP, revision: int, event_ids: Sequence[str], slots: Slots = NO_SLOTS
+    ) -> Decisions:
+        """(applied, dead-lettered, conflicts) among these events at this revision, in one
+        lookup: the live path asks it for every batch."""
 
     def decisions_many(
-        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
-    ) -> list[tuple[set[str], set[str]]]:
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]], slots: Slots = NO_SLOTS
+    ) -> list[Decisions]:
         """:meth:`decisions` for several (partition, revision, event ids) at once, answers in
         the order asked: one round trip for every partition of a poll."""
 
@@ -128,6 +155,7 @@ class Store(Protocol):
         exclude: Sequence[int] = (),
         readmit: Sequence[int] = (),
         dead_claims: Sequence[str] = (),
+        slots: Slots = NO_SLOTS,
     ) -> None:
         """Swap in a rebuilt fold (re-reduce) and/or a moved cursor (operator controls),
         compare-and-set on ``expected`` = (acked_through, cursor_revision) and, when given, on

@@ -16,6 +16,7 @@ from typing import Any, cast
 import redis
 from redis.exceptions import RedisClusterException
 
+from consumers.runtime.layout import LAYOUT
 from router.cli import (
     acl_commands,
     analytics_commands,
@@ -30,13 +31,14 @@ from router.cli import (
     pump_commands,
     schema_commands,
     serve_commands,
+    state_commands,
     stream_commands,
     subscription_commands,
     view_commands,
     worker_commands,
 )
 from router.settings import CONFIG_VARIABLE, Settings, load_settings
-from streams.errors import InstanceIdHeld, RhumbatronError
+from streams.errors import InstanceIdHeld, LayoutNewer, RhumbatronError
 
 # The docstring above is for readers of the code; this is what `rhumbatron --help` says.
 DESCRIPTION = (
@@ -64,6 +66,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     pump_commands.register,
     fleet_commands.register,
     schema_commands.register,
+    state_commands.register,
 )
 
 
@@ -95,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action="version",
-        version=f"rhumbatron {importlib.metadata.version('rhumbatron')}",
-        help="print the installed version and exit",
+        version=f"rhumbatron {importlib.metadata.version('rhumbatron')} (state layout {LAYOUT})",
+        help="print the installed version, and the state layout it speaks, and exit",
     )
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",
@@ -128,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InstanceIdHeld as exc:
         print(f"rhumbatron: {exc}", file=sys.stderr)
         return InstanceIdHeld.EXIT_CODE
+    except LayoutNewer as exc:
+        print(f"rhumbatron: {exc}", file=sys.stderr)
+        return LayoutNewer.EXIT_CODE
     except RhumbatronError as exc:
         print(f"rhumbatron: {exc}", file=sys.stderr)
         return 2

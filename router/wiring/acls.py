@@ -527,6 +527,8 @@ def _store(env: str, slug: str) -> RedisAccess:
     return RedisAccess(
         f"the runtime store of {slug} (consumers/runtime/redis_store.py)",
         keys=(f"rh:{env}:{{{slug}|*",),
+        # the state layout a partition without keys starts in (consumers/runtime/layout.py)
+        read_keys=(f"rh:{env}:{{layout}}",),
         commands=(
             *_SCRIPTS,
             *_TRANSACTION,

@@ -106,6 +106,8 @@ def store(settings: Settings, client: redis.Redis[bytes], slug: str, clock: Cloc
         claim_ttl_ms=settings.claim_ttl_ms,
         failure_ttl_s=settings.batch_failure_ttl_s,
         claim_buckets=settings.claim_buckets,
+        claim_project_buckets=settings.claim_project_buckets,
+        claim_gap_horizon=settings.claim_gap_horizon,
         wait=redis_wait(settings),
     )
 

@@ -102,7 +102,7 @@ class StoreContract:
             )
             assert [type(r) for r in refused] == [ClaimsFound], (revision, claims)
             assert store.load(TPX).as_fields() == before.as_fields()
-            assert store.decisions(TPX, revision, [new]) == (set(), set()), claims
+            assert store.decisions(TPX, revision, [new]) == (set(), set(), set()), claims
             assert self.effect_of(store, TPX) is None and store.states(TPX, ["p"]) == {"p": None}
 
     def test_a_commit_not_looked_up_without_claims_met_lands_whole(self) -> None:
@@ -125,7 +125,7 @@ class StoreContract:
             ]
         )
         assert answers == [None]
-        assert store.decisions(TPX, 0, [EVT, EVT2, EVT3]) == ({EVT, EVT2}, set())
+        assert store.decisions(TPX, 0, [EVT, EVT2, EVT3]) == ({EVT, EVT2}, set(), set())
         assert self.effect_of(store, TPX) == "v" and store.load(TPX).acked_through == 3
 
     def test_effects_claims_state_and_cursor_land_together(self) -> None:
@@ -343,8 +343,8 @@ class StoreContract:
         store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), dead_claims=[EVT]))
         assert store.claimed(TPX, 0, [EVT, EVT2], dead=True) == {EVT}
         assert store.claimed(TPX, 0, [EVT, EVT2]) == set()
-        assert store.decisions(TPX, 0, [EVT, EVT2]) == (set(), {EVT})
-        assert store.decisions(TPX, 0, []) == (set(), set())
+        assert store.decisions(TPX, 0, [EVT, EVT2]) == (set(), {EVT}, set())
+        assert store.decisions(TPX, 0, []) == (set(), set(), set())
         with pytest.raises(CursorMoved):  # the same dead claim twice means someone raced us
             store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), dead_claims=[EVT]))
         moved = Progress(acked_through=3, cursor_revision=1)
@@ -353,7 +353,7 @@ class StoreContract:
         assert store.claimed(TPX, 0, [EVT2], dead=True) == set()
         applied = Progress(acked_through=4, cursor_revision=1)
         store.commit(Commit(TPX, epoch, 3, 1, applied, claims=[EVT]))
-        assert store.decisions(TPX, 1, [EVT, EVT2]) == ({EVT}, {EVT2})
+        assert store.decisions(TPX, 1, [EVT, EVT2]) == ({EVT}, {EVT2}, set())
 
     def test_excluded_offsets_are_kept_per_partition_by_commits_and_fold_swaps(self) -> None:
         store = self.make_store()
@@ -417,9 +417,12 @@ class StoreContract:
             assert self.effect_of(store, refused) is None
             assert store.states(refused, ["p"]) == {"p": None}
             assert store.load(refused).acked_through == -1
-        assert store.decisions_many(
-            [(a, 0, [EVT, EVT2]), (b, 0, [EVT]), (c, 0, [EVT2]), (a, 1, [EVT]), (c, 0, [])]
-        ) == [({EVT}, set()), (set(), set()), (set(), set()), (set(), set()), (set(), set())]
+        assert (
+            store.decisions_many(
+                [(a, 0, [EVT, EVT2]), (b, 0, [EVT]), (c, 0, [EVT2]), (a, 1, [EVT]), (c, 0, [])]
+            )
+            == [({EVT}, set(), set())] + [(set(), set(), set())] * 4
+        )
         record = OutRecord("out", "p1", b"v", "rid-1", ())
         answers = store.commit_many(
             [
@@ -438,7 +441,7 @@ class StoreContract:
         )
         assert isinstance(answers[0], PendingEffects) and answers[1] is None
         assert store.decisions_many([(a, 0, [EVT, EVT2]), (c, 0, [EVT, EVT2])]) == [
-            ({EVT}, set()),
-            ({EVT}, {EVT2}),
+            ({EVT}, set(), set()),
+            ({EVT}, {EVT2}, set()),
         ]
         assert store.commit_many([]) == [] and store.decisions_many([]) == []

@@ -32,6 +32,7 @@ from streams.catalog import CATALOG, Catalog
 from streams.clock import ManualClock
 from streams.envelopes import Event, encode
 from streams.errors import SimulatedCrash
+from streams.headers import OUTBOX
 
 STREAMS = ("s0", "s1")
 PARTITIONS = 2
@@ -57,6 +58,8 @@ def partition_of(project: str) -> TP:
     h = sum(project.encode())
     return TP(STREAMS[h % len(STREAMS)], (h // 7) % PARTITIONS)
 
+
+HARNESS_OUTBOX = "obx_" + "5e" * 8
 
 # A simulated process death (a BaseException: nothing in the runner swallows it).
 Crash = SimulatedCrash
@@ -85,6 +88,9 @@ class World:
     instruments: RuntimeInstruments | None = None
     # The event types and versions the processors' code knows (their runners' and controls').
     catalog: Catalog = CATALOG
+    # The identity of the outbox ``publish`` plays: an event with a slot goes out with it, as the
+    # outbox publisher sends it, so subscriptions claim it by slot. None: as a direct producer.
+    outbox: str | None = HARNESS_OUTBOX
 
     def __post_init__(self) -> None:
         for s in STREAMS:
@@ -100,11 +106,13 @@ class World:
 
     def publish(self, ev: Event, raw: bytes | None = None) -> int:
         tp = self.tp_of(ev.project_id)
+        headers = ((OUTBOX, self.outbox.encode()),) if self.outbox and ev.slot else ()
         return self.log.append(
             tp.topic,
             tp.partition,
             raw if raw is not None else encode(ev, max_bytes=LIMIT),
             ev.project_id.encode(),
+            headers,
         )
 
     def publish_raw(self, tp: TP, raw: bytes) -> int:

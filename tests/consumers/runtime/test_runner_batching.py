@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from consumers.runtime.memory_store import MemoryStore
-from consumers.runtime.store import Commit
+from consumers.runtime.store import NO_SLOTS, Commit, Decisions, Slots
 from consumers.runtime.types import TP, Progress, Record
 from router.settings import Settings
 from router.wiring.subscription import policy as subscription_policy
@@ -32,16 +32,16 @@ class CountingStore(MemoryStore):
         self.calls[name] = self.calls.get(name, 0) + 1
 
     def decisions(
-        self, tp: TP, revision: int, event_ids: Sequence[str]
-    ) -> tuple[set[str], set[str]]:
+        self, tp: TP, revision: int, event_ids: Sequence[str], slots: Slots = NO_SLOTS
+    ) -> Decisions:
         self._count("decisions")
-        return super().decisions(tp, revision, event_ids)
+        return super().decisions(tp, revision, event_ids, slots)
 
     def decisions_many(
-        self, asks: Sequence[tuple[TP, int, Sequence[str]]]
-    ) -> list[tuple[set[str], set[str]]]:
+        self, asks: Sequence[tuple[TP, int, Sequence[str]]], slots: Slots = NO_SLOTS
+    ) -> list[Decisions]:
         self._count("decisions_many")
-        return [MemoryStore.decisions(self, tp, rev, ids) for tp, rev, ids in asks]
+        return [MemoryStore.decisions(self, tp, rev, ids, slots) for tp, rev, ids in asks]
 
     def commit(self, commit: Commit) -> None:
         self._count("commit")

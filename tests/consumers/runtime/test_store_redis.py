@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from consumers.redis_conn import connect
+from consumers.runtime import layout, slot_claims
+from consumers.runtime.memory_store import MemoryStore
 from consumers.runtime.redis_store import (
     DAY_MS,
     RedisStore,
@@ -17,10 +22,12 @@ from consumers.runtime.redis_store import (
     claim_field,
     claim_member,
 )
+from consumers.runtime.slot_claims import SlotRef
 from consumers.runtime.store import Commit, Store
 from consumers.runtime.types import TP, Progress
 from streams.clock import ManualClock
 from streams.errors import ClaimsFound, CursorMoved
+from tests.contracts.slot_store import NEW, OUTBOX, SlotStoreContract
 from tests.contracts.store import EVT, EVT2, TPX, StoreContract
 from tests.support.environment import TEST_REDIS
 
@@ -38,7 +45,7 @@ def _client() -> redis.Redis[bytes]:
     return connect(TEST_REDIS, timeout=5)
 
 
-def _store(client: redis.Redis[bytes], *, claim_buckets: int = 1024) -> RedisStore:
+def _store(client: redis.Redis[bytes], *, claim_buckets: int = 1024, **options: Any) -> RedisStore:
     return RedisStore(
         client,
         env="t" + secrets.token_hex(5),
@@ -46,6 +53,7 @@ def _store(client: redis.Redis[bytes], *, claim_buckets: int = 1024) -> RedisSto
         clock=_now(),
         claim_ttl_ms=8 * DAY_S * 1000,
         claim_buckets=claim_buckets,
+        **options,
     )
 
 
@@ -124,7 +132,7 @@ def test_a_claim_written_past_midnight_is_seen_after_the_clock_steps_back_before
     ahead, back = at(midnight + timedelta(seconds=270)), at(midnight - timedelta(seconds=30))
     epoch = ahead.acquire(TPX)
     ahead.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
-    assert back.decisions(TPX, 0, [EVT, EVT2]) == ({EVT}, set())
+    assert back.decisions(TPX, 0, [EVT, EVT2]) == ({EVT}, set(), set())
     with pytest.raises(CursorMoved):  # the copy at a later offset is refused, not applied
         back.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
 
@@ -160,12 +168,12 @@ def test_a_claim_of_the_old_day_sets_is_still_found_and_new_ones_go_to_hashes() 
     other = "ext-42"  # an id not of the evt_ form
     client.sadd(old_today, claim_member(EVT, 0))
     client.sadd(old_yesterday, claim_member(other, 0, dead=True))
-    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT}, {other})
+    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT}, {other}, set())
     with pytest.raises(CursorMoved):  # an upgrade never applies a duplicate
         store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
     store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT2, other]))
     assert client.smembers(old_today) == {claim_member(EVT, 0)}  # the old sets only expire
-    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT, EVT2, other}, {other})
+    assert store.decisions(TPX, 0, [EVT, EVT2, other]) == ({EVT, EVT2, other}, {other}, set())
     written = {f"{old_today}:{claim_bucket(claim_field(e), 1024)}" for e in (EVT2, other)}
     assert {client.type(k) for k in written} == {b"hash"}
 
@@ -179,8 +187,8 @@ def test_commits_and_lookups_survive_a_flushed_script_cache() -> None:
     store.commit(Commit(TPX, epoch, -1, 0, Progress(acked_through=0), claims=[EVT]))
     client.script_flush()  # as after a restart of Redis
     assert store.decisions_many([(TPX, 0, [EVT]), (other, 0, [EVT])]) == [
-        ({EVT}, set()),
-        (set(), set()),
+        ({EVT}, set(), set()),
+        (set(), set(), set()),
     ]
     client.script_flush()
     answers = store.commit_many(
@@ -192,7 +200,7 @@ def test_commits_and_lookups_survive_a_flushed_script_cache() -> None:
     assert answers == [None, None]
     client.script_flush()
     store.replace_fold(TPX, None, (1, 0), Progress(acked_through=1), None, dead_claims=[EVT])
-    assert store.decisions(TPX, 0, [EVT, EVT2]) == ({EVT, EVT2}, {EVT})
+    assert store.decisions(TPX, 0, [EVT, EVT2]) == ({EVT, EVT2}, {EVT}, set())
 
 
 def test_a_claim_bucket_count_below_one_is_refused() -> None:
@@ -215,7 +223,7 @@ def test_a_commit_not_looked_up_meets_a_claim_of_an_earlier_day() -> None:
     clock.advance(2 * DAY_S)  # the copy arrives two days later: its claim is in that day's hash
     late = Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT2, EVT], looked=False)
     assert [type(r) for r in store.commit_many([late])] == [ClaimsFound]
-    assert store.decisions(TPX, 0, [EVT2]) == (set(), set())
+    assert store.decisions(TPX, 0, [EVT2]) == (set(), set(), set())
 
 
 def _claim_hashes(client: redis.Redis[bytes], store: RedisStore) -> list[bytes]:
@@ -270,3 +278,107 @@ def test_a_day_past_the_claims_life_is_deleted_when_the_partition_next_claims() 
     clock.advance(4 * DAY_S)
     store.commit(Commit(TPX, epoch, 0, 0, Progress(acked_through=1), claims=[EVT]))
     assert not first & set(_claim_hashes(client, store))
+
+
+class TestRedisSlotStore(SlotStoreContract):
+    def make_store(self, **options: Any) -> Store:
+        return RedisStore(
+            _client(),
+            env="t" + secrets.token_hex(5),
+            slug="contract",
+            clock=_now(),
+            claim_ttl_ms=8 * DAY_S * 1000,
+            **{**NEW, **options},
+        )
+
+    def release(self, store: Store, *, speaks: int, writes_slot_claims: bool) -> Store:
+        assert isinstance(store, RedisStore)
+        return RedisStore(
+            store.client,
+            env=store.env,
+            slug=store.slug,
+            clock=store.clock,
+            claim_ttl_ms=store.claim_ttl_ms,
+            speaks=speaks,
+            writes_slot_claims=writes_slot_claims,
+        )
+
+    def finalize(self, store: Store) -> None:
+        assert isinstance(store, RedisStore)
+        layout.finalize(store.client, store.env, 2)
+
+    def record(self, store: Store, project: str) -> bytes:
+        assert isinstance(store, RedisStore)
+        key = f"{store.prefix(TPX)}sc:0:{OUTBOX}:{slot_claims.bucket(project, store.claim_project_buckets)}"
+        found = store.client.hget(key, project)
+        assert found is not None
+        return found
+
+
+def test_a_project_read_in_order_keeps_one_integer_per_outbox() -> None:
+    client = _client()
+    store = _store(client, **NEW)
+    layout.finalize(client, store.env, 2)
+    epoch = store.acquire(TPX)
+    events = [f"evt_{n:032x}" for n in range(1, 1_001)]
+    slots = {e: SlotRef.of("obx_" + "0f" * 8, "p1", n, e) for n, e in enumerate(events, 1)}
+    for at, start in enumerate(range(0, len(events), 100)):
+        batch = events[start : start + 100]
+        store.commit(
+            Commit(TPX, epoch, at - 1, 0, Progress(acked_through=at), claims=batch, slots=slots)
+        )
+    keys = [k.decode() for k in client.scan_iter(match=store.prefix(TPX) + "sc:*")]
+    assert len(keys) == 1, keys
+    assert client.hgetall(keys[0]) == {b"p1": b"1000"}
+    assert client.object("encoding", keys[0]) == b"listpack"
+    assert not list(client.scan_iter(match=store.prefix(TPX) + "claims:*"))  # none by id
+
+
+_steps = st.lists(
+    st.tuples(
+        st.integers(1, 40),  # slot
+        st.sampled_from(["p1", "p2"]),
+        st.booleans(),  # dead-lettered
+        st.integers(0, 2),  # which of the slot's candidate events
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_steps, st.booleans())
+def test_slot_claims_in_redis_answer_as_in_memory(steps, finalized) -> None:
+    """The Lua record and the Python one, on the same commits, give the same answers."""
+    real = _store(_client(), **NEW)
+    real.claim_gap_horizon = 6
+    twin = MemoryStore(claim_gap_horizon=6, **NEW)
+    if finalized:
+        layout.finalize(real.client, real.env, 2)
+        twin.finalize(2)
+    outbox = "obx_" + "0f" * 8
+
+    def event(slot: int, project: str, who: int) -> tuple[str, SlotRef]:
+        e = f"evt_{who:02x}{project[-1]}{slot:029x}"
+        return e, SlotRef.of(outbox, project, slot, e)
+
+    for store in (real, twin):
+        epoch = store.acquire(TPX)
+        for at, (slot, project, dead, who) in enumerate(steps):
+            e, ref = event(slot, project, who)
+            found = store.decisions(TPX, 0, [e], {e: ref})
+            fresh = not (found.applied | found.dead | found.conflicts)
+            store.commit(
+                Commit(
+                    TPX,
+                    epoch,
+                    at - 1,
+                    0,
+                    Progress(acked_through=at),
+                    claims=[e] if fresh and not dead else [],
+                    dead_claims=[e] if fresh and dead else [],
+                    slots={e: ref},
+                )
+            )
+    slots = dict(event(s, p, w) for s in range(1, 42) for p in ("p1", "p2") for w in range(3))
+    assert real.decisions(TPX, 0, list(slots), slots) == twin.decisions(TPX, 0, list(slots), slots)

@@ -139,7 +139,7 @@ def test_an_event_whose_statements_fail_is_named_and_nothing_is_written(db: SqlS
     )  # 2 placeholders, 1 value
     assert db.value(TPX) is None and db.value(other) is None
     assert store.load(TPX).acked_through == -1 and store.states(TPX, ["alpha"]) == {"alpha": None}
-    assert store.decisions(TPX, 0, [EVT2]) == (set(), set())
+    assert store.decisions(TPX, 0, [EVT2]) == (set(), set(), set())
     # Without the failed events (as the runner commits it next), the rest lands.
     commit.sql = [
         w for w in commit.sql if w.event_id not in refused.failures and w.event_id != EVT3

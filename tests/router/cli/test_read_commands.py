@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from consumers.redis_conn import connect
+from consumers.runtime.layout import LAYOUT
 from consumers.runtime.redis_store import RedisStore
 from consumers.runtime.types import TP
 from router.cli.main import main
@@ -28,11 +29,14 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
     cleanup_environment(s)
 
 
-def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_prints_the_installed_version_and_its_state_layout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit) as stopped:
         main(["--version"])
     assert stopped.value.code == 0
-    assert capsys.readouterr().out == f"rhumbatron {importlib.metadata.version('rhumbatron')}\n"
+    installed = importlib.metadata.version("rhumbatron")
+    assert capsys.readouterr().out == f"rhumbatron {installed} (state layout {LAYOUT})\n"
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,7 @@ def test_a_runtime_command_on_an_unprovisioned_environment_is_refused_and_create
         # Every stream named, as one run; the subscription's own redelivery topic too.
         assert f"rhumbatron_events_00-07_{s.env}" in line
         assert f"rhumbatron_redelivery_{args[2].replace('-', '_')}_{s.env}" in line
-        assert "(17 topics)" in line
+        assert "(18 topics)" in line  # the audit topic too
         assert not (tmp_path / "router.sqlite").exists()  # refused before anything was built
 
 
@@ -103,9 +103,10 @@ def test_provision_makes_every_topic_the_runtime_needs_and_status_reports_what_i
 ) -> None:
     before = orjson.loads(_cli(s, "status", "--json").stdout)
     assert _topics_of(s) == []  # a read: it reports, never creates
-    # 8 streams, 6 queues, 6 retry topics and 3 tiers of each, 5 internal topics and the
-    # redelivery topics of the 4 subscriptions and the ledger... as the plan says.
-    assert len(before["missing_topics"]) == 28 + 6 * len(s.retry_tiers_s)
+    # 8 streams, 6 queues, 6 retry topics and 3 tiers of each, 6 internal topics (the audit
+    # topic among them) and the redelivery topics of the 4 subscriptions and the ledger... as
+    # the plan says.
+    assert len(before["missing_topics"]) == 29 + 6 * len(s.retry_tiers_s)
     assert before["state_dir"] == str(s.state_dir)
     plain = _cli(s, "status")
     assert plain.returncode == 0

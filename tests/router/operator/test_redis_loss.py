@@ -5,7 +5,6 @@ and by ``rhumbatron state rebuild-index``, as the operator saw them before (real
 
 from __future__ import annotations
 
-import argparse
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,6 @@ from consumers.runtime.controls import RedisAuditLog
 from consumers.runtime.dead_letters import KafkaRedisDeadLetters, LetterStatus
 from consumers.runtime.state_rebuild import RebuildReport, marker_key
 from consumers.runtime.types import TP
-from router.cli import state_commands
 from router.operator.service import OperatorService
 from router.settings import Settings
 from router.wiring.provisioning import provision_environment
@@ -72,14 +70,9 @@ def lose_redis(s: Settings) -> None:
 
 
 def rebuild_by_cli(s: Settings, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser()
-    state_commands.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["state", "rebuild-index", "--json"])
-    capsys.readouterr()
-    assert args.handler(s, args) == 0
-    out = capsys.readouterr()
-    assert "rebuild-index" in out.err  # its start line, as the other long commands
-    figures: dict[str, Any] = orjson.loads(out.out)
+    done = run_cli(s, "state", "rebuild-index", "--json", check=True)
+    assert "rebuild-index" in done.stderr  # its start line, as the other long commands
+    figures: dict[str, Any] = orjson.loads(done.stdout)
     return figures
 
 
