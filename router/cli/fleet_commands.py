@@ -4,6 +4,7 @@ and ``rhumbatron fleet status``: its members, their pids, restarts, partitions a
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import time
 from pathlib import Path
 
@@ -125,6 +126,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "this shell goes into it).",
     )
     m.add_argument("settings_file", metavar="SETTINGS.toml", help="the deployment's settings")
-    m.add_argument("--image", default="rhumbatron:0.1.0", help="the router image")
+    m.add_argument(
+        "--image",
+        default=f"rhumbatron:{importlib.metadata.version('rhumbatron')}",
+        help="the router image (default: this release's)",
+    )
     m.add_argument("--namespace", default=deploy.APP, help="the namespace (default: %(default)s)")
     m.set_defaults(fleet_handler=manifests)
