@@ -90,6 +90,7 @@ def run(
     crash_at: tuple[str, int] | None = None,
     operator_move: tuple[str, int] | None = None,
     catalog: Catalog | None = None,
+    from_outbox: bool = True,
 ) -> Result:
     """Publish ``events`` (each on its project's partition; raw bytes are a record that is no
     event, on the partition of the event before it), run ``processor`` until nothing is left to
@@ -103,7 +104,11 @@ def run(
     fresh one, as a real restart does. ``operator_move``: ``("re_reduce" | "reprocess", k)``: once
     the first k events are consumed, an operator re-reduces every partition, or reprocesses each
     from the middle of what it acknowledged; then the rest are published. ``catalog``: the event
-    types and versions the processor's code knows (the platform's when None)."""
+    types and versions the processor's code knows (the platform's when None). ``from_outbox``:
+    events with a slot are sent as an outbox publisher sends them, naming one outbox, so their
+    claims are kept by slot (a different event at a claimed slot is a duplicate below the
+    project's base slot, a conflict above it); False: as a direct producer sends them, claimed by
+    event id."""
     return harness.run(
         _factory(processor),
         events,
@@ -111,6 +116,7 @@ def run(
         crash_at=crash_at,
         operator_move=operator_move,
         policy=_policy(batch_size, max_batch_failures, catalog),
+        outbox=harness.HARNESS_OUTBOX if from_outbox else None,
     )
 
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-LAYOUT = 1  # the newest layout this release may find (it reads layout 2's slot claims too)
-WRITES_SLOT_CLAIMS = False  # whether it writes layout 2's slot claims (beside layout 1's)
+LAYOUT = 2  # the newest layout this release reads and writes
+WRITES_SLOT_CLAIMS = (
+    True  # whether it writes layout 2's slot claims (beside layout 1's, until finalized)
+)
 
 
 def environment_key(env: str) -> str:

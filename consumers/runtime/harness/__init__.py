@@ -22,6 +22,7 @@ from consumers.runtime.harness.result import (
 from consumers.runtime.harness.run import run
 from consumers.runtime.harness.world import (
     BOUNDARIES,
+    HARNESS_OUTBOX,
     LIMIT,
     OUT,
     PARTITIONS,
@@ -36,6 +37,7 @@ from streams.errors import EffectsDiverged
 
 __all__ = [
     "BOUNDARIES",
+    "HARNESS_OUTBOX",
     "LIMIT",
     "OUT",
     "PARTITIONS",

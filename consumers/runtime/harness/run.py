@@ -27,6 +27,7 @@ from consumers.runtime.harness.result import (
     Result,
 )
 from consumers.runtime.harness.world import (
+    HARNESS_OUTBOX,
     REDELIVERY,
     STREAMS,
     Crash,
@@ -213,6 +214,7 @@ def run(
     crash_at: tuple[str, int] | None = None,
     operator_move: tuple[str, int] | None = None,
     policy: Mapping[str, Any] | None = None,
+    outbox: str | None = HARNESS_OUTBOX,
 ) -> Result:
     """Publish ``events`` (raw bytes: a record that is no event, on the partition of the event
     before it) and run the processor ``factory`` makes until nothing is left to do.
@@ -222,7 +224,9 @@ def run(
     and a new one takes over. ``operator_move``: ``(move, k)``: once the first k events are
     consumed, an operator re-reduces every partition (``"re_reduce"``) or reprocesses each from
     the middle of what it acknowledged (``"reprocess"``); then the rest are published.
-    ``policy``: the runtime's settings (``RuntimePolicy`` fields) over the world's own."""
+    ``policy``: the runtime's settings (``RuntimePolicy`` fields) over the world's own.
+    ``outbox``: the identity of the outbox the events with a slot come from, as its publisher
+    sends them (their claims are kept by slot); None: produced directly, claimed by id."""
     if operator_move is not None and operator_move[0] not in OPERATOR_MOVES:
         raise ValueError(
             f"operator_move {operator_move!r}: the move is one of {', '.join(OPERATOR_MOVES)}"
@@ -233,6 +237,7 @@ def run(
         instruments=RuntimeInstruments(NoOpMeter("rhumbatron.harness")),
         # The operator's moves fold with the catalog the runners know.
         catalog=(policy or {}).get("catalog", CATALOG),
+        outbox=outbox,
     )
     first = len(events) if operator_move is None else operator_move[1]
     rounds = ROUNDS_FLOOR + ROUNDS_PER_RECORD * len(events)
