@@ -38,7 +38,8 @@ def _provision(s: Settings):
 
 def test_provisioning_twice_is_a_no_op(settings: Settings) -> None:
     first = _provision(settings)
-    assert len(first.created) == 8 + 6 + 2  # streams, queues, dead letters and metric points
+    # streams, queues, dead letters, metric points and the audit topic
+    assert len(first.created) == 8 + 6 + 3
     base = settings.kafka_config()
     before = describe_topology(admin_client(base), base, settings.topology, 10)
     second = _provision(settings)
