@@ -132,7 +132,7 @@ class _Slice:
     failed_statements: dict[str, BaseException] = field(default_factory=dict)
     # Records re-read to apply parked projects' events (consumers.runtime.parking), or None.
     drain: Drain | None = None
-    # By event id: where the candidates published from an outbox sit (claimed by slot).
+    # By event id: where its events published from an outbox sit (claimed, or passed, by slot).
     slots: dict[str, SlotRef] = field(default_factory=dict)
 
 
