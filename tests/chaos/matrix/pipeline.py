@@ -43,6 +43,7 @@ class Member:
     env: dict[str, str]
     logs: Path
     armed: dict[str, str] = field(default_factory=dict)  # extra environment of the first start
+    cwd: Path = ROOT  # another release's members run in its own checkout
     proc: subprocess.Popen[bytes] | None = None
     exits: list[int] = field(default_factory=list)  # each start's exit code, in order
     exited_at: float = 0.0
@@ -58,7 +59,7 @@ class Member:
         env = {**self.env, **(self.armed if not self.exits else {})}
         with self.log(len(self.exits)).open("wb") as out:
             self.proc = subprocess.Popen(
-                self.args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                self.args, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT
             )
 
     def supervise(self) -> None:
@@ -119,10 +120,13 @@ class Pipeline:
         for member in self.members.values():
             member.start()
 
-    def add(self, name: str, like: str) -> Member:
-        """Start another member of ``like``'s group, unarmed, supervised from here on."""
+    def add(
+        self, name: str, like: str, *, args: list[str] | None = None, cwd: Path | None = None
+    ) -> Member:
+        """Start another member of ``like``'s group, unarmed, supervised from here on (``args``
+        and ``cwd``: another release's command and checkout)."""
         model = self.members[like]
-        member = Member(name, model.args, model.env, model.logs)
+        member = Member(name, args or model.args, model.env, model.logs, cwd=cwd or model.cwd)
         self.members[name] = member
         member.start()
         return member

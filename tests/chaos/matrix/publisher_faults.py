@@ -18,6 +18,7 @@ from router.settings import Settings
 from streams.admin import admin_client, describe_configs
 from streams.envelopes import Draft
 from streams.outbox.store import OutboxRow
+from tests.chaos.matrix import upgrade
 from tests.chaos.matrix.faults import Drill
 from tests.chaos.matrix.outboxes import RowOutbox
 from tests.chaos.matrix.pipeline import Pipeline
@@ -25,6 +26,7 @@ from tests.chaos.matrix.scenarios import (
     PUBLISHER,
     AtEvent,
     RefusedProject,
+    RollingUpgrade,
     Scenario,
     SecondPublisher,
 )
@@ -303,4 +305,6 @@ def drill_for(
         return RefusedProjectDrill(fault, s, outbox, project, snapshot, logs)
     if isinstance(fault, SecondPublisher):
         return StandbyDrill(fault, pipeline, due, snapshot, total)
+    if isinstance(fault, RollingUpgrade):
+        return upgrade.UpgradeDrill(fault, s, pipeline, due, snapshot, logs)
     return None

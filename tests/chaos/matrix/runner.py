@@ -37,6 +37,7 @@ from tests.chaos.matrix import (
     publisher_faults,
     server_faults,
     strikes,
+    upgrade,
     writers,
 )
 from tests.chaos.matrix.outboxes import RowOutbox
@@ -282,7 +283,7 @@ def _run_on(
         total=len(drafts),
         logs=logs,
     )
-    if isinstance(drill, publisher_faults.RefusedProjectDrill):
+    if isinstance(drill, publisher_faults.RefusedProjectDrill | upgrade.UpgradeDrill):
         drill.prepare()
     injector = strikes.injector_for(
         scenario,
@@ -403,7 +404,7 @@ def _run_on(
     row.notes["most_deferrals"] = max((r.deferrals for r in stored), default=0)
     row.notes["most_attempts"] = max((r.attempts for r in stored), default=0)
     row.notes["write_duplicates"] = tally.duplicates
-    if isinstance(drill, publisher_faults.RefusedProjectDrill):
+    if isinstance(drill, publisher_faults.RefusedProjectDrill | upgrade.UpgradeDrill):
         row.notes.update(drill.notes())
     if side is not None:
         said = commands.gather(s, arrived, set(evidence.dead_by().get(ROUTER, [])), logs)

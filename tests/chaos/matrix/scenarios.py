@@ -263,6 +263,18 @@ class OperatorMoves:
     poison_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class RollingUpgrade:
+    """The previous release (upgrade.py: CHANGELOG.md's entry before this one, in a git worktree
+    of its commit and a venv of its own) and this one in each subscription's group under load;
+    then the previous stopped (``mixed_s`` after the start); then a rollback to it, this one
+    stopped; ``rollback_s`` later forward again and ``rhumbatron state migrate --finalize``, after
+    which the previous release, started once more, must refuse to write when its layout is
+    older."""
+
+    rollback_s: float
+
+
 Fault = (
     Failpoint
     | Poison
@@ -283,6 +295,7 @@ Fault = (
     | ClockJumps
     | Garbage
     | OperatorMoves
+    | RollingUpgrade
 )
 
 
@@ -782,6 +795,22 @@ _ROWS = (
             "order; the rebuilt fold changes no view; nothing else is doubled or lost"
         ),
         fast=True,
+    ),
+    Scenario(
+        row=23,
+        name="rolling-upgrade",
+        fault=RollingUpgrade(rollback_s=6.0),
+        when=AfterApplied(0.25),
+        # Written over ~20 s: each step of the upgrade lands while the publisher still sends.
+        waves=10,
+        wave_gap_s=2.0,
+        proves=(
+            "the previous release and this one share each subscription's group under load, "
+            "then the previous one leaves, comes back (a rollback) and leaves again, and the "
+            "state is finalized to this release's layout: no event lost or doubled, per-project "
+            "order kept, views equal the oracle's; once finalized the previous release, if it "
+            "speaks an older layout, writes nothing and exits 78"
+        ),
     ),
 )
 
