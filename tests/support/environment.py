@@ -107,3 +107,18 @@ def run_cli(
             f"{args} exited {result.returncode}:\n{result.stderr[-3000:]}"
         )
     return result
+
+
+def provision_internal(s: Settings) -> None:
+    """The environment's internal topics (dead letters, metric points, the audit topic), as
+    ``provision`` makes them: what a test of one store on real Kafka needs."""
+    from streams.admin import admin_client, provision
+
+    base = s.kafka_config()
+    provision(
+        admin_client(base),
+        base,
+        s.topology.internal_specs(),
+        topology=s.topology,
+        timeout=s.connect_timeout_s,
+    )

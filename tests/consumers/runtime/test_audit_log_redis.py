@@ -11,9 +11,13 @@ from consumers.redis_conn import connect
 from consumers.runtime.controls import AuditLog, RedisAuditLog
 from router.settings import Settings
 from router.wiring.state import durable_audit
-from streams.admin import admin_client, provision
 from tests.contracts.audit_log import SLUG, AuditLogContract
-from tests.support.environment import TEST_REDIS, cleanup_environment, make_settings
+from tests.support.environment import (
+    TEST_REDIS,
+    cleanup_environment,
+    make_settings,
+    provision_internal,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +32,7 @@ class TestRedisAuditLog(AuditLogContract):
     def _environment(self) -> Iterator[None]:
         self.settings = make_settings()
         self.env = self.settings.env
-        base = self.settings.kafka_config()
-        topology = self.settings.topology
-        provision(
-            admin_client(base),
-            base,
-            topology.internal_specs(),
-            topology=topology,
-            timeout=self.settings.connect_timeout_s,
-        )
+        provision_internal(self.settings)
         yield
         cleanup_environment(self.settings)
 

@@ -14,10 +14,9 @@ from consumers.runtime.state_rebuild import RebuildReport
 from router.settings import Settings
 from router.wiring.state import durable_audit, rebuild_state
 from router.wiring.subscription import dead_letters, redis_client
-from streams.admin import admin_client, provision
 from streams.producer import Producer
 from tests.contracts.durable_state import PART_MAX_BYTES, DurableStateContract, OperatorState
-from tests.support.environment import cleanup_environment, make_settings
+from tests.support.environment import cleanup_environment, make_settings, provision_internal
 from tests.support.redis_loss import delete_environment_keys
 
 pytestmark = pytest.mark.integration
@@ -82,15 +81,7 @@ class TestKafkaRedisDurableState(DurableStateContract):
     @pytest.fixture(autouse=True)
     def _environment(self) -> Iterator[None]:
         self.settings = make_settings(dead_letter_record_max_bytes=PART_MAX_BYTES)
-        base = self.settings.kafka_config()
-        topology = self.settings.topology
-        provision(
-            admin_client(base),
-            base,
-            topology.internal_specs(),
-            topology=topology,
-            timeout=self.settings.connect_timeout_s,
-        )
+        provision_internal(self.settings)
         yield
         cleanup_environment(self.settings)
 

@@ -6,7 +6,6 @@ version 2 outbox publishes without the header and says, once, what to run."""
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 from collections.abc import Callable
 
@@ -20,21 +19,11 @@ from streams.outbox.postgres import PostgresOptions, PostgresOutbox, init_outbox
 from streams.outbox.publisher import Publisher
 from streams.outbox.store import RowState
 from tests.streams.outbox.test_identity import RecordingKafka
+from tests.streams.outbox.test_schema_versions import GOOD, INSERT, LIMIT, _id
 from tests.support.outbox import OutboxBackend, append_all, drafts, policy
 from tests.support.postgres import FreshSchema
 
 pytestmark = pytest.mark.integration
-
-LIMIT = 256 * 1024
-INSERT = (
-    "INSERT INTO outbox (event_id, event_type, project_id, tenant_id, actor, payload) "
-    "VALUES (%s, 'task.completed', %s, 'tenant-t', 'agent:a', %s)"
-)
-GOOD = '{"agentId": "agent-1"}'
-
-
-def _id() -> str:
-    return "evt_" + secrets.token_hex(16)
 
 
 def _identities(pg: OutboxBackend) -> list[str]:
