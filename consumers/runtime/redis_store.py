@@ -923,7 +923,15 @@ class RedisStore:
         unclaimed = [] if commit.looked else commit.unclaimed
         fields, subs = self._claim_fields(claims + dead + unclaimed)
         refs = self._refs(claims + dead + unclaimed, commit.slots)
-        expire = self._unexpired(self.prefix(commit.tp), days[0], subs[:nclaim]) if nclaim else []
+        # Today's hashes this commit writes claims by id into: once finalized, not those of its
+        # outbox events (claimed by slot alone), so none is remembered as given its expiry
+        # without having been written.
+        by_id = [
+            sub
+            for sub, ref in zip(subs[:nclaim], refs[:nclaim], strict=True)
+            if not ref or self._layout_target() < 2
+        ]
+        expire = self._unexpired(self.prefix(commit.tp), days[0], by_id) if by_id else []
         sets: list[str | bytes] = []
         deletes: list[str] = []
         for project, state in commit.states.items():

@@ -382,3 +382,21 @@ def test_slot_claims_in_redis_answer_as_in_memory(steps, finalized) -> None:
             )
     slots = dict(event(s, p, w) for s in range(1, 42) for p in ("p1", "p2") for w in range(3))
     assert real.decisions(TPX, 0, list(slots), slots) == twin.decisions(TPX, 0, list(slots), slots)
+
+
+def test_finalized_the_hashes_of_claims_by_id_still_get_their_expiry() -> None:
+    """An outbox event's bucket is not written once finalized: it must not be remembered as a
+    hash given its expiry, or the next claim by id landing there would live for ever."""
+    client = _client()
+    store = _store(client, claim_buckets=2, **NEW)
+    layout.finalize(client, store.env, 2)
+    epoch = store.acquire(TPX)
+    first, slotted, later = "evt_" + "00" * 16, EVT, EVT2  # buckets 0, 1 and 1
+    assert [claim_bucket(claim_field(e), 2) for e in (first, slotted, later)] == [0, 1, 1]
+    ref = {slotted: SlotRef.of("obx_" + "0f" * 8, "p1", 1, slotted)}
+    for at, (event, slots) in enumerate([(first, {}), (slotted, ref), (later, {})]):
+        commit = Commit(TPX, epoch, at - 1, 0, Progress(acked_through=at), claims=[event])
+        commit.slots = slots
+        store.commit(commit)
+    day = store.prefix(TPX) + f"claims:{store._today()}:"
+    assert client.hexists(day + "1", claim_field(later)) and client.ttl(day + "1") > 0
