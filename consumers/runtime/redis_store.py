@@ -926,10 +926,11 @@ class RedisStore:
         # Today's hashes this commit writes claims by id into: once finalized, not those of its
         # outbox events (claimed by slot alone), so none is remembered as given its expiry
         # without having been written.
+        finalized = self._layout_target() >= 2
         by_id = [
             sub
             for sub, ref in zip(subs[:nclaim], refs[:nclaim], strict=True)
-            if not ref or self._layout_target() < 2
+            if not (ref and finalized)
         ]
         expire = self._unexpired(self.prefix(commit.tp), days[0], by_id) if by_id else []
         sets: list[str | bytes] = []

@@ -44,6 +44,12 @@ class SlotStoreContract:
         """``rhumbatron state migrate --finalize`` to layout 2 on the store's environment."""
         raise NotImplementedError
 
+    def _finalized(self, **options: Any) -> tuple[Store, int]:
+        """A store finalized to layout 2, and the epoch it took TPX at."""
+        store = self.make_store(**options)
+        self.finalize(store)
+        return store, store.acquire(TPX)
+
     def _commit(self, store: Store, epoch: int, at: int, **fields: Any) -> int:
         """Commit the next offset; returns it."""
         store.commit(Commit(TPX, epoch, at - 1, 0, Progress(acked_through=at), **fields))
@@ -52,9 +58,7 @@ class SlotStoreContract:
     def test_outbox_events_are_claimed_by_slot_and_a_different_event_there_is_a_conflict(
         self,
     ) -> None:
-        store = self.make_store()
-        self.finalize(store)
-        epoch = store.acquire(TPX)
+        store, epoch = self._finalized()
         first, second, third = ids(3)
         slots = refs([first, second, third])  # slots 1, 2, 3
         at = self._commit(store, epoch, 0, claims=[first, third], slots=slots)
@@ -80,9 +84,7 @@ class SlotStoreContract:
         assert store.decisions(TPX, 1, [first], slots) == (set(), set(), set())
 
     def test_a_commit_meeting_a_slot_claim_is_refused_whole(self) -> None:
-        store = self.make_store()
-        self.finalize(store)
-        epoch = store.acquire(TPX)
+        store, epoch = self._finalized()
         first, second = ids(2)
         slots = refs([first, second])
         at = self._commit(store, epoch, 0, claims=[first], slots=slots)
@@ -94,9 +96,7 @@ class SlotStoreContract:
         assert store.load(TPX).acked_through == 0
 
     def test_a_gap_is_applied_when_it_arrives_whatever_came_after_it(self) -> None:
-        store = self.make_store(claim_gap_horizon=4)
-        self.finalize(store)
-        epoch = store.acquire(TPX)
+        store, epoch = self._finalized(claim_gap_horizon=4)
         events = ids(20)
         slots = refs(events)
         late = events[1]  # slot 2, published late
@@ -106,9 +106,7 @@ class SlotStoreContract:
         assert store.decisions(TPX, 0, events, slots) == (set(events), set(), set())
 
     def test_skips_are_dead_claims_by_slot(self) -> None:
-        store = self.make_store()
-        self.finalize(store)
-        epoch = store.acquire(TPX)
+        store, epoch = self._finalized()
         first, second = ids(2)
         slots = refs([first, second])
         at = self._commit(store, epoch, 0, claims=[first], slots=slots)
@@ -169,9 +167,7 @@ class SlotStoreContract:
         assert new.load(TPX) == before and new.epoch(TPX) == epoch
 
     def test_events_passed_over_hold_their_slots_so_the_record_stays_its_base(self) -> None:
-        store = self.make_store()
-        self.finalize(store)
-        epoch = store.acquire(TPX)
+        store, epoch = self._finalized()
         events = ids(30)
         slots = refs(events)
         # Every third event is one the processor consumes; the others it passes over.
