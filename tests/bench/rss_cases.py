@@ -1,5 +1,7 @@
-"""Two bench cases that start a child process using ~600 MB and wait for it: one counts its
-children's peak RSS as the case's (as the e2e cases do), the other its own process's."""
+"""Two bench cases: one starts a child process using ~600 MB and counts its children's peak RSS
+as the case's (as the e2e cases do); the other holds ~300 MB itself and counts its own process's.
+The second starts no child: how a kernel charges a vfork'd child's memory is not this test's
+business, and once in CI a child's 600 MB showed in its parent's own peak."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from bench.harness import BenchEnv, case
 from bench.rows import Row
 
 CHILD_MB = 600
+OWN_MB = 300
 
 
+@case("rss-of-children", children=True)
 def _run_a_large_child(env: BenchEnv) -> list[Row]:
     subprocess.run(
         [sys.executable, "-c", f"block = b'x' * ({CHILD_MB} << 20)"], check=True, timeout=60
@@ -19,5 +23,7 @@ def _run_a_large_child(env: BenchEnv) -> list[Row]:
     return [Row("ran", 1.0, "x")]
 
 
-case("rss-of-children", children=True)(_run_a_large_child)
-case("rss-of-itself")(_run_a_large_child)
+@case("rss-of-itself")
+def _hold_a_large_block(env: BenchEnv) -> list[Row]:
+    block = b"x" * (OWN_MB << 20)
+    return [Row("held", float(len(block) >> 20), "MB")]

@@ -186,10 +186,10 @@ def test_a_failed_childs_error_is_the_line_naming_its_exception() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "counts_the_child"), [("rss-of-children", True), ("rss-of-itself", False)]
+    ("name", "low", "high"), [("rss-of-children", 600, None), ("rss-of-itself", 300, 600)]
 )
 def test_a_case_of_child_processes_reports_their_peak_rss_not_its_own(
-    name: str, counts_the_child: bool, tmp_path: Any
+    name: str, low: int, high: int | None, tmp_path: Any
 ) -> None:
     # A fresh interpreter: this one's earlier children would count in RUSAGE_CHILDREN too.
     script = (
@@ -203,4 +203,5 @@ def test_a_case_of_child_processes_reports_their_peak_rss_not_its_own(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     rss_mb = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (rss_mb >= 600) is counts_the_child, rss_mb
+    # The child's 600 MB, not the driver's ~40; the case's own 300 MB, not its children's 0.
+    assert rss_mb >= low and (high is None or rss_mb < high), rss_mb

@@ -25,7 +25,7 @@ from streams.workload import workload, write_workload
 from tests.support.environment import make_settings
 from tests.support.infra import PrivateServices
 from tests.support.kafka import events_of, read_all
-from tests.support.outbox import SlowSender, outbox_for, records_in
+from tests.support.outbox import SlowSender, first_arrivals, outbox_for, records_in
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -138,9 +138,7 @@ def test_a_broker_outage_mid_publish_fails_nothing_and_loses_nothing(
             slots[event.project_id].append(event.slot or 0)
         assert len(slots) == PROJECTS
         for project, found in slots.items():
-            first: list[int] = []
-            for slot in found:  # duplicates (records in flight when it stopped) are allowed
-                if slot not in first:
-                    first.append(slot)
+            # Copies (records in flight when it stopped) are allowed, only after their originals.
+            first, _ = first_arrivals(found)
             assert first == list(range(1, EVENTS // PROJECTS + 1)), project
         store.close()

@@ -384,6 +384,22 @@ def records_in(bootstrap: str, topics: Iterable[str]) -> int:
         consumer.close()
 
 
+def first_arrivals(slots: Iterable[int]) -> tuple[list[int], int]:
+    """A project's slots as read from its stream: the slots in the order each first arrived, and
+    how many were copies of one already read. After an outage the publisher re-sends what it gave
+    up on, so copies may follow their originals; a later slot never comes first."""
+    first: list[int] = []
+    seen: set[int] = set()
+    copies = 0
+    for slot in slots:
+        if slot in seen:
+            copies += 1
+        else:
+            seen.add(slot)
+            first.append(slot)
+    return first, copies
+
+
 # -- one contract over both backends ----------------------------------------------------------------
 class OutboxBackend:
     """One outbox of a backend under test (a fresh SQLite file or a fresh PostgreSQL schema):

@@ -1,8 +1,9 @@
 """``rhumbatron produce --outbox postgresql://…`` then ``publish``, through the command line: every
-event arrives once, dense and in slot order per project, read back from the streams; the
-writers' own state change (their table, the same SQL on both backends) commits with their
-events. The issue's full run (300 projects, 20,000 events) with the broker stopped and started
-again mid-publish is the slow chaos case, on a private broker."""
+event arrives, dense and in slot order per project, read back from the streams (once; after an
+outage, copies of what the publisher sent again may follow their originals); the writers' own
+state change (their table, the same SQL on both backends) commits with their events. The
+issue's full run (300 projects, 20,000 events) with the broker stopped and started again
+mid-publish is the slow chaos case, on a private broker."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from streams.outbox.store import RowState
 from tests.support.environment import ROOT, make_settings, run_cli
 from tests.support.infra import PrivateServices
 from tests.support.kafka import events_of, read_all
-from tests.support.outbox import OutboxBackend, cli_env, records_in
+from tests.support.outbox import OutboxBackend, cli_env, first_arrivals, records_in
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +67,16 @@ def _produce(
 
 
 def _check_streams(
-    messages: list[confluent_kafka.Message], run: str, projects: int, events: int
+    messages: list[confluent_kafka.Message],
+    run: str,
+    projects: int,
+    events: int,
+    *,
+    copies_allowed: int = 0,
 ) -> None:
-    """Every event once, and each project's slots 1, 2, 3 … in the order they were read."""
+    """Every event arrived, each project's slots first arrived as 1, 2, 3 … and any copy came after
+    its original; at most ``copies_allowed`` copies (rows the publisher gave up on in flight
+    during an outage and sent again: they may have landed the first time too)."""
     slots: dict[str, list[int]] = defaultdict(list)
     ids: set[str] = set()
     for event in events_of(messages):
@@ -76,11 +84,14 @@ def _check_streams(
             slots[event.project_id].append(event.slot or 0)
             ids.add(event.event_id)
     assert len(slots) == projects and len(ids) == events
-    assert sum(map(len, slots.values())) == events, "an event arrived twice"
     per = events // projects
+    copies = 0
     for project, found in slots.items():
-        assert found == list(range(1, len(found) + 1)), project
-        assert len(found) in (per, per + 1), project
+        first, copied = first_arrivals(found)
+        copies += copied
+        assert first == list(range(1, len(first) + 1)), project
+        assert len(first) in (per, per + 1), project
+    assert copies <= copies_allowed, f"{copies} copies, at most {copies_allowed} allowed"
 
 
 def test_produce_then_publish_on_postgresql(settings: Settings, pg: OutboxBackend) -> None:
@@ -153,4 +164,4 @@ def test_the_issue_run_survives_a_broker_stopped_mid_publish(pg: OutboxBackend) 
         held = records_in(services.bootstrap, streams)
         messages = read_all(services.bootstrap, streams, expect=held)
         assert len(messages) == held
-        _check_streams(messages, run, projects, events)
+        _check_streams(messages, run, projects, events, copies_allowed=summary["deferred"])
