@@ -64,6 +64,7 @@ def test_a_processes_cpu_seconds_come_from_proc() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 41 s: a bench round
 def test_one_round_measures_one_and_two_projector_processes_and_their_cpu() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
     size = 3000

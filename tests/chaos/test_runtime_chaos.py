@@ -127,8 +127,10 @@ def test_a_consumer_frozen_past_its_session_has_its_late_writes_refused(rs: Sett
     _assert_exact(rs, events)
 
 
-# The consumer protocol (KIP-848) in `make test`, the classic one in `make test-slow`.
-@pytest.mark.parametrize("protocol", [pytest.param("classic", marks=pytest.mark.slow), "consumer"])
+# Both protocols in `make test-slow` (65 s each); `make test` has a projector joining mid-run
+# (tests/router/test_scale_out.py) under each.
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_a_second_consumer_joining_and_leaving_ten_times_leaves_no_gap_and_no_duplicate(
     rs: Settings, protocol: str
 ) -> None:

@@ -120,6 +120,7 @@ def test_the_folder_and_its_secrets_are_private_and_client_env_names_the_listene
 
 
 @pytest.mark.chaos
+@pytest.mark.slow  # 86 s: two broker restarts
 def test_a_restart_keeps_the_material_and_new_material_gets_its_users_on_the_running_broker() -> (
     None
 ):

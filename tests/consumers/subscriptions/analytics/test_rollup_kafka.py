@@ -457,6 +457,7 @@ def test_the_rollup_counts_each_committed_point_once_per_minute(
     _restart_and_check(rs, points, log)
 
 
+@pytest.mark.slow  # 60 s; a SIGKILL inside the transaction stays in `make test`
 def test_the_rollup_stays_exact_after_a_sigkill_mid_stream(rs: Settings, tmp_path: Path) -> None:
     cli(rs, "provision")
     base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
