@@ -6,6 +6,7 @@
 #   infra/local.sh up | down | status
 #   infra/local.sh kafka-start [ID] | kafka-stop [ID] | kafka-kill [ID]   (no ID: the single broker)
 #   infra/local.sh redis-start | redis-stop | redis-kill
+#   infra/local.sh redis-snapshot FILE | redis-restore FILE   (docs/operations.md: Backup and restore)
 #   infra/local.sh redis-cluster-up | redis-cluster-down | redis-cluster-kill PORT
 #                                 (3 masters, 3 replicas on RHUMBATRON_REDIS_CLUSTER_PORT=7000..7005)
 #   infra/local.sh postgres-start | postgres-stop | postgres-kill   (Debian's PostgreSQL, 127.0.0.1:5432)
@@ -461,7 +462,10 @@ image_tools() {
   fi
 }
 
-redis_start() {
+redis_start() { redis_start_with; }
+
+# Started with extra redis-server options (redis-restore's --appendonly no).
+redis_start_with() {
   local dir="$STATE/redis" pidfile="$STATE/redis/redis.pid"
   if alive "$pidfile"; then say "redis already running (pid $(cat "$pidfile"), 127.0.0.1:$REDIS_PORT)"; return; fi
   redis_install
@@ -478,7 +482,7 @@ appendonly yes
 appendfsync everysec
 save ""
 EOF
-  redis-server "$dir/redis.conf" || fail "redis-server did not start; see $dir/redis.log"
+  redis-server "$dir/redis.conf" "$@" || fail "redis-server did not start; see $dir/redis.log"
   local i
   for i in $(seq 1 100); do
     if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
@@ -488,6 +492,53 @@ EOF
     sleep 0.1
   done
   fail "redis did not answer PING within 10s; see $dir/redis.log"
+}
+
+# A snapshot of the running Redis (BGSAVE: the server keeps serving meanwhile) copied to FILE.
+redis_snapshot() {
+  local file="$1" dir="$STATE/redis" before i
+  [ -n "$file" ] || fail "redis-snapshot needs the file to write"
+  before="$(redis_persistence rdb_saves)"
+  [ -n "$before" ] || fail "redis is not answering on $REDIS_PORT"
+  redis-cli -h 127.0.0.1 -p "$REDIS_PORT" BGSAVE >/dev/null || fail "BGSAVE refused; see $dir/redis.log"
+  for i in $(seq 1 600); do
+    if [ "$(redis_persistence rdb_saves)" != "$before" ] && [ "$(redis_persistence rdb_bgsave_in_progress)" = 0 ]; then
+      [ "$(redis_persistence rdb_last_bgsave_status)" = ok ] || fail "the snapshot failed; see $dir/redis.log"
+      cp "$dir/dump.rdb" "$file.tmp" && mv "$file.tmp" "$file"
+      say "redis snapshot in $file"
+      return
+    fi
+    sleep 0.1
+  done
+  fail "the snapshot did not finish within 60s; see $dir/redis.log"
+}
+
+# One field of the running Redis's INFO persistence.
+redis_persistence() {
+  redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO persistence 2>/dev/null | tr -d '\r' | sed -n "s/^$1://p"
+}
+
+# Redis restored from the snapshot FILE: stopped, its data files replaced by the snapshot,
+# started with append-only off (Redis 7 ignores a snapshot when append-only is on and finds no
+# append-only files), then append-only turned on again, which rewrites the files from memory.
+redis_restore() {
+  local file="$1" dir="$STATE/redis" i
+  [ -f "$file" ] || fail "redis-restore needs a snapshot file; '$file' is not one"
+  redis_signal TERM
+  rm -rf "$dir/appendonlydir" "$dir/dump.rdb"
+  cp "$file" "$dir/dump.rdb"
+  redis_start_with --appendonly no
+  redis-cli -h 127.0.0.1 -p "$REDIS_PORT" CONFIG SET appendonly yes >/dev/null \
+    || fail "could not turn append-only on again; see $dir/redis.log"
+  for i in $(seq 1 600); do
+    if [ "$(redis_persistence aof_enabled)" = 1 ] && [ "$(redis_persistence aof_rewrite_in_progress)" = 0 ] \
+      && [ "$(redis_persistence aof_rewrite_scheduled)" = 0 ] && [ -f "$dir/appendonlydir/appendonly.aof.manifest" ]; then
+      say "redis restored from $file ($(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" DBSIZE) keys; append-only again)"
+      return
+    fi
+    sleep 0.1
+  done
+  fail "append-only was not rewritten within 60s; see $dir/redis.log"
 }
 
 redis_signal() {
@@ -997,7 +1048,7 @@ cluster_down() {
 cmd="${1:-}"; shift || true
 node="${1:-single}"
 case "$cmd" in
-  redis-cluster-*) ;;
+  redis-cluster-* | redis-snapshot | redis-restore) ;;
   *) case "$node" in single | 1 | 2 | 3) ;; *) fail "unknown kafka node '$node': use 1, 2 or 3 (cluster) or no id (single broker)" ;; esac ;;
 esac
 mkdir -p "$STATE/kafka"
@@ -1020,6 +1071,8 @@ case "$cmd" in
   redis-start) redis_start ;;
   redis-stop) redis_signal TERM ;;
   redis-kill) redis_signal KILL ;;
+  redis-snapshot) redis_snapshot "${1:-}" ;;
+  redis-restore) redis_restore "${1:-}" ;;
   postgres-start) pg_start ;;
   postgres-stop) pg_signal TERM ;;
   postgres-kill) pg_signal KILL ;;
@@ -1028,5 +1081,5 @@ case "$cmd" in
   redis-cluster-up) redis_cluster_up ;;
   redis-cluster-down) redis_cluster_signal TERM ;;
   redis-cluster-kill) [ $# -gt 0 ] || fail "redis-cluster-kill needs the port of the node to kill"; redis_cluster_signal KILL "$@" ;;
-  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, postgres-start|postgres-stop|postgres-kill, prometheus-install, jaeger, jaeger-start, jaeger-stop, helm, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
+  *) fail "unknown command '${cmd}': use up, down, status, jars, browser, kafka-start|kafka-stop|kafka-kill [ID], redis-start|redis-stop|redis-kill, redis-snapshot|redis-restore FILE, postgres-start|postgres-stop|postgres-kill, prometheus-install, jaeger, jaeger-start, jaeger-stop, helm, cluster-up, cluster-down, redis-cluster-up, redis-cluster-down, redis-cluster-kill PORT" ;;
 esac

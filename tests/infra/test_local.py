@@ -1,7 +1,10 @@
-"""infra/local.sh on private instances: stop, kill and restart keep data; the cluster survives
-losing a broker."""
+"""infra/local.sh on private instances: stop, kill and restart keep data; a snapshot restored
+brings back what it held and nothing written after it, and stays after a restart; the cluster
+survives losing a broker."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import redis
@@ -25,6 +28,24 @@ def test_redis_kill_and_restart_keeps_append_only_data() -> None:
         assert "already running" in svc.run("redis-start")
 
 
+def test_redis_restored_from_a_snapshot_holds_what_it_held_and_stays_so(tmp_path: Path) -> None:
+    with PrivateServices(kafka=False) as svc:
+        client = redis.Redis.from_url(svc.redis_url)
+        client.set("before", "1")
+        svc.redis_snapshot(tmp_path / "snapshot.rdb")
+        client.set("after", "2")
+        client.close()
+        svc.redis_restore(tmp_path / "snapshot.rdb")
+        restored = redis.Redis.from_url(svc.redis_url)
+        assert sorted(restored.keys()) == [b"before"]
+        restored.set("since", "3")  # append-only again: kept across a kill
+        restored.close()
+        svc.redis_kill()
+        svc.redis_start()
+        assert sorted(redis.Redis.from_url(svc.redis_url).keys()) == [b"before", b"since"]
+
+
+@pytest.mark.slow  # 47 s of broker starts and stops
 def test_kafka_stop_start_and_kill_are_idempotent_and_report() -> None:
     with PrivateServices(redis=False) as svc:
         base = {"bootstrap.servers": svc.bootstrap}

@@ -198,6 +198,14 @@ class PrivateServices:
     def redis_kill(self) -> None:
         self.run("redis-kill")
 
+    def redis_snapshot(self, path: Path) -> None:
+        """A snapshot (RDB) of the running Redis written to ``path`` (docs/operations.md)."""
+        self.run("redis-snapshot", str(path))
+
+    def redis_restore(self, path: Path) -> None:
+        """Redis stopped and restored from the snapshot at ``path``, append-only again."""
+        self.run("redis-restore", str(path))
+
     def postgres_start(self) -> None:
         said = self.run("postgres-start")
         if _PG_INIT in said:
