@@ -19,7 +19,9 @@ equals the one built live.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,10 +32,21 @@ from consumers.runtime.dead_letters import (
     DeadLetterStore,
     Entry,
     LetterKind,
+    LetterStatus,
     batch_letter_id,
 )
+from consumers.runtime.slot_claims import SlotRef, slot_ref
 from consumers.runtime.store import Store
-from consumers.runtime.types import JSON, TP, Processor, Progress, Record
+from consumers.runtime.transport import Committed
+from consumers.runtime.types import (
+    JSON,
+    TP,
+    EffectKind,
+    Processor,
+    Progress,
+    Record,
+    parse_txn_marker,
+)
 from consumers.runtime.versions import reads_as_written, upcast_for
 from streams.catalog import CATALOG, Catalog
 from streams.clock import Clock
@@ -90,6 +103,11 @@ class Controls:
     archive: ArchiveReader | None = None
     # The event types and versions the processor's code knows (its RuntimePolicy's).
     catalog: Catalog = CATALOG
+    # Rebuilds the dead-letter index and the audit logs from the audit topic before a first fold
+    # reads its letters (router.wiring.state): when Redis lost them (argument False: only if the
+    # index's marker is gone), or everything the index lacks (True: a Redis restored from an
+    # older copy holds the marker, and lacks the letters written since).
+    rebuild_index: Callable[[bool], object] | None = None
 
     def _entry(self, action: str, tp: TP, who: str, why: str, **details: Any) -> dict[str, Any]:
         return {
@@ -130,15 +148,19 @@ class Controls:
         if through >= start:
             yield from self.reader.read(tp, max(start, first), through)
 
-    def fold(self, tp: TP, progress: Progress, through: int) -> Fold:
-        """The processor's fold of every event of ``tp`` up to ``through`` that counts. An
-        event whose ``reduce`` raises is left out and reported (``refused``), as the live path
-        leaves out an event that fails: a refold never aborts on one event."""
+    def fold(
+        self, tp: TP, progress: Progress, through: int, *, also_dead: set[int] | None = None
+    ) -> Fold:
+        """The processor's fold of every event of ``tp`` up to ``through`` that counts (leaving
+        out ``also_dead`` too). An event whose ``reduce`` raises is left out and reported
+        (``refused``), as the live path leaves out an event that fails: a refold never aborts on
+        one event."""
         proc = self.processor
         result = Fold()
         if not proc.reducer_version:
             return result
         dead, skipped = self._excluded(tp, progress)
+        dead |= also_dead or set()
         as_written = reads_as_written(proc)
         wanted = set(progress.applied_beyond)
         last = max([through, *wanted]) if wanted else through
@@ -276,38 +298,169 @@ class Controls:
         )
         return len(fold.states)
 
-    def first_fold(self, tp: TP, *, epoch: int | None = None) -> int:
-        """A new subscription's first fold when the stream no longer starts at 0: fold the
-        history the stream lost from the archive (no effects: it is history), and set the cursor
-        just before the stream's first retained offset. Returns the number of projects folded."""
+    # -- a partition without a cursor ----------------------------------------------------------
+    def letters_by_partition(self, *, restored: bool = False) -> dict[TP, list[DeadLetter]]:
+        """This subscription's letters by source partition, from the index, first rebuilt from
+        the audit topic (``rebuild_index``) if Redis lost it or, ``restored``, went back to an
+        older copy."""
+        if self.rebuild_index is not None:
+            self.rebuild_index(restored)
+        out: dict[TP, list[DeadLetter]] = {}
+        for letter in self.dead_letters.list(limit=sys.maxsize):
+            if letter.subscription == self.processor.slug and letter.kind != LetterKind.COMMAND:
+                out.setdefault(TP(letter.source_topic, letter.source_partition), []).append(letter)
+        return out
+
+    def behind(self, progress: Progress, committed: Committed | None) -> bool:
+        """Whether a partition's stored cursor is behind what its group committed: a Redis
+        restored from an older copy, or one that lost writes it had acknowledged. With Kafka
+        effects the committed offset's marker names a later transaction than the store's; with
+        effects in Redis or SQL the committed offset is past the cursor (the runtime commits it
+        after the store). Files effects record their parts against the committed offset."""
+        if committed is None or not progress.has_cursor():
+            return False
+        kind = self.processor.effect_kind
+        if kind == EffectKind.KAFKA:
+            seq = parse_txn_marker(committed.metadata)
+            return seq is not None and seq > progress.txn_seq
+        return kind != EffectKind.FILES and committed.offset > progress.acked_through + 1
+
+    def first_fold(
+        self,
+        tp: TP,
+        *,
+        epoch: int | None = None,
+        committed: Committed | None = None,
+        letters: Sequence[DeadLetter] = (),
+    ) -> int:
+        """What a partition takes before its owner first reads it, when it has no cursor (a new
+        subscription, or a Redis that lost its state) or a cursor :meth:`behind` its group's
+        (a Redis restored from an older copy): what Kafka keeps durably, past the cursor.
+
+        - ``letters`` (this partition's, from the dead-letter index) and the ranges its audit
+          log says an operator skipped: their events claimed as handled without effect and
+          their offsets left out of every fold, so reading them again neither applies them nor
+          dead-letters them again. A letter retried, or one whose events a later
+          ``reprocess_from`` judged again, does not count; nor does a skip a later
+          ``reprocess_from`` reached back before;
+        - with Kafka effects, the group's ``committed`` offset: the fold of every event before
+          it, with no effects (their transactions committed that offset: sending them again
+          would send them twice), and the cursor just before it;
+        - a new fold over a stream that no longer starts at 0: the history the stream lost,
+          from the archive (no effects: it is history), and the cursor just before the
+          stream's first retained offset.
+
+        Effects in Redis are not restored here: the owner reads on from the cursor (the log
+        start, without one) and applies them again into the state Redis holds, whose claims
+        went back with it. Returns the number of projects folded."""
         progress = self.store.load(tp)
-        start = self.reader.log_start(tp)
-        if progress.has_cursor() or start == 0:
+        behind = self.behind(progress, committed)
+        if progress.has_cursor() and not behind:
             return 0
+        after = progress.acked_through  # what the store holds through
+        moves = self._moves(tp)
+        counted = [
+            letter
+            for letter in letters
+            if _still_dead(letter, moves) and max(letter.offsets, default=-1) > after
+        ]
+        skipped = [[max(f, after + 1), last] for f, last in _skipped_ranges(moves) if last > after]
+        through = after
+        if not progress.has_cursor() and self.processor.reducer_version:
+            through = max(through, self.reader.log_start(tp) - 1)
+        if self.processor.effect_kind == EffectKind.KAFKA and committed is not None:
+            through = max(through, committed.offset - 1)
+        if through == after and not counted and not skipped:
+            return 0  # a new subscription, or a store behind by nothing it must take
         new = Progress.from_fields(progress.as_fields())
-        new.acked_through = start - 1
-        new.reduced_through = start - 1
-        new.reducer_version = self.processor.reducer_version
-        fold = self.fold(tp, new, start - 1)
-        why = "new fold; stream starts past its history"
-        self._swap_fold(
+        new.skipped = [*progress.skipped, *skipped]
+        dead_offsets = sorted({o for letter in counted for o in letter.offsets})
+        states: dict[str, JSON] | None = None  # the fold as it is
+        refused: list[int] = []
+        why = "the store holds less than Kafka: taken from the dead letters, the audit log"
+        if through != after:
+            new.acked_through = through
+            new.reduced_through = through
+            new.reducer_version = self.processor.reducer_version
+            new.applied_beyond = [o for o in progress.applied_beyond if o > through]
+            new.dead = [o for o in progress.dead if o > through]
+            if committed is not None and self.processor.effect_kind == EffectKind.KAFKA:
+                new.txn_seq = max(progress.txn_seq, parse_txn_marker(committed.metadata) or 0)
+                new.pending_effects = False  # its transaction is one the group committed
+                why += " and the group's offset"
+            fold = self.fold(tp, new, through, also_dead=set(dead_offsets))
+            states = fold.states
+            refused = self._dead_letter_refused(tp, fold, why)
+        new.fold_generation = progress.fold_generation + 1
+        dead_ids, slots = self._handled(tp, counted, skipped)
+        new.look_through = max([progress.look_through, *dead_offsets, *(r[1] for r in skipped)])
+        entry = self._entry(
+            "first_fold",
             tp,
-            epoch,
-            progress,
-            new,
-            fold,
+            "runtime",
             why,
-            lambda refused: self._entry(
-                "first_fold",
-                tp,
-                "runtime",
-                why,
-                through=start - 1,
-                projects=len(fold.states),
-                refused=refused,
-            ),
+            after=after,
+            through=through,
+            projects=len(states) if states is not None else None,
+            letters=[letter.id for letter in counted],
+            skipped=skipped,
+            refused=refused,
         )
-        return len(fold.states)
+        with self.audit.recording(entry):
+            self.store.replace_fold(
+                tp,
+                epoch,
+                (progress.acked_through, progress.cursor_revision),
+                new,
+                states,
+                expected_generation=progress.fold_generation,
+                exclude=sorted({*refused, *dead_offsets}),
+                dead_claims=dead_ids,
+                slots=slots,
+            )
+        if progress.pending_effects and not new.pending_effects:
+            self.store.clear_pending(tp, epoch if epoch is not None else self.store.epoch(tp))
+        return len(states) if states is not None else 0
+
+    def _moves(self, tp: TP) -> list[dict[str, Any]]:
+        """The operator moves of ``tp`` its audit log holds (every one that took), oldest first."""
+        return [
+            e
+            for e in reversed(self.audit.entries(limit=sys.maxsize))
+            if e.get("topic") == tp.topic
+            and e.get("partition") == tp.partition
+            and e.get("action") in ("skip_through", "reprocess_from")
+        ]
+
+    def _handled(
+        self, tp: TP, letters: Sequence[DeadLetter], skipped: list[list[int]]
+    ) -> tuple[list[str], dict[str, SlotRef]]:
+        """The events of these letters and skipped ranges, and where the outbox events among
+        them sit (claimed by slot, as the live path claims them)."""
+        ids: list[str] = []
+        slots: dict[str, SlotRef] = {}
+        for letter in letters:
+            for entry in letter.entries:
+                if entry.event_id is None or entry.value is None:
+                    continue  # poison bytes: no event to claim (their offset is left out)
+                ids.append(entry.event_id)
+                with contextlib.suppress(EnvelopeError):
+                    event = decode_event(entry.value, max_bytes=self.max_envelope_bytes)
+                    headers = [(k, v) for k, v in entry.headers if v is not None]
+                    ref = slot_ref(headers, event)
+                    if ref is not None:
+                        slots[event.event_id] = ref
+        for first, last in skipped:
+            for record in self.read(tp, first, last, "the skipped events cannot be claimed"):
+                try:
+                    event = decode_event(record.value, max_bytes=self.max_envelope_bytes)
+                except EnvelopeError:
+                    continue
+                ids.append(event.event_id)
+                ref = slot_ref(record.headers, event)
+                if ref is not None:
+                    slots[event.event_id] = ref
+        return list(dict.fromkeys(ids)), slots
 
     def reprocess_from(
         self, tp: TP, offset: int, expected_revision: int, *, who: str, why: str
@@ -405,7 +558,13 @@ class Controls:
         if self.processor.reducer_version:
             new.reduced_through = offset
         entry = self._entry(
-            "skip_through", tp, who, why, offset=offset, skipped_from=progress.acked_through + 1
+            "skip_through",
+            tp,
+            who,
+            why,
+            offset=offset,
+            skipped_from=progress.acked_through + 1,
+            ranges=ranges,
         )
         with self.audit.recording(entry):
             self.store.replace_fold(
@@ -434,3 +593,28 @@ def _ranges_without(first: int, last: int, holes: set[int]) -> list[list[int]]:
     if start is not None:
         out.append([start, last])
     return out
+
+
+def _still_dead(letter: DeadLetter, moves: list[dict[str, Any]]) -> bool:
+    """A letter whose events stay handled without effect: not retried, and not judged again by a
+    ``reprocess_from`` made after it from an offset at or before its first."""
+    if letter.status == LetterStatus.RETRIED:
+        return False
+    first = min(letter.offsets, default=0)
+    return not any(
+        m["action"] == "reprocess_from" and m["offset"] <= first and m["at"] > letter.created_at
+        for m in moves
+    )
+
+
+def _skipped_ranges(moves: list[dict[str, Any]]) -> list[list[int]]:
+    """The ranges the moves (oldest first) leave skipped: each skip's (an entry from before
+    skips recorded their ranges: its whole span), cut back by every later ``reprocess_from``."""
+    ranges: list[list[int]] = []
+    for move in moves:
+        if move["action"] == "skip_through":
+            ranges += move.get("ranges") or [[move["skipped_from"], move["offset"]]]
+        else:
+            cut = move["offset"]
+            ranges = [[first, min(last, cut - 1)] for first, last in ranges if first < cut]
+    return ranges

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from copy import deepcopy
 
 import orjson
 
@@ -132,6 +133,18 @@ class MemoryStore:
         self._excluded: dict[TP, set[int]] = {}
         self.space = _Keyspace()
         self.commits = 0
+
+    def snapshot(self) -> MemoryStore:
+        """A copy of everything as it is now, as Redis's snapshot (RDB) would hold it: a store
+        restored from an older copy is this copy, used after the original went on."""
+        with self._lock:
+            lock, self._lock = self._lock, None  # type: ignore[assignment]
+            try:
+                copy = deepcopy(self)
+            finally:
+                self._lock = lock
+        copy._lock = threading.RLock()
+        return copy
 
     def key(self, tp: TP, logical: str) -> str:
         return f"{tp.topic}|{tp.partition}|{logical}"

@@ -208,9 +208,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
                 and progress.has_cursor()
                 and progress.reducer_version != self.processor.reducer_version
             )
-            # A new fold over a stream whose start is gone: fold the history from the archive
-            # first (no effects), then continue from the stream.
-            part.needs_first_fold = bool(
+            # Before reading, a partition without a cursor (a new subscription, or a Redis that
+            # lost the partition's state) or with one behind its group's committed offset (a
+            # Redis restored from an older copy) takes what Kafka keeps of it
+            # (Controls.first_fold): its dead letters and skips, with Kafka effects the fold
+            # through the group's offset, and a new fold's history from the archive.
+            part.needs_first_fold = self.controls is not None or bool(
                 self.processor.reducer_version
                 and not progress.has_cursor()
                 and self.transport.log_start(tp) > 0
@@ -354,11 +357,12 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
         events has a claim stored at all. Looked up first: a files processor's (its claims
         commit with a part, polls later), and records an earlier claim may not make duplicates
         (an operator's redelivery, the re-run range of a reprocess_from), which the commit's
-        check would refuse every time."""
+        check would refuse every time; and records a first fold claimed (``look_through``),
+        which that check would find only after trying them."""
         if self.processor.effect_kind == EffectKind.FILES or piece.rejected:
             return True  # an event refused is judged a copy or not before its letter is written
-        rerun_through = piece.progress.rerun_through
-        return any(r.offset <= rerun_through or self._is_redelivery(r) for r, _ in piece.candidates)
+        through = max(piece.progress.rerun_through, piece.progress.look_through)
+        return any(r.offset <= through or self._is_redelivery(r) for r, _ in piece.candidates)
 
     def _process_and_commit(self, slices: list[_Slice]) -> dict[TP, dict[str, BaseException]]:
         """Process every slice and commit them together; the partitions whose commit met claims

@@ -153,17 +153,56 @@ class TransactionMixin(RunnerBase):
             part.needs_refold = False
             part.progress = self.store.load(part.tp)
             part.forget_states()
-        for part in [p for p in self.parts.values() if p.needs_first_fold]:
-            if self.controls is None:
-                raise RuntimeError(
-                    f"{self.processor.slug}: {part.tp} starts past its history and there are "
-                    "no controls to fold it from the archive"
-                )
-            self.controls.first_fold(part.tp, epoch=part.epoch)
+        first = [p for p in self.parts.values() if p.needs_first_fold]
+        if not first:
+            return
+        if self.controls is None:
+            raise RuntimeError(
+                f"{self.processor.slug}: {first[0].tp} starts past its history and there are "
+                "no controls to fold it from the archive"
+            )
+        try:
+            committed = self.transport.committed([p.tp for p in first])
+        except CommittedUnknown as exc:
+            log.info(
+                "%s: cannot read the group's offsets yet (%s); will ask again",
+                self.processor.slug,
+                exc,
+            )
+            return
+        controls = self.controls
+        due = {
+            p.tp
+            for p in first
+            if not p.progress.has_cursor() or controls.behind(p.progress, committed.get(p.tp))
+        }
+        restored = any(p.progress.has_cursor() for p in first if p.tp in due)
+        letters = controls.letters_by_partition(restored=restored) if due else {}
+        for part in first:
             part.needs_first_fold = False
+            if part.tp not in due:
+                continue
+            if part.progress.has_cursor():
+                log.warning(
+                    "%s: %s's store is behind its group's committed offset (%s; the store holds "
+                    "through %d): a Redis restored from an older copy, or one that lost writes",
+                    self.processor.slug,
+                    part.tp,
+                    committed.get(part.tp),
+                    part.progress.acked_through,
+                )
+            read = part.progress.acked_through
+            controls.first_fold(
+                part.tp,
+                epoch=part.epoch,
+                committed=committed.get(part.tp),
+                letters=letters.get(part.tp, []),
+            )
             part.progress = self.store.load(part.tp)
+            part.needs_recovery = part.progress.pending_effects
             part.forget_states()
-            self.transport.seek(part.tp, part.progress.acked_through + 1)
+            if part.progress.acked_through != read:  # else it reads on from where it was
+                self.transport.seek(part.tp, part.progress.acked_through + 1)
 
     def _recover_pending(self) -> None:
         """Finish Kafka effects a crash or an aborted transaction left pending."""

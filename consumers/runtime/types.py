@@ -319,6 +319,10 @@ class Progress:
     # window makes such copies): the re-run takes them as the duplicates they are.
     rerun_through: int = -1
     rerun_duplicates: list[str] = field(default_factory=list)
+    # Records up to this offset have their claims looked up before they are processed: a first
+    # fold claimed events there (dead letters, skips) that the live path's check at commit would
+    # find only after trying them (Controls.first_fold).
+    look_through: int = -1
     # "acked_through:cursor_revision" of the partition's last caught-up delivery (an event's, or
     # the eventless call's: consumers.runtime.caught_up), so a restart does not make it again.
     caught_up: str = ""
@@ -342,6 +346,7 @@ class Progress:
             "fold_generation": str(self.fold_generation),
             "rerun_through": str(self.rerun_through),
             "rerun_duplicates": orjson.dumps(self.rerun_duplicates).decode(),
+            "look_through": str(self.look_through),
             "caught_up": self.caught_up,
             "parked": orjson.dumps({p: list(park) for p, park in self.parked.items()}).decode(),
         }
@@ -369,6 +374,7 @@ class Progress:
             fold_generation=int(f.get("fold_generation", 0)),
             rerun_through=int(f.get("rerun_through", -1)),
             rerun_duplicates=list(orjson.loads(f.get("rerun_duplicates", "[]"))),
+            look_through=int(f.get("look_through", -1)),
             caught_up=f.get("caught_up", ""),
             parked={
                 p: Park(int(o), str(t), int(v))

@@ -35,15 +35,7 @@ def ensure_state(
     """At the start of a process that owns the dead-letter index: rebuild it and the audit logs
     if Redis came back empty (no marker, records on the audit topic); None when nothing was
     lost (or the topic is not provisioned yet: ``rhumbatron provision`` makes it)."""
-    if client.exists(marker_key(settings.env)):
-        return None
-    topic = audit_topic(settings.env)
-    if missing_topics(settings, [topic]):
-        log.warning(
-            "the audit topic %s does not exist: the dead-letter index and the audit logs have "
-            "no durable copy to be rebuilt from; run rhumbatron provision",
-            topic,
-        )
+    if client.exists(marker_key(settings.env)) or _no_audit_topic(settings):
         return None
     return rebuild_redis(
         client,
@@ -53,6 +45,27 @@ def ensure_state(
         progress=progress,
         only_if_lost=True,
     )
+
+
+def rebuild_index(settings: Settings, client: redis.Redis[bytes], everything: bool) -> None:
+    """Before a first fold reads its letters: :func:`ensure_state`, or with ``everything``
+    (a Redis restored from an older copy, which holds the marker) :func:`rebuild_state`."""
+    if not everything:
+        ensure_state(settings, client)
+    elif not _no_audit_topic(settings):
+        rebuild_state(settings, client)
+
+
+def _no_audit_topic(settings: Settings) -> bool:
+    topic = audit_topic(settings.env)
+    if not missing_topics(settings, [topic]):
+        return False
+    log.warning(
+        "the audit topic %s does not exist: the dead-letter index and the audit logs have no "
+        "durable copy to be rebuilt from; run rhumbatron provision",
+        topic,
+    )
+    return True
 
 
 def rebuild_state(

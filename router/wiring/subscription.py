@@ -31,7 +31,7 @@ from router.settings import Settings
 from router.wiring.metrics import router_instruments
 from router.wiring.processors import Companion
 from router.wiring.provisioning import require_topics, subscription_topics
-from router.wiring.state import durable_audit
+from router.wiring.state import durable_audit, rebuild_index
 from streams.clock import Clock, SystemClock
 from streams.errors import ConfigurationError
 from streams.producer import Producer
@@ -199,6 +199,9 @@ def controls(
         settings.max_envelope_bytes,
         # The long-term log for folds that need events past the stream's retention.
         archive=archive_reader(settings, client, clock),
+        # A Redis that came back empty or older gets its letters back before a partition reads
+        # them.
+        rebuild_index=partial(rebuild_index, settings, client),
     )
 
 

@@ -5,7 +5,10 @@ handler is the matrix's).
 
 The handler appends every start, failure and completion to one Redis list per environment
 (``RPUSH``: append-only, no unique key, so a second run of one attempt shows as a second
-``start``), with the attempt, the wall time and the process. Its effect is idempotent on the
+``start``), with the attempt, the wall time and the process. The list and the handler's effects
+live in the shared test Redis (``JOURNAL_ENV``), not the row's: a row that kills, cuts off,
+empties or restores its own Redis must not change the record it is checked against, nor an
+effect a real handler would have made in a system of its own. Its effect is idempotent on the
 command id (``SET NX``), as a real handler's idempotency key makes it: a ``done`` entry says
 whether it was the first (``first``) — a worker killed between its handler and its commit runs
 the handler again, and the record then shows both starts and one first completion.
@@ -73,6 +76,17 @@ class Failures:
     def from_env(cls) -> Failures:
         raw = os.environ.get(FAILURES_ENV)
         return cls(**orjson.loads(raw)) if raw else cls()
+
+
+# The Redis of the journal and the handler's effects (the shared test Redis; the matrix sets it).
+JOURNAL_ENV = "RHUMBATRON_TEST_JOURNAL_REDIS"
+
+
+def journal_client(settings: Settings) -> redis.Redis[bytes]:
+    url = os.environ.get(JOURNAL_ENV)
+    if url is None:
+        return redis_client(settings)
+    return redis_client(settings.model_copy(update={"redis_url": url}))
 
 
 def journal_key(env: str) -> str:
@@ -147,8 +161,9 @@ def main() -> int:
     settings = Settings()
     stop = stop_on_signals()
     client = redis_client(settings)
+    journal = journal_client(settings)
     handler = JournalHandler(
-        client,
+        journal,
         env=settings.env,
         queue=args.queue,
         dead_letter=settings.queues[args.queue].dead_letter is not None,
@@ -167,7 +182,7 @@ def main() -> int:
             held.update(now)
             entry = Entry("assigned", "", args.queue, 0, int(time.time() * 1000), os.getpid())
             line = {**asdict(entry), "partitions": sorted(now)}
-            client.rpush(journal_key(settings.env), orjson.dumps(line))
+            journal.rpush(journal_key(settings.env), orjson.dumps(line))
             print(f"worker {args.queue}: assigned {sorted(now)}", file=sys.stderr, flush=True)
 
     try:

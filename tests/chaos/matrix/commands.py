@@ -35,7 +35,12 @@ from streams.headers import ATTEMPT, ATTEMPTS, header_int
 from streams.topology import queue_name, retry_topic
 from tests.chaos.matrix import command_checks
 from tests.chaos.matrix.command_checks import CommandEvidence, Rules
-from tests.chaos.matrix.command_worker import FAILURES_ENV, read_journal
+from tests.chaos.matrix.command_worker import (
+    FAILURES_ENV,
+    JOURNAL_ENV,
+    journal_client,
+    read_journal,
+)
 from tests.chaos.matrix.pipeline import consume_args
 from tests.chaos.matrix.scenarios import (
     COMMAND_QUEUES,
@@ -50,7 +55,7 @@ from tests.chaos.matrix.scenarios import (
     worker_role,
 )
 from tests.support.causal_router import drive, make_router, open_test_outbox
-from tests.support.environment import ROOT, subprocess_env
+from tests.support.environment import ROOT, TEST_REDIS, subprocess_env
 
 SHOWN = 5
 DEAD_LETTER = "dead-letter"
@@ -100,7 +105,7 @@ def members() -> dict[str, list[str]]:
 
 
 def member_env(side: CommandSide) -> dict[str, str]:
-    return {FAILURES_ENV: side.failures.as_env()}
+    return {FAILURES_ENV: side.failures.as_env(), JOURNAL_ENV: TEST_REDIS}
 
 
 def _lags(s: Settings) -> dict[str, int]:
@@ -222,7 +227,11 @@ def gather(
 ) -> CommandEvidence:
     """What the command side left; the journal is kept beside the members' logs."""
     queued = read_commands(s)
-    journal = read_journal(redis_client(s), s.env)
+    client = journal_client(s.model_copy(update={"redis_url": TEST_REDIS}))
+    journal = read_journal(client, s.env)
+    if s.redis_url != TEST_REDIS:  # the row's own Redis goes with its servers; this one stays
+        for key in client.scan_iter(match=f"rh:{s.env}:{{chaos}}:*"):  # journal and effects
+            client.delete(key)
     (logs / "journal.jsonl").write_bytes(b"".join(orjson.dumps(asdict(x)) + b"\n" for x in journal))
     aborted = {
         q

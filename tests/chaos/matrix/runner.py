@@ -90,9 +90,6 @@ class Row:
     outbox: str = "sqlite"
     # Figures of the row's own: the writers' retried transactions, a held project's, ...
     notes: dict[str, object] = field(default_factory=dict)
-    # Not empty: the row did what its scenario says it does instead of passing (the scenario's
-    # ``explained``), and nothing else went wrong.
-    explained: str = ""
     problems: dict[str, list[str]] = field(default_factory=dict)  # by invariant, and "fault"
     exits: dict[str, list[int]] = field(default_factory=dict)  # each member's exit codes
     logs: str = ""
@@ -102,15 +99,10 @@ class Row:
         return asdict(self)
 
     def line(self) -> str:
-        verdict = "PASS" if self.passed else "EXPL" if self.explained else "FAIL"
-        explained = " ".join(self.problems.get(server_faults.EXPLAINED, []))
-
-        def held(name: str) -> str:
-            if self.problems.get(name):
-                return "FAIL"
-            return "expl" if f"{name}: " in explained else "ok"
-
-        held_all = " ".join(f"{name}:{held(name)}" for name in invariants.NAMES)
+        verdict = "PASS" if self.passed else "FAIL"
+        held_all = " ".join(
+            f"{name}:{'FAIL' if self.problems.get(name) else 'ok'}" for name in invariants.NAMES
+        )
         drained = f"{self.drained_in_s:.1f}s" if self.drained_in_s is not None else "-"
         struck = f"{self.struck_s:.1f}s" if self.struck_s is not None else "-"
         return (
@@ -184,10 +176,7 @@ def run_row(scenario: Scenario) -> Row:
     except Exception:  # a row that breaks is a failed row, the others still run
         row.problems.setdefault("fault", []).append(traceback.format_exc(limit=8))
     row.seconds = time.monotonic() - started
-    row.passed = not any(v for k, v in row.problems.items() if k != server_faults.EXPLAINED)
-    if row.passed and scenario.explained:
-        # What it checks found exactly what the scenario explains: not a pass, not a failure.
-        row.passed, row.explained = False, scenario.explained
+    row.passed = not any(row.problems.values())
     return row
 
 
@@ -415,9 +404,10 @@ def _run_on(
     row.notes.update(getattr(injector, "notes", {}))
     if poison:
         row.notes["poison_tries"] = server_faults.poison_tries(logs, poison)
-    explain = getattr(injector, "explain", None)
-    if explain is not None:
-        explain(row.problems, poison, logs)
+    # A fault's own checks beyond the invariants (the data loss row's letters).
+    check_after = getattr(injector, "check_after", None)
+    if check_after is not None:
+        check_after(row.problems, poison, logs)
         row.notes.update(getattr(injector, "notes", {}))
     fault = scenario.fault
     if isinstance(fault, Failpoint) and fault.role == PUBLISHER and not row.copies:

@@ -227,6 +227,18 @@ class DataLoss:
 
 
 @dataclass(frozen=True, slots=True)
+class Restore:
+    """A snapshot (RDB) of the private Redis taken when the row's moment comes; at least
+    ``after_s`` later, once the dead-letter index holds ``after_letters`` letters more than the
+    snapshot does, Redis is restored from it (``infra/local.sh redis-restore``, the runbook's
+    restore): cursors, claims, folds, views, the ledger's record, the workers' marks and the
+    dead-letter index all go back together to the snapshot, under load."""
+
+    after_s: float = 6.0
+    after_letters: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ClockJumps:
     """Every member's wall clock (streams/clock.py's test-only skew file) starts ``start_s``
     past a UTC midnight and is stepped by each of ``steps`` seconds in turn (by default back
@@ -292,6 +304,7 @@ Fault = (
     | Unreachable
     | LeaderKill
     | DataLoss
+    | Restore
     | ClockJumps
     | Garbage
     | OperatorMoves
@@ -363,10 +376,6 @@ class Scenario:
     # Settings of the row's environment beyond the matrix's own (a shortened backoff ladder, a
     # queue's partitions).
     settings: Mapping[str, object] = field(default_factory=dict)
-    # Not empty: the row cannot pass as built, and this says what happens instead and why (issue
-    # 17 allows it for the Redis data loss row only). The row is "explained", not passed, when
-    # what it checks finds exactly that; anything else fails it.
-    explained: str = ""
 
     def strikes(self) -> list[tuple[Fault, When]]:
         """Each fault with its moment."""
@@ -737,20 +746,11 @@ _ROWS = (
         waves=8,
         wave_gap_s=2.0,
         proves=(
-            "Redis restarted with its data lost under load: every subscription of Redis effects "
-            "rebuilds its state from the streams, each event applied once, and an event "
-            "dead-lettered before the loss stays dead-lettered once"
-        ),
-        explained=(
-            "Redis came back empty: no partition had a cursor, so each subscription of Redis "
-            "effects read every partition from its log start into the empty Redis and rebuilt "
-            "the views and the ledger exactly (I1, I2, I4 and I5 hold against the rebuilt "
-            "record, which cannot show the applications lost with Redis); but the dead-letter "
-            "index and the failure counts were lost too, so the poison event dead-lettered "
-            "before the loss was tried max_batch_failures times more and dead-lettered again "
-            "(two letters for it on the dead-letter topic, I3). The rebuild is exact only while "
-            "the streams hold every event. docs/reliability.md proposes the mechanism that "
-            "would make the row pass"
+            "Redis restarted with its data lost under load: the dead-letter index comes back "
+            "from the audit topic, and each partition, finding no cursor, first claims the "
+            "events its letters hold; every subscription of Redis effects then rebuilds its "
+            "state from the streams, each event applied once, and the event dead-lettered "
+            "before the loss is neither tried nor dead-lettered again"
         ),
     ),
     Scenario(
@@ -810,6 +810,26 @@ _ROWS = (
             "state is finalized to this release's layout: no event lost or doubled, per-project "
             "order kept, views equal the oracle's; once finalized the previous release, if it "
             "speaks an older layout, writes nothing and exits 78"
+        ),
+    ),
+    Scenario(
+        row=24,
+        name="redis-restored-from-snapshot",
+        fault=(Poison(), Restore()),
+        when=(AtEvent(0.5), AfterApplied(0.2)),
+        services=Services.PRIVATE_REDIS,
+        commands=CommandSide(),
+        # Written over ~15 s: the snapshot is taken early, the poison is dead-lettered after
+        # it, and Redis goes back while the subscriptions are still behind.
+        waves=8,
+        wave_gap_s=2.0,
+        proves=(
+            "Redis restored under load from a snapshot taken seconds earlier: each partition "
+            "finds its cursor behind its group's committed offset; the subscriptions of Redis "
+            "effects re-apply from the snapshot's cursors into the snapshot's state, the causal "
+            "router refolds through its committed transaction without sending anything again, "
+            "and the poison dead-lettered after the snapshot is neither tried nor dead-lettered "
+            "again: views, ledger and commands as if nothing had happened"
         ),
     ),
 )

@@ -44,6 +44,7 @@ from tests.chaos.matrix.scenarios import (
     ClockJumps,
     DataLoss,
     LeaderKill,
+    Restore,
     Scenario,
     Services,
     Unreachable,
@@ -57,8 +58,6 @@ from tests.support.tcp_proxy import TcpProxy
 SETTLE_S = 2.0
 ELECTION_TIMEOUT_S = 90.0  # a new leader for the killed one's partition, or the row fails
 SKEW_FILE = "clock-skew"
-# A row's problems under this key are the ones its scenario explains (Scenario.explained).
-EXPLAINED = "explained"
 # The line `rhumbatron publish` ends with (router/cli/outbox_commands.py).
 SUMMARY = re.compile(r"published \d+ rows in .*?; (\d+) retries, (\d+) rows failed")
 
@@ -196,6 +195,8 @@ def injector_for(
         return LeaderKiller(*args, settings=settings)
     if isinstance(fault, DataLoss):
         return Wiper(*args, settings=settings)
+    if isinstance(fault, Restore):
+        return Restorer(*args, settings=settings, snapshot_path=logs / "redis-snapshot.rdb")
     if isinstance(fault, ClockJumps):
         return ClockJumper(*args, settings=settings, skew=logs / SKEW_FILE)
     return None
@@ -387,6 +388,47 @@ class LeaderKiller(ServerInjector):
         return found
 
 
+def letters_of(s: Settings) -> int:
+    """Letters in the dead-letter index (-1: Redis did not answer; asked again)."""
+    try:
+        return len(dead_letters(s, redis_client(s, timeout=2)).list())
+    except Exception:
+        return -1
+
+
+def check_poison_letter(
+    s: Settings,
+    notes: dict[str, object],
+    problems: dict[str, list[str]],
+    poison: list[str],
+    logs: Path,
+) -> None:
+    """Beyond the invariants (I3 holds the poison to ``max_batch_failures`` tries in all): the
+    poison event, dead-lettered before Redis lost it or went back to a snapshot, has one letter
+    on the dead-letter topic, and the index holds it (rebuilt from the audit topic, or, after a
+    restore, as the topic has it)."""
+    if len(poison) != 1:
+        problems["fault"].append(f"the row has one poison event, not {poison}")
+        return
+    (event_id,) = poison
+    on_topic = letters_naming(s, event_id)
+    indexed = [
+        letter.id
+        for letter in dead_letters(s, redis_client(s, timeout=5)).list()
+        if event_id in [e.event_id for e in letter.entries]
+    ]
+    notes.update(
+        poison_tries_in_all=sum(poison_tries(logs, poison).values()),
+        poison_letters_on_topic=on_topic,
+        poison_letters_indexed=len(indexed),
+    )
+    if (on_topic, len(indexed)) != (1, 1):
+        problems["fault"].append(
+            f"the poison {event_id} has {on_topic} letters on the dead-letter topic and "
+            f"{len(indexed)} in the index (1 and 1 due)"
+        )
+
+
 class Wiper(ServerInjector):
     """``DataLoss``: Redis stopped, its files deleted, started empty ``down_s`` later."""
 
@@ -395,16 +437,10 @@ class Wiper(ServerInjector):
         assert isinstance(self.scenario.fault, DataLoss)
         self.fault = self.scenario.fault
 
-    def _letters(self) -> int:
-        try:
-            return len(dead_letters(self.s, redis_client(self.s, timeout=2)).list())
-        except Exception:  # asked again on the next poll
-            return -1
-
     def poll(self) -> None:
         if self.struck_at is not None or not self._due(self.scenario.when):
             return
-        if self._letters() < self.fault.after_letters:
+        if letters_of(self.s) < self.fault.after_letters:
             return
         assert self.services is not None, f"{self.scenario.name}: a wipe needs its own Redis"
         self.at_strike = self.snapshot()
@@ -424,33 +460,54 @@ class Wiper(ServerInjector):
         self._healer = threading.Thread(target=wipe, name="chaos-wipe", daemon=True)
         self._healer.start()
 
-    def explain(self, problems: dict[str, list[str]], poison: list[str], logs: Path) -> None:
-        """What the row explains (scenarios.py, docs/reliability.md), checked to the letter:
-        the poison event, dead-lettered before the loss, tried ``max_batch_failures`` times
-        more and dead-lettered again (its failure count and its letter's index entry went with
-        Redis), two letters for it on the dead-letter topic; its repeated tries are then taken
-        out of I3 (kept under ``EXPLAINED``), and every other problem stands. Anything else
-        fails the row."""
-        if not self.scenario.explained:
-            return  # a row that does not explain itself passes or fails as it stands
-        limit = self.s.max_batch_failures
-        if len(poison) != 1:
-            problems["fault"].append(f"the data loss row explains one poison event, not {poison}")
+    def check_after(self, problems: dict[str, list[str]], poison: list[str], logs: Path) -> None:
+        check_poison_letter(self.s, self.notes, problems, poison, logs)
+
+
+class Restorer(ServerInjector):
+    """``Restore``: a snapshot when the row's moment comes; Redis restored from it later."""
+
+    def __init__(self, *args: Any, snapshot_path: Path, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        assert isinstance(self.scenario.fault, Restore)
+        self.fault = self.scenario.fault
+        self.path = snapshot_path
+        self._taken_at: float | None = None
+        self._letters_then = 0
+
+    def poll(self) -> None:
+        assert self.services is not None, f"{self.scenario.name}: a restore needs its own Redis"
+        if self._taken_at is None:
+            if not self._due(self.scenario.when):
+                return
+            letters = letters_of(self.s)
+            if letters < 0:
+                return
+            self.services.redis_snapshot(self.path)
+            self._taken_at, self._letters_then = time.monotonic(), letters
+            self.notes.update(applied_at_snapshot=self.snapshot().get("applied"))
             return
-        (event_id,) = poison
-        tries = sum(poison_tries(logs, poison).values())
-        letters = letters_naming(self.s, event_id)
-        self.notes.update(poison_letters_on_topic=letters, poison_tries_in_all=tries)
-        if (tries, letters) != (2 * limit, 2):
-            problems["fault"].append(
-                f"not what the row explains: the poison {event_id} tried {tries} times "
-                f"(explained: {2 * limit}) with {letters} letters on the dead-letter topic "
-                "(explained: 2)"
-            )
+        if self.struck_at is not None or time.monotonic() - self._taken_at < self.fault.after_s:
             return
-        explained = [p for p in problems["I3"] if event_id in p and " tried " in p]
-        problems["I3"] = [p for p in problems["I3"] if p not in explained]
-        problems.setdefault(EXPLAINED, []).extend(f"I3: {p}" for p in explained)
+        if letters_of(self.s) < self._letters_then + self.fault.after_letters:
+            return
+        self.at_strike = self.snapshot()
+        services = self.services
+
+        def restore() -> None:
+            try:
+                services.redis_restore(self.path)
+                self.healed_at = time.monotonic()
+            except BaseException as exc:  # reported as the row's problem
+                self._heal_error = exc
+
+        self.struck_at = time.monotonic()
+        self.notes.update(snapshot_age_s=round(self.struck_at - self._taken_at, 1))
+        self._healer = threading.Thread(target=restore, name="chaos-restore", daemon=True)
+        self._healer.start()
+
+    def check_after(self, problems: dict[str, list[str]], poison: list[str], logs: Path) -> None:
+        check_poison_letter(self.s, self.notes, problems, poison, logs)
 
 
 class ClockJumper(ServerInjector):

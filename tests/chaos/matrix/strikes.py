@@ -106,11 +106,11 @@ class Strikes:
     def problems(self) -> list[str]:
         return [p for part in self.parts for p in part.problems()]
 
-    def explain(self, problems: dict[str, list[str]], poison: list[str], logs: Path) -> None:
+    def check_after(self, problems: dict[str, list[str]], poison: list[str], logs: Path) -> None:
         for part in self.parts:
-            explain = getattr(part, "explain", None)
-            if explain is not None:
-                explain(problems, poison, logs)
+            check_after = getattr(part, "check_after", None)
+            if check_after is not None:
+                check_after(problems, poison, logs)
 
 
 def injector_for(
