@@ -161,14 +161,8 @@ class TransactionMixin(RunnerBase):
                 f"{self.processor.slug}: {first[0].tp} starts past its history and there are "
                 "no controls to fold it from the archive"
             )
-        try:
-            committed = self.transport.committed([p.tp for p in first])
-        except CommittedUnknown as exc:
-            log.info(
-                "%s: cannot read the group's offsets yet (%s); will ask again",
-                self.processor.slug,
-                exc,
-            )
+        committed = self._committed([p.tp for p in first], "whether Redis is behind the group")
+        if committed is None:
             return
         controls = self.controls
         due = {
@@ -204,6 +198,15 @@ class TransactionMixin(RunnerBase):
             if part.progress.acked_through != read:  # else it reads on from where it was
                 self.transport.seek(part.tp, part.progress.acked_through + 1)
 
+    def _committed(self, tps: list[TP], what: str) -> Mapping[TP, Committed | None] | None:
+        """The group's committed offsets of ``tps``; None (logged, asked again at the next
+        loop) while the broker cannot say, so ``what`` cannot be told yet."""
+        try:
+            return self.transport.committed(tps)
+        except CommittedUnknown as exc:
+            log.info("%s: cannot tell yet %s (%s); will ask again", self.processor.slug, what, exc)
+            return None
+
     def _recover_pending(self) -> None:
         """Finish Kafka effects a crash or an aborted transaction left pending."""
         todo = [p for p in self.parts.values() if p.needs_recovery]
@@ -219,14 +222,8 @@ class TransactionMixin(RunnerBase):
             for p in todo:
                 p.needs_recovery = False
             return
-        try:
-            committed = self.transport.committed([p.tp for p in todo])
-        except CommittedUnknown as exc:
-            log.info(
-                "%s: cannot tell yet whether pending effects landed (%s); will ask again",
-                self.processor.slug,
-                exc,
-            )
+        committed = self._committed([p.tp for p in todo], "whether pending effects landed")
+        if committed is None:
             return
         for part in todo:
             records = self.store.pending(part.tp)
