@@ -45,6 +45,7 @@ from consumers.runtime.types import (
     Processor,
     Progress,
     Record,
+    parse_cursor_marker,
     parse_txn_marker,
 )
 from consumers.runtime.versions import reads_as_written, upcast_for
@@ -313,17 +314,19 @@ class Controls:
 
     def behind(self, progress: Progress, committed: Committed | None) -> bool:
         """Whether a partition's stored cursor is behind what its group committed: a Redis
-        restored from an older copy, or one that lost writes it had acknowledged. With Kafka
-        effects the committed offset's marker names a later transaction than the store's; with
-        effects in Redis or SQL the committed offset is past the cursor (the runtime commits it
-        after the store). Files effects record their parts against the committed offset."""
+        restored from an older copy, or one that lost writes it had acknowledged. The committed
+        offset's metadata says what the store held when it was committed (the runtime commits it
+        after the store): with Kafka effects a later transaction than the store's, with effects
+        in Redis or SQL a later cursor. Files effects record their parts against the committed
+        offset; an offset committed without our metadata says nothing."""
         if committed is None or not progress.has_cursor():
             return False
         kind = self.processor.effect_kind
         if kind == EffectKind.KAFKA:
             seq = parse_txn_marker(committed.metadata)
             return seq is not None and seq > progress.txn_seq
-        return kind != EffectKind.FILES and committed.offset > progress.acked_through + 1
+        cursor = parse_cursor_marker(committed.metadata)
+        return kind != EffectKind.FILES and cursor is not None and cursor > progress.acked_through
 
     def first_fold(
         self,

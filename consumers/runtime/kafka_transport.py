@@ -107,6 +107,7 @@ class KafkaTransport:
         # in the middle of a rebalance is refused, and nothing may follow it for a partition
         # read to its end): asked again at the next poll while still the latest and owned.
         self._asked: dict[TP, int] = {}
+        self._marks: dict[TP, str] = {}  # the metadata asked with each
         self._refused: dict[TP, int] = {}
 
     def subscribe(
@@ -135,6 +136,7 @@ class KafkaTransport:
             for tp in tps:
                 self._position.pop(tp, None)
                 self._asked.pop(tp, None)
+                self._marks.pop(tp, None)
                 self._refused.pop(tp, None)
 
         def revoked(consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -161,7 +163,7 @@ class KafkaTransport:
         self._apply_seeks()
         if self._refused:
             again, self._refused = self._refused, {}
-            self.commit_offsets(again)
+            self.commit_offsets(again, {tp: self._marks.get(tp, "") for tp in again})
         try:
             first = self.consumer.consume(1, timeout=timeout)
             self._moved.clear()
@@ -252,9 +254,9 @@ class KafkaTransport:
             self._seeks[tp] = offset
             self._apply_seeks()
 
-    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
+    def commit_offsets(self, offsets: Mapping[TP, int], marks: Mapping[TP, str]) -> None:
         parts = [
-            TopicPartition(tp.topic, tp.partition, o)
+            TopicPartition(tp.topic, tp.partition, o, metadata=marks.get(tp) or None)
             for tp, o in offsets.items()
             if tp in self._assigned
         ]
@@ -263,6 +265,7 @@ class KafkaTransport:
         for p in parts:
             tp = TP(p.topic, p.partition)
             self._asked[tp] = p.offset
+            self._marks[tp] = p.metadata or ""
             # A refusal already known is superseded: asked again at the next poll, it would
             # land after this offset and move the group back behind it, where a quiet
             # partition's lag would stay (nothing asks for this offset again: it was asked).

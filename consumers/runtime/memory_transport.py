@@ -244,10 +244,16 @@ class MemoryTransport:
             self._at_end.discard(tp)
             self._handed.pop(tp, None)
 
-    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
+    def commit_offsets(self, offsets: Mapping[TP, int], marks: Mapping[TP, str]) -> None:
         with self.log.lock:
             group = self.log.offsets.setdefault(self.group, {})
-            group.update({tp: Committed(o) for tp, o in offsets.items() if tp in self._assigned})
+            group.update(
+                {
+                    tp: Committed(o, marks.get(tp, ""))
+                    for tp, o in offsets.items()
+                    if tp in self._assigned
+                }
+            )
 
     def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         with self.log.lock:

@@ -234,8 +234,8 @@ class Runner(FilesMixin, TransactionMixin, FailureMixin, CaughtUpMixin, ParkingM
 
     def _start(self, tp: TP, progress: Progress) -> int | None:
         """Where a new owner reads ``tp`` from: after the stored cursor; without one, for effects
-        in Redis, the log start. The group's committed offset is for lag tooling only and is
-        committed after the store, so it can be ahead of what Redis holds: a Redis that lost its
+        in Redis, the log start. The group's committed offset is for lag tooling (and its
+        metadata tells a store that went back: Controls.behind) and is committed after the store, so it can be ahead of what Redis holds: a Redis that lost its
         latest writes (append-only with fsync every second loses up to about two seconds when
         the machine fails or the disk stalls; a restore from an older copy) may have lost a
         partition's first cursor with its claims and effects, and reading from the committed

@@ -265,7 +265,9 @@ class RunnerBase:
             if offset > 0:
                 offsets[p.tp] = offset
         if offsets:
-            self.transport.commit_offsets(offsets)
+            self.transport.commit_offsets(
+                offsets, {p.tp: p.progress.cursor_marker() for p in chosen if p.tp in offsets}
+            )
             for p in chosen:
                 if p.tp in offsets:
                     p.group_offset = offsets[p.tp]

@@ -68,7 +68,8 @@ class TransactionMixin(RunnerBase):
         if not ends:
             return
         if self.processor.effect_kind != EffectKind.KAFKA:
-            self.transport.commit_offsets(ends)
+            marks = {tp: self.parts[tp].progress.cursor_marker() for tp in ends}
+            self.transport.commit_offsets(ends, marks)
         elif self.output is not None:
             marks = {tp: self.parts[tp].progress.txn_marker() for tp in ends}
             try:

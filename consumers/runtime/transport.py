@@ -47,9 +47,11 @@ class Transport(Protocol):
 
     def seek(self, tp: TP, offset: int) -> None: ...
 
-    def commit_offsets(self, offsets: Mapping[TP, int]) -> None:
-        """Record progress in the group (next offset to read), asynchronously: for lag tooling;
-        the cursor in the store is what resumes work."""
+    def commit_offsets(self, offsets: Mapping[TP, int], marks: Mapping[TP, str]) -> None:
+        """Record progress in the group (next offset to read), asynchronously, with each
+        partition's metadata (``marks``: the cursor it was committed from): for lag tooling,
+        and to tell a store restored from an older copy; the cursor in the store is what
+        resumes work."""
 
     def committed(self, tps: Iterable[TP]) -> dict[TP, Committed | None]:
         """The group's committed offsets with their metadata (read_committed: a transaction's

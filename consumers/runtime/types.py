@@ -22,16 +22,30 @@ from streams.headers import header
 
 JSON = dict[str, Any]
 
+# The metadata of the group offsets the runtime commits: with Kafka effects the sequence number
+# of the transaction that committed them; with other effects the cursor the store held then. A
+# store whose cursor is behind either was restored from an older copy (Controls.behind).
 TXN_MARKER_PREFIX = "rhumbatron.txn="
+CURSOR_MARKER_PREFIX = "rhumbatron.cursor="
 
 
 def parse_txn_marker(metadata: str) -> int | None:
     """The transaction sequence a committed offset's metadata names; None when it names none
     (committed by someone else, e.g. an operator's reset with Kafka's own tools)."""
-    if not metadata.startswith(TXN_MARKER_PREFIX):
+    return _marked(metadata, TXN_MARKER_PREFIX)
+
+
+def parse_cursor_marker(metadata: str) -> int | None:
+    """The cursor (acknowledged through) a committed offset's metadata names; None when it names
+    none (committed by someone else, or by a release before these markers)."""
+    return _marked(metadata, CURSOR_MARKER_PREFIX)
+
+
+def _marked(metadata: str, prefix: str) -> int | None:
+    if not metadata.startswith(prefix):
         return None
-    digits = metadata[len(TXN_MARKER_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+    digits = metadata[len(prefix) :]
+    return int(digits) if digits.lstrip("-").isdigit() else None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -391,6 +405,10 @@ class Progress:
     def txn_marker(self) -> str:
         """The offset-commit metadata of this partition's latest transaction."""
         return f"{TXN_MARKER_PREFIX}{self.txn_seq}"
+
+    def cursor_marker(self) -> str:
+        """The offset-commit metadata of a partition of other effects: its cursor."""
+        return f"{CURSOR_MARKER_PREFIX}{self.acked_through}"
 
     def parks(self, project_id: str, offset: int) -> bool:
         """Is the event of ``project_id`` at ``offset`` one its project's park holds back?"""

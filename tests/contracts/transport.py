@@ -25,7 +25,13 @@ from consumers.runtime.transport import (
     RevokeCallback,
     Transport,
 )
-from consumers.runtime.types import TP, OutRecord, Record, parse_txn_marker
+from consumers.runtime.types import (
+    TP,
+    OutRecord,
+    Record,
+    parse_cursor_marker,
+    parse_txn_marker,
+)
 from streams.errors import TransactionFailed
 
 T = TypeVar("T")
@@ -99,7 +105,7 @@ def by_partition(records: list[Record]) -> dict[int, list[int]]:
 
 
 def commit_and_wait(member: Transport, offsets: Mapping[TP, int]) -> None:
-    member.commit_offsets(offsets)
+    member.commit_offsets(offsets, {})
     eventually(
         lambda: {tp: c.offset if c else None for tp, c in member.committed(offsets).items()},
         lambda got: got == dict(offsets),
@@ -172,19 +178,21 @@ class TransportContract:
         output.close()
         member.close()
 
-    def test_a_plain_offset_commit_carries_no_marker(self, bench: Bench) -> None:
+    def test_an_offset_commit_carries_the_mark_it_was_given_or_none(self, bench: Bench) -> None:
+        bench.append(0, b"v")
         bench.append(1, b"v")
         member = bench.member()
-        drain(member, want=1)
-        tp = TP(bench.topic, 1)
-        member.commit_offsets({tp: 1})
+        drain(member, want=2)
+        plain, marked = TP(bench.topic, 0), TP(bench.topic, 1)
+        member.commit_offsets({plain: 1, marked: 1}, {marked: "rhumbatron.cursor=0"})
         got = eventually(
-            lambda: member.committed([tp])[tp],
-            lambda c: c is not None,
-            "the plain commit",
+            lambda: member.committed([plain, marked]),
+            lambda c: None not in c.values(),
+            "the commits",
         )
-        assert got == Committed(1, "")
-        assert parse_txn_marker(got.metadata) is None
+        assert got == {plain: Committed(1, ""), marked: Committed(1, "rhumbatron.cursor=0")}
+        assert parse_txn_marker(got[plain].metadata) is None  # type: ignore[union-attr]
+        assert parse_cursor_marker(got[marked].metadata) == 0  # type: ignore[union-attr]
         member.close()
 
     def test_on_assign_none_or_omitted_starts_at_the_committed_offset_else_the_beginning(
@@ -374,7 +382,7 @@ class TransportContract:
         # The revoke callback runs before the partition goes: the member still owns it.
         assert calls == [("revoke", {moved}, tps, True)], calls
         # Offsets of a partition no longer owned are not committed.
-        member.commit_offsets({moved: 1, stayed: 2})
+        member.commit_offsets({moved: 1, stayed: 2}, {})
         committed = eventually(
             lambda: member.committed(tps),
             lambda c: c[stayed] is not None,

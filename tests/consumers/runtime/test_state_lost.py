@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from consumers.runtime.dead_letters import LetterStatus
 from consumers.runtime.memory_store import MemoryStore
-from consumers.runtime.types import JSON, TP, Delivery, Effects
+from consumers.runtime.transport import Committed
+from consumers.runtime.types import JSON, TP, Delivery, Effects, Progress
 from consumers.subscriptions.ledger import Ledger
 from streams.envelopes import Event
 from tests.support.runtime_harness import Counter, World, event
@@ -216,3 +217,18 @@ def test_a_store_in_step_with_its_group_takes_nothing() -> None:
     world.drain(world.runner())
     world.drain(world.runner())
     assert not [e for e in world.audit.entries() if e["action"] == "first_fold"]
+
+
+def test_behind_reads_the_marks_the_runtime_commits_never_the_offset_alone() -> None:
+    """Past transaction markers (a transactional producer's, such as the pump's, on the
+    stream), the group's offset is ahead of the cursor by the markers alone: not behind."""
+    world = World()
+    ledger = world.controls(Ledger())
+    counter = world.controls(Counter())
+    at = Progress(acked_through=9, txn_seq=4)
+    assert not ledger.behind(at, Committed(12, at.cursor_marker()))  # markers after the cursor
+    assert not ledger.behind(at, Committed(12, ""))  # not ours: says nothing
+    assert not ledger.behind(at, None) and not ledger.behind(Progress(), Committed(5, ""))
+    assert ledger.behind(at, Committed(15, "rhumbatron.cursor=14"))
+    assert not counter.behind(at, Committed(12, at.txn_marker()))
+    assert counter.behind(at, Committed(12, "rhumbatron.txn=5"))

@@ -204,7 +204,7 @@ def test_an_offset_commit_the_group_refused_is_asked_again_at_the_next_poll(
     bench.append(0, b"v")
     member, refusing = _refusing_member(bench)
     tp = TP(bench.topic, 0)
-    member.commit_offsets({tp: 1})
+    member.commit_offsets({tp: 1}, {})
 
     def committed() -> int | None:
         member.poll(1, 0.1)
@@ -220,8 +220,8 @@ def test_a_refused_offset_already_superseded_is_not_asked_again(bench: KafkaBenc
         bench.append(0, b"v")
     member, refusing = _refusing_member(bench)
     tp = TP(bench.topic, 0)
-    member.commit_offsets({tp: 1})  # refused
-    member.commit_offsets({tp: 2})  # asked before the refusal is known
+    member.commit_offsets({tp: 1}, {})  # refused
+    member.commit_offsets({tp: 2}, {})  # asked before the refusal is known
 
     def committed() -> int | None:
         member.poll(1, 0.1)
