@@ -256,7 +256,9 @@ class KafkaTransport:
 
     def commit_offsets(self, offsets: Mapping[TP, int], marks: Mapping[TP, str]) -> None:
         parts = [
-            TopicPartition(tp.topic, tp.partition, o, metadata=marks.get(tp) or None)
+            TopicPartition(tp.topic, tp.partition, o, metadata=marks[tp])
+            if marks.get(tp)
+            else TopicPartition(tp.topic, tp.partition, o)
             for tp, o in offsets.items()
             if tp in self._assigned
         ]
