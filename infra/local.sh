@@ -515,7 +515,7 @@ redis_snapshot() {
 
 # One field of the running Redis's INFO persistence.
 redis_persistence() {
-  redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO persistence 2>/dev/null | tr -d '\r' | sed -n "s/^$1://p"
+  { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO persistence 2>/dev/null || true; } | tr -d '\r' | sed -n "s/^$1://p"
 }
 
 # Redis restored from the snapshot FILE: stopped, its data files replaced by the snapshot,

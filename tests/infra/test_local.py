@@ -4,13 +4,15 @@ survives losing a broker."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import redis
 
 from streams.admin import admin_client, ensure_reachable
-from tests.support.infra import PrivateServices
+from tests.support.infra import LOCAL_SH, PrivateServices
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -43,6 +45,25 @@ def test_redis_restored_from_a_snapshot_holds_what_it_held_and_stays_so(tmp_path
         svc.redis_kill()
         svc.redis_start()
         assert sorted(redis.Redis.from_url(svc.redis_url).keys()) == [b"before", b"since"]
+
+
+@pytest.mark.slow  # 47 s of broker starts and stops
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["redis-snapshot"], "redis-snapshot needs the file to write"),
+        (["redis-snapshot", "snap.rdb"], "redis is not answering on"),
+        (["redis-restore", "missing.rdb"], "redis-restore needs a snapshot file; 'missing.rdb'"),
+    ],
+)
+def test_a_snapshot_or_restore_that_cannot_be_made_says_why(
+    args: list[str], said: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "RHUMBATRON_LOCAL_DIR": str(tmp_path), "RHUMBATRON_REDIS_PORT": "1"}
+    done = subprocess.run(
+        [str(LOCAL_SH), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and said in done.stderr, done.stderr
 
 
 @pytest.mark.slow  # 47 s of broker starts and stops
