@@ -47,7 +47,6 @@ def test_redis_restored_from_a_snapshot_holds_what_it_held_and_stays_so(tmp_path
         assert sorted(redis.Redis.from_url(svc.redis_url).keys()) == [b"before", b"since"]
 
 
-@pytest.mark.slow  # 47 s of broker starts and stops
 @pytest.mark.parametrize(
     ("args", "said"),
     [
