@@ -60,11 +60,12 @@ def _events() -> list[Event]:
     return out
 
 
+# One kill in `make test`, the other two in `make test-slow` (about 30 s each).
 @pytest.mark.parametrize(
     "failpoint",
     [
-        "runtime.after_store_commit@3",
-        "runtime.before_transaction_commit@3",
+        pytest.param("runtime.after_store_commit@3", marks=pytest.mark.slow),
+        pytest.param("runtime.before_transaction_commit@3", marks=pytest.mark.slow),
         "runtime.after_transaction_commit@3",
     ],
 )

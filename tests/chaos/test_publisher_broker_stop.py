@@ -36,13 +36,13 @@ def _broker_pid(services: PrivateServices) -> int:
     return int((services.dir / "kafka" / "single" / "kafka.pid").read_text())
 
 
-# Each ordering and each outage in `make test`, the other two pairs in `make test-slow` (a
-# private broker each: about a minute a pair).
+# One pair in `make test`, the other three in `make test-slow` (a private broker each: about a
+# minute a pair).
 @pytest.mark.parametrize(
     ("ordering", "outage"),
     [
         ("serial", "stop"),
-        ("pipelined", "freeze"),
+        pytest.param("pipelined", "freeze", marks=pytest.mark.slow),
         pytest.param("pipelined", "stop", marks=pytest.mark.slow),
         pytest.param("serial", "freeze", marks=pytest.mark.slow),
     ],

@@ -148,6 +148,7 @@ def _consume(s: Settings, slug: str, **env: str) -> subprocess.CompletedProcess[
     return consume_cli(s, slug, env=env)
 
 
+@pytest.mark.slow  # 49 s; the fault matrix's fast rows kill consumers in make test
 def test_a_change_run_through_release_with_duplicates_and_a_killed_consumer(
     settings: Settings, tmp_path: Path
 ) -> None:

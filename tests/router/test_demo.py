@@ -202,6 +202,7 @@ def test_a_server_that_cannot_start_is_one_clear_error(page_settings: Settings) 
     assert running_server(s.state_dir / "operator.pid") is None
 
 
+@pytest.mark.slow  # 54 s; the demo on SQLite, twice, stays in make test
 def test_the_demo_runs_on_a_postgresql_outbox(settings: Settings, tmp_path: Path) -> None:
     from tests.support.postgres import FreshSchema
 

@@ -613,7 +613,6 @@ _ROWS = (
             "store writes again the letter is written once, after exactly max_batch_failures "
             "attempts"
         ),
-        fast=True,
     ),
     Scenario(
         row=11,

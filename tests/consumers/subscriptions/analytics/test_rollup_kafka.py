@@ -414,6 +414,7 @@ def _check_windows(s: Settings, points: list[dict[str, Any]], log: Path) -> None
     assert {w["start"]: w["counts"] for w in view["windows"]} == expected_project
 
 
+@pytest.mark.slow  # 56 s
 def test_the_rollup_counts_each_committed_point_once_per_minute(
     rs: Settings, tmp_path: Path
 ) -> None:
