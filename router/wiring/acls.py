@@ -314,6 +314,15 @@ def _dead_letter_writer(env: str, why: str) -> list[KafkaAcl]:
     return _topics([dead_letter_topic(env), audit_topic(env)], WRITE, why)
 
 
+def _audit_reader(env: str) -> list[KafkaAcl]:
+    return _topics(
+        [audit_topic(env)],
+        (Operation.READ,),
+        "a partition's first fold rebuilds the dead-letter index and the audit logs from it "
+        "when Redis lost them or went back to an older copy (Controls.first_fold)",
+    )
+
+
 def _subscription(topology: Topology, slug: str, kind: EffectKind) -> list[KafkaAcl]:
     env = topology.env
     reads = topology.subscription_reads(slug)
@@ -341,6 +350,7 @@ def _subscription(topology: Topology, slug: str, kind: EffectKind) -> list[Kafka
             "for Kafka effects: TxnOffsetCommit)",
         ),
         *_dead_letter_writer(env, "a batch that failed too often, and poison, are dead-lettered"),
+        *_audit_reader(env),
     ]
     if kind == EffectKind.KAFKA:
         if slug in KAFKA_OUTPUTS:
@@ -570,14 +580,16 @@ def _store(env: str, slug: str) -> RedisAccess:
 
 
 def _dead_letters(env: str, *, manage: bool) -> RedisAccess:
-    """consumers.runtime.dead_letters.KafkaRedisDeadLetters: the index of the one store."""
+    """consumers.runtime.dead_letters.KafkaRedisDeadLetters: the index of the one store. A
+    subscription lists it too, and rebuilds it from the audit topic when Redis lost it or went
+    back to an older copy (Controls.first_fold); a worker only writes it."""
     commands: tuple[str, ...] = ("exists", "set", "zadd", *_TRANSACTION)
     if manage:
         # and the rebuild: its marker, its lock (released by a script), its check-and-set
         commands += ("get", "mget", "zrange", "zrevrange", *_CHECK_AND_SET, *_SCRIPTS)
     return RedisAccess(
         "the dead-letter index (consumers/runtime/dead_letters.py)"
-        + (": list, read, retry and dismiss" if manage else ": write"),
+        + (": list, read, rebuild, retry and dismiss" if manage else ": write"),
         keys=(f"rh:{env}:{{dead-letters}}:*",),
         commands=commands,
     )
@@ -696,8 +708,11 @@ def _redis_parts(
         parts = [
             _CONNECT,
             _store(env, role),
-            _dead_letters(env, manage=False),
+            # Listed by a partition's first fold, and rebuilt with the audit logs when Redis
+            # lost them or went back to an older copy (Controls.first_fold).
+            _dead_letters(env, manage=True),
             _audit(env, role),
+            _audit_rebuild(env),
             _archive_cursor(env),
         ]
         if subscriptions[role] == EffectKind.KAFKA:
