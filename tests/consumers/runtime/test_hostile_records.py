@@ -30,7 +30,7 @@ from tests.support.runtime_harness import LIMIT, REDELIVERY, World, event
 from tests.support.tracing import installed_provider
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
-SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "5000"))
+SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "3000"))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=HEALTH)
 SOAK = settings(max_examples=SOAK_EXAMPLES, deadline=None, suppress_health_check=HEALTH)

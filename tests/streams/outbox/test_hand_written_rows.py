@@ -40,7 +40,7 @@ from streams.outbox.store import RowState
 from tests.support.outbox import OutboxBackend, SimulatedKafka, append_all, drafts, policy
 
 EXAMPLES = int(os.environ.get("RHUMBATRON_PROPERTY_EXAMPLES", "30"))
-SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "2000"))
+SOAK_EXAMPLES = int(os.environ.get("RHUMBATRON_SOAK_EXAMPLES", "1000"))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=HEALTH)
 SOAK = settings(max_examples=SOAK_EXAMPLES, deadline=None, suppress_health_check=HEALTH)
