@@ -504,7 +504,7 @@ redis_snapshot() {
   for i in $(seq 1 600); do
     if [ "$(redis_persistence rdb_saves)" != "$before" ] && [ "$(redis_persistence rdb_bgsave_in_progress)" = 0 ]; then
       [ "$(redis_persistence rdb_last_bgsave_status)" = ok ] || fail "the snapshot failed; see $dir/redis.log"
-      cp "$dir/dump.rdb" "$file.tmp" && mv "$file.tmp" "$file"
+      { cp "$dir/dump.rdb" "$file.tmp" && mv "$file.tmp" "$file"; } || fail "could not write the snapshot to $file"
       say "redis snapshot in $file"
       return
     fi

@@ -34,6 +34,8 @@ def test_redis_restored_from_a_snapshot_holds_what_it_held_and_stays_so(tmp_path
     with PrivateServices(kafka=False) as svc:
         client = redis.Redis.from_url(svc.redis_url)
         client.set("before", "1")
+        with pytest.raises(RuntimeError, match="could not write the snapshot to .*missing"):
+            svc.redis_snapshot(tmp_path / "missing" / "snapshot.rdb")
         svc.redis_snapshot(tmp_path / "snapshot.rdb")
         client.set("after", "2")
         client.close()
